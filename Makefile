@@ -1,0 +1,34 @@
+# The two commands of the README. Each sets up everything it needs on a fresh machine.
+#   make demo   the main job on the embedded tiny model (CPU, offline)
+#   make test   the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.genaug-installed
+
+.PHONY: demo test lint bench install clean
+
+$(STAMP): pyproject.toml constraints/cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# The constraints file pins the CPU torch wheel; GPU users install without it.
+	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev,trainer]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/genaug demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy service client trainer genaug
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

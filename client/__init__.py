@@ -1,0 +1,51 @@
+"""genaug client: talk to a genaug service from a trainer, a script or a notebook.
+
+Installs with ``pip install genaug[client]`` (httpx, numpy, pydantic, safetensors; no torch,
+no tensorflow).
+
+Example::
+
+    from genaug.client import Client
+
+    with Client("http://127.0.0.1:8000") as client:
+        client.wait_ready()
+        batch = client.generate("depth image of a healing wound", n=8, seed=0)
+        batch.images  # uint8 [8, H, W, 3]
+"""
+
+from __future__ import annotations
+
+from ._async import AsyncClient
+from ._base import GenerateResult, SampleResult
+from ._sync import Client
+from .errors import (
+    AuthenticationError,
+    DeadlineExceededError,
+    DecodeError,
+    GenaugError,
+    InvalidRequestError,
+    NotFoundError,
+    RateLimitedError,
+    ServerError,
+    StatusError,
+    TransportError,
+    UnavailableError,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AuthenticationError",
+    "Client",
+    "DeadlineExceededError",
+    "DecodeError",
+    "GenaugError",
+    "GenerateResult",
+    "InvalidRequestError",
+    "NotFoundError",
+    "RateLimitedError",
+    "SampleResult",
+    "ServerError",
+    "StatusError",
+    "TransportError",
+    "UnavailableError",
+]

@@ -1,0 +1,182 @@
+"""``AsyncClient``: the asyncio client (httpx). It only sends and sleeps; ``_base`` decides."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from ._base import Base, Call, GenerateResult, SampleResult
+from .errors import GenaugError, TransportError, UnavailableError
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """Async client for one or several genaug services.
+
+    Example::
+
+        async with AsyncClient("http://127.0.0.1:8000") as client:
+            await client.wait_ready()
+            result = await client.generate("depth image of a wound", n=4, seed=1)
+            result.images.shape  # (4, 64, 64, 3) on the tiny default
+
+    ``url`` may be a list of replicas; each call goes to the healthy one with the fewest
+    outstanding requests. Connection errors, 429 and 503 are retried with backoff and jitter,
+    honouring ``Retry-After``, for at most ``retry_deadline`` seconds per call. ``api_key``
+    and ``url`` default to ``GENAUG_API_KEY`` and ``GENAUG_URL``.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | None = None,
+        *,
+        api_key: str | None = None,
+        client_id: str | None = None,
+        timeout: float = 60.0,
+        retry_deadline: float = 30.0,
+    ) -> None:
+        self._base = Base(
+            url, api_key=api_key, client_id=client_id, timeout=timeout,
+            retry_deadline=retry_deadline,
+        )
+        self._http = httpx.AsyncClient(timeout=timeout)
+
+    @property
+    def urls(self) -> list[str]:
+        return self._base.urls
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, call: Call[T]) -> T:
+        base = self._base
+        retry = base.retry_state()
+        while True:
+            endpoint = base.endpoints.pick()
+            endpoint.outstanding += 1
+            error: GenaugError
+            try:
+                response = await self._http.request(
+                    call.method, endpoint.url + call.path, json=call.body,
+                    headers=base.headers(call.accept), timeout=call.timeout or base.timeout,
+                )
+            except httpx.TransportError as exc:
+                error = base.transport_error(exc, endpoint)
+            else:
+                if response.status_code < 400:
+                    base.endpoints.mark_up(endpoint)
+                    return call.decode(response.content)
+                error = base.status_error(
+                    response.status_code, response.content, response.headers, endpoint
+                )
+            finally:
+                endpoint.outstanding -= 1
+            await asyncio.sleep(retry.next_delay(error, failover=base.can_fail_over()))
+
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        n: int = 1,
+        negative_prompt: str | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        output_height: int | None = None,
+        output_width: int | None = None,
+        steps: int | None = None,
+        guidance: float | None = None,
+        seed: int | None = None,
+        priority: str = "interactive",
+        timeout_s: float | None = None,
+    ) -> GenerateResult:
+        """Generate ``n`` images; ``seed`` makes them reproducible (image i uses seed + i)."""
+        result: GenerateResult = await self._call(self._base.calls.generate(
+            prompt, n=n, negative_prompt=negative_prompt, height=height, width=width,
+            output_height=output_height, output_width=output_width, steps=steps,
+            guidance=guidance, seed=seed, priority=priority, timeout_s=timeout_s,
+        ))
+        return result
+
+    async def generate_png(
+        self,
+        prompt: str,
+        *,
+        n: int = 1,
+        negative_prompt: str | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        output_height: int | None = None,
+        output_width: int | None = None,
+        steps: int | None = None,
+        guidance: float | None = None,
+        seed: int | None = None,
+        priority: str = "interactive",
+        timeout_s: float | None = None,
+    ) -> bytes:
+        """Like :meth:`generate`, but one PNG (a grid when n > 1), e.g. to show in a notebook."""
+        png: bytes = await self._call(self._base.calls.generate(
+            prompt, png=True, n=n, negative_prompt=negative_prompt, height=height, width=width,
+            output_height=output_height, output_width=output_width, steps=steps,
+            guidance=guidance, seed=seed, priority=priority, timeout_s=timeout_s,
+        ))
+        return png
+
+    async def sample(
+        self, recipe: str, *, labels: str | Sequence[str] | None = None, n: int = 64,
+        wait_s: float = 0.0,
+    ) -> SampleResult:
+        """Up to ``n`` pre-generated images of ``recipe``, spread over ``labels`` (default all).
+
+        With ``wait_s`` > 0 the service waits up to that long for generation when its pool
+        holds too few; the count returned may still be below ``n`` (never an error).
+        """
+        return await self._call(self._base.calls.sample(recipe, labels, n, wait_s))
+
+    async def info(self) -> dict[str, Any]:
+        """Model identity, device, dtype, limits and version."""
+        return await self._call(self._base.calls.info())
+
+    async def recipes(self) -> list[dict[str, Any]]:
+        """The service's recipes with their pools' fill per label."""
+        return await self._call(self._base.calls.recipes())
+
+    async def recipe(self, name: str) -> dict[str, Any]:
+        """One recipe: spec, pool identity, fill, generated and served counts."""
+        return await self._call(self._base.calls.recipe(name))
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Return once a replica answers ``/readyz`` with 200; raise after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        last: GenaugError | None = None
+        while True:
+            for endpoint in self._base.endpoints.endpoints:
+                try:
+                    response = await self._http.get(endpoint.url + "/readyz", timeout=5.0)
+                except httpx.TransportError as exc:
+                    last = self._base.transport_error(exc, endpoint)
+                    continue
+                if response.status_code == 200:
+                    self._base.endpoints.mark_up(endpoint)
+                    return
+                last = UnavailableError(
+                    f"{endpoint.url} is not ready yet: {response.text[:200]}", status=503,
+                    url=endpoint.url,
+                )
+            if time.monotonic() >= deadline:
+                raise TransportError(f"no genaug replica became ready within {timeout:g} s: {last}")
+            await asyncio.sleep(0.2)

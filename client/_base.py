@@ -1,0 +1,358 @@
+"""Everything both clients share and that does no I/O: options, request bodies, endpoint
+choice, retry timing, status translation and response decoding.
+
+``Client`` and ``AsyncClient`` only send requests and sleep; every decision is made here,
+once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from .errors import (
+    DecodeError,
+    GenaugError,
+    RateLimitedError,
+    StatusError,
+    TransportError,
+    UnavailableError,
+    error_class,
+)
+from .wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, WireError, decode_batch
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+RETRYABLE = (TransportError, RateLimitedError, UnavailableError)
+
+
+@dataclass
+class GenerateResult:
+    """Images from ``generate``: ``images`` uint8 ``[n, h, w, 3]``, ``seeds`` int64 ``[n]``.
+
+    ``metadata`` holds the request as the service understood it (``request``,
+    ``resolved``) and the model's ``model_hash``.
+    """
+
+    images: np.ndarray
+    seeds: np.ndarray
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+
+@dataclass
+class SampleResult:
+    """Images from a recipe's pool: ``labels`` int32 indices into ``label_names``."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    seeds: np.ndarray
+    label_names: list[str]
+    recipe: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+
+def _env_urls() -> list[str]:
+    raw = os.environ.get("GENAUG_URL", DEFAULT_URL)
+    return [u.strip() for u in raw.split(",") if u.strip()]
+
+
+@dataclass
+class Endpoint:
+    """One replica: where it is, how busy we keep it, and whether it is resting after a fault."""
+
+    url: str
+    outstanding: int = 0
+    down_until: float = 0.0
+    failures: int = 0
+
+
+class Endpoints:
+    """Choose a replica per call: the healthy one with the fewest outstanding requests.
+
+    A replica that refused a connection or answered 503 rests for a short, growing cooldown,
+    then takes traffic again (its next answer is its health check). When all rest, the one
+    that comes back first is used.
+    """
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        if not urls:
+            raise ValueError("give at least one service URL")
+        self.endpoints = [Endpoint(u.rstrip("/")) for u in urls]
+
+    def pick(self, now: float | None = None) -> Endpoint:
+        now = time.monotonic() if now is None else now
+        healthy = [e for e in self.endpoints if e.down_until <= now]
+        if healthy:
+            return min(healthy, key=lambda e: (e.outstanding, random.random()))
+        return min(self.endpoints, key=lambda e: e.down_until)
+
+    def healthy_count(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        return sum(e.down_until <= now for e in self.endpoints)
+
+    def mark_down(self, endpoint: Endpoint, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        endpoint.failures += 1
+        endpoint.down_until = now + min(30.0, 0.5 * 2 ** min(endpoint.failures, 6))
+
+    def mark_up(self, endpoint: Endpoint) -> None:
+        endpoint.failures = 0
+        endpoint.down_until = 0.0
+
+
+class RetryState:
+    """Exponential backoff with full jitter, honouring ``Retry-After``, within one deadline.
+
+    Example::
+
+        retry = RetryState(deadline_s=30)
+        delay = retry.next_delay(error)   # raises ``error`` when it should not be retried
+    """
+
+    def __init__(self, *, deadline_s: float, base_s: float = 0.2, cap_s: float = 5.0) -> None:
+        self.deadline = time.monotonic() + deadline_s
+        self.deadline_s = deadline_s
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.attempt = 0
+
+    def next_delay(self, error: GenaugError, *, failover: bool = False) -> float:
+        """Seconds to wait before the next attempt; ``failover``: another replica is healthy,
+        so only ``Retry-After`` (not backoff) applies."""
+        if not isinstance(error, RETRYABLE):
+            raise error
+        self.attempt += 1
+        remaining = self.deadline - time.monotonic()
+        backoff = random.uniform(0, min(self.cap_s, self.base_s * 2**self.attempt))
+        if failover:
+            backoff = 0.0
+        retry_after = error.retry_after if isinstance(error, StatusError) else None
+        if failover and isinstance(error, UnavailableError):
+            retry_after = None  # that replica is down, not this call's next one
+        delay = max(backoff, retry_after or 0.0)
+        if remaining <= 0 or delay > remaining:
+            note = (
+                f" (gave up after {self.attempt} attempts within the client's "
+                f"retry_deadline of {self.deadline_s:g} s)"
+            )
+            if isinstance(error, StatusError):
+                error.message += note
+                error.args = (error.message,)
+                raise error
+            raise type(error)(f"{error}{note}") from error
+        return delay
+
+
+class Base:
+    """Shared, I/O-free state of a client."""
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | None,
+        *,
+        api_key: str | None,
+        client_id: str | None,
+        timeout: float,
+        retry_deadline: float,
+    ) -> None:
+        urls = [url] if isinstance(url, str) else list(url) if url is not None else _env_urls()
+        self.endpoints = Endpoints(urls)
+        self.api_key = api_key if api_key is not None else os.environ.get("GENAUG_API_KEY")
+        self.client_id = client_id
+        self.timeout = timeout
+        self.retry_deadline = retry_deadline
+        self.calls = Calls(timeout)
+
+    @property
+    def urls(self) -> list[str]:
+        return [e.url for e in self.endpoints.endpoints]
+
+    def headers(self, accept: str | None = None) -> dict[str, str]:
+        out = {"User-Agent": "genaug-client"}
+        if self.api_key:
+            out["Authorization"] = f"Bearer {self.api_key}"
+        if self.client_id:
+            out["X-Client-Id"] = self.client_id
+        if accept:
+            out["Accept"] = accept
+        return out
+
+    def retry_state(self, deadline_s: float | None = None) -> RetryState:
+        return RetryState(deadline_s=self.retry_deadline if deadline_s is None else deadline_s)
+
+    def transport_error(self, exc: Exception, endpoint: Endpoint) -> TransportError:
+        self.endpoints.mark_down(endpoint)
+        return TransportError(
+            f"no answer from the genaug service at {endpoint.url} ({type(exc).__name__}: "
+            f"{exc}). Is it running? Start one with `genaug serve` (or `docker compose up`), "
+            "or point the client at it with url=... / GENAUG_URL"
+        )
+
+    def status_error(
+        self, status: int, body: bytes, headers: Any, endpoint: Endpoint
+    ) -> StatusError:
+        """Translate an error answer; marks the replica down on 503."""
+        error_type, message, field_name, error_id = "", "", None, None
+        try:
+            detail = json.loads(body)["error"]
+            error_type = str(detail.get("type", ""))
+            message = str(detail.get("message", ""))
+            field_name = detail.get("field")
+            error_id = detail.get("id")
+        except (ValueError, KeyError, TypeError):
+            message = body[:200].decode("utf-8", "replace")
+        retry_after = None
+        raw = headers.get("retry-after")
+        if raw is not None:
+            try:
+                retry_after = float(raw)
+            except ValueError:
+                retry_after = None
+        cls = error_class(status)
+        if cls is UnavailableError:
+            self.endpoints.mark_down(endpoint)
+        text = f"{status} from {endpoint.url}: {message or error_type or 'error'}"
+        if status == 401:
+            text += " (pass api_key=... or set GENAUG_API_KEY)"
+        return cls(
+            text, status=status, error_type=error_type, field=field_name, error_id=error_id,
+            retry_after=retry_after, url=endpoint.url,
+        )
+
+    def can_fail_over(self) -> bool:
+        """True when several replicas are configured and one is healthy now."""
+        return len(self.endpoints.endpoints) > 1 and self.endpoints.healthy_count() > 0
+
+
+def generate_body(
+    prompt: str,
+    *,
+    n: int,
+    negative_prompt: str | None,
+    height: int | None,
+    width: int | None,
+    output_height: int | None,
+    output_width: int | None,
+    steps: int | None,
+    guidance: float | None,
+    seed: int | None,
+    priority: str,
+    timeout_s: float | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": prompt, "n": n, "priority": priority}
+    optional = {
+        "negative_prompt": negative_prompt, "height": height, "width": width,
+        "output_height": output_height, "output_width": output_width, "steps": steps,
+        "guidance": guidance, "seed": seed, "timeout_s": timeout_s,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return body
+
+
+def sample_body(labels: str | Sequence[str] | None, n: int, wait_s: float) -> dict[str, Any]:
+    body: dict[str, Any] = {"n": n, "wait_s": wait_s}
+    if labels is not None:
+        body["labels"] = [labels] if isinstance(labels, str) else list(labels)
+    return body
+
+
+def decode_generate(payload: bytes) -> GenerateResult:
+    try:
+        batch = decode_batch(payload)
+    except WireError as exc:
+        raise DecodeError(f"the service sent a body that is not a genaug batch: {exc}") from exc
+    return GenerateResult(images=batch.images, seeds=batch.seeds, metadata=batch.metadata)
+
+
+def decode_sample(payload: bytes, recipe: str) -> SampleResult:
+    try:
+        batch = decode_batch(payload)
+    except WireError as exc:
+        raise DecodeError(f"the service sent a body that is not a genaug batch: {exc}") from exc
+    names = batch.metadata.get("label_names", [])
+    labels = batch.labels if batch.labels is not None else np.zeros(len(batch), np.int32)
+    return SampleResult(
+        images=batch.images, labels=labels, seeds=batch.seeds, label_names=list(names),
+        recipe=recipe, metadata=batch.metadata,
+    )
+
+
+def expect_png(payload: bytes) -> bytes:
+    if not payload.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise DecodeError("asked for a PNG but the body is not one")
+    return payload
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One API call, fully described: both clients send it and decode the answer with it."""
+
+    method: str
+    path: str
+    decode: Callable[[bytes], T]
+    body: dict[str, Any] | None = None
+    accept: str | None = None
+    timeout: float | None = None
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError as exc:
+        raise DecodeError(f"expected JSON from the service: {exc}") from exc
+
+
+def http_timeout(timeout_s: float | None, default: float) -> float:
+    """The HTTP timeout for a call whose deadline is ``timeout_s``: the service answers 504
+    at the deadline, so leave it a moment to say so."""
+    return max(default, timeout_s + 5.0) if timeout_s is not None else default
+
+
+class Calls:
+    """Builders for every call of the API (the one place that knows paths and bodies)."""
+
+    def __init__(self, default_timeout: float) -> None:
+        self.default_timeout = default_timeout
+
+    def generate(self, prompt: str, *, png: bool = False, **options: Any) -> Call[Any]:
+        body = generate_body(prompt, **options)
+        return Call(
+            "POST", "/v1/generate",
+            decode=expect_png if png else decode_generate,
+            body=body, accept=PNG_MEDIA_TYPE if png else SAFETENSORS_MEDIA_TYPE,
+            timeout=http_timeout(options.get("timeout_s"), self.default_timeout),
+        )
+
+    def sample(
+        self, recipe: str, labels: str | Sequence[str] | None, n: int, wait_s: float
+    ) -> Call[SampleResult]:
+        return Call(
+            "POST", f"/v1/recipes/{recipe}/sample",
+            decode=lambda content: decode_sample(content, recipe),
+            body=sample_body(labels, n, wait_s), accept=SAFETENSORS_MEDIA_TYPE,
+            timeout=self.default_timeout + wait_s,
+        )
+
+    def info(self) -> Call[dict[str, Any]]:
+        return Call("GET", "/v1/info", decode=_json)
+
+    def recipes(self) -> Call[list[dict[str, Any]]]:
+        return Call("GET", "/v1/recipes", decode=lambda content: _json(content)["recipes"])
+
+    def recipe(self, name: str) -> Call[dict[str, Any]]:
+        return Call("GET", f"/v1/recipes/{name}", decode=_json)

@@ -1,0 +1,507 @@
+"""HTTP routes, authentication, error translation and the body-size guard.
+
+Every answer that is not a success has one shape, ``{"error": {"type", "message",
+"field"?}}``; a 422 names the field, the value, the bound and the fix. Nothing a client can
+send produces a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from genaug import __version__
+from genaug.client.wire import (
+    PNG_MEDIA_TYPE,
+    SAFETENSORS_MEDIA_TYPE,
+    encode_batch,
+    encode_png_grid,
+)
+
+from .app import AppState
+from .batcher import Batcher, GroupKey, Item, Job
+from .errors import ApiError, BodyTooLarge, DeadlineExceeded, InvalidRequest, Unauthorized
+from .schemas import (
+    ErrorBody,
+    GenerateRequest,
+    HealthResponse,
+    InfoResponse,
+    Limits,
+    ModelInfo,
+    check_limits,
+)
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,64}$")
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (401, 413, 422, 429, 503, 504)
+}
+
+# -- dependencies ---------------------------------------------------------------------------
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.state.genaug
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def key_id(key: str) -> str:
+    """A stable, non-secret name for an API key (for fairness and metrics, never the key)."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def presented_key(headers: Any) -> str | None:
+    auth = headers.get("authorization")
+    if auth and auth.lower().startswith("bearer "):
+        return str(auth[7:].strip())
+    key = headers.get("x-api-key")
+    return str(key) if key else None
+
+
+def authenticate(state: AppState, headers: Any) -> str | None:
+    """The matching key's id, ``None`` when no keys are configured; raises 401 otherwise.
+
+    Every configured key is compared, in constant time, whatever matches first.
+    """
+    keys = state.settings.api_keys
+    if not keys:
+        return None
+    given = presented_key(headers)
+    if given is None:
+        state.metrics.rejections.labels("auth").inc()
+        raise Unauthorized(
+            "this service requires an API key: send 'Authorization: Bearer <key>' or "
+            "'X-API-Key: <key>' (the service's keys are set by GENAUG_API_KEYS; clients "
+            "read GENAUG_API_KEY)"
+        )
+    matched: str | None = None
+    given_b = given.encode()
+    for key in keys:
+        secret = key.get_secret_value()
+        if hmac.compare_digest(given_b, secret.encode()):
+            matched = key_id(secret)
+    if matched is None:
+        state.metrics.rejections.labels("auth").inc()
+        raise Unauthorized(
+            "the API key sent is not one of this service's keys (GENAUG_API_KEYS); check "
+            "GENAUG_API_KEY on the client"
+        )
+    return matched
+
+
+def client_identity(request: Request, state: StateDep) -> str:
+    """Who is asking, for round-robin fairness: the API key's id and/or ``X-Client-Id``."""
+    given = request.headers.get("x-client-id")
+    if given is not None and not _CLIENT_ID.match(given):
+        raise InvalidRequest(
+            f"X-Client-Id {given[:80]!r} is not 1-64 characters of letters, digits and "
+            "'._:@/-'; send a short name such as 'trainer-a'",
+            field="X-Client-Id",
+        )
+    key = getattr(request.state, "key_id", None)
+    if key and given:
+        return f"{key}/{given}"
+    if key:
+        return str(key)
+    if given:
+        return given
+    host = request.client.host if request.client else "unknown"
+    return f"ip:{host}"
+
+
+ClientDep = Annotated[str, Depends(client_identity)]
+
+
+# -- middleware -----------------------------------------------------------------------------
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class GuardMiddleware:
+    """Authentication for every path but the probes, and a body-size limit before parsing.
+
+    A pure ASGI middleware so that both checks run before FastAPI reads the body.
+    """
+
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            if scope["path"] not in OPEN_PATHS:
+                key = authenticate(self.state, headers)
+                scope.setdefault("state", {})["key_id"] = key
+            limit = self.state.settings.max_body_bytes
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > limit:
+                raise _body_too_large(int(length), limit)
+        except ApiError as exc:
+            if isinstance(exc, BodyTooLarge):
+                self.state.metrics.rejections.labels("body_too_large").inc()
+            await _error_response(exc)(scope, receive, send)
+            return
+
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            self.state.metrics.rejections.labels("body_too_large").inc()
+            if not started:
+                await _error_response(_body_too_large(received, limit))(scope, receive, send)
+
+
+def _body_too_large(size: int, limit: int) -> BodyTooLarge:
+    return BodyTooLarge(
+        f"request body of {size} bytes exceeds max_body_bytes {limit}; send a smaller body "
+        "(prompts are limited by GENAUG_MAX_PROMPT_CHARS) or set GENAUG_MAX_BODY_BYTES"
+    )
+
+
+def _error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+# -- validation messages --------------------------------------------------------------------
+
+_HINTS = {
+    "height": "use a multiple of 8 between 8 and max_side (GET /v1/info lists the limits)",
+    "width": "use a multiple of 8 between 8 and max_side (GET /v1/info lists the limits)",
+    "output_height": "use a positive size up to max_side, with output_width",
+    "output_width": "use a positive size up to max_side, with output_height",
+    "n": "ask for 1 to max_n images",
+    "steps": "use 1 to max_steps steps",
+    "guidance": "use a number from 0 to 50",
+    "seed": "use an integer from 0 to 2**63-1, or leave it out for random seeds",
+    "priority": "use 'interactive' or 'bulk'",
+    "timeout_s": "use a positive number of seconds",
+    "prompt": "send a non-empty string",
+    "negative_prompt": "send a string or leave it out",
+}
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def describe_validation(errors: list[Any], allowed: list[str]) -> InvalidRequest:
+    """Turn pydantic's errors into one message naming field, value, bound and fix."""
+    messages: list[str] = []
+    first_field: str | None = None
+    for error in errors[:5]:
+        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        name = ".".join(loc)
+        kind = error.get("type", "")
+        if kind == "json_invalid":
+            detail = (error.get("ctx") or {}).get("error", "invalid JSON")
+            messages.append(f"the body is not valid JSON ({detail}); send a JSON object")
+            continue
+        first_field = first_field or name or None
+        if kind == "extra_forbidden":
+            messages.append(f"unknown field {name!r}; remove it (allowed: {', '.join(allowed)})")
+        elif kind == "missing":
+            messages.append(f"{name} is required; {_HINTS.get(name, 'add it')}")
+        elif not name:
+            messages.append(f"the body must be a JSON object: {error.get('msg')}")
+        else:
+            hint = _HINTS.get(name, "see GET /v1/info and /docs for valid values")
+            messages.append(f"{name} = {_short(error.get('input'))}: {error.get('msg')}; {hint}")
+    if len(errors) > 5:
+        messages.append(f"and {len(errors) - 5} more problems")
+    return InvalidRequest("; ".join(messages) or "invalid request", field=first_field)
+
+
+# -- routes ---------------------------------------------------------------------------------
+
+router = APIRouter()
+
+
+@router.get("/healthz", response_model=HealthResponse, tags=["probes"])
+async def healthz() -> HealthResponse:
+    """Liveness: the process answers."""
+    return HealthResponse(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=HealthResponse,
+    responses={503: {"model": HealthResponse}},
+    tags=["probes"],
+)
+async def readyz(state: StateDep) -> Response:
+    """Readiness: 200 only once the model is loaded and warmed up."""
+    if state.ready:
+        return JSONResponse(HealthResponse(status="ready").model_dump())
+    detail = state.load_error or "loading"
+    return JSONResponse(
+        HealthResponse(status="not_ready", detail=detail).model_dump(), status_code=503
+    )
+
+
+@router.get("/v1/info", response_model=InfoResponse, tags=["service"])
+async def info(state: StateDep) -> InfoResponse:
+    """Model identity, device, dtype, limits and version."""
+    s = state.settings
+    size, steps, guidance = state.defaults()
+    model = None
+    if state.model is not None:
+        model = ModelInfo(
+            kind=state.model.kind,
+            source=state.model.source,
+            weights_hash=state.model.weights_hash,
+            scheduler=type(state.model.pipeline.scheduler).__name__,
+        )
+    return InfoResponse(
+        version=__version__,
+        ready=state.ready,
+        model=model,
+        device=state.device,
+        dtype=state.dtype,
+        auth=bool(s.api_keys),
+        limits=Limits(
+            max_n=s.max_n,
+            max_side=s.max_side,
+            max_steps=s.max_steps,
+            max_batch_images=s.max_batch_images,
+            max_queue_images=s.max_queue_images,
+            max_wait_ms=s.max_wait_ms,
+            max_prompt_chars=s.max_prompt_chars,
+            max_timeout_s=s.max_timeout_s,
+            default_size=size,
+            default_steps=steps,
+            default_guidance=guidance,
+            default_timeout_s=s.request_timeout_s,
+        ),
+    )
+
+
+@router.get("/metrics", response_class=PlainTextResponse, tags=["service"])
+async def metrics(state: StateDep) -> Response:
+    """Prometheus text format."""
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[Item]]:
+    """Resolve defaults and seeds: the exact work a request stands for."""
+    size, steps, guidance = state.defaults()
+    height = req.height or size
+    width = req.width or size
+    key = GroupKey(
+        height=height,
+        width=width,
+        steps=req.steps or steps,
+        guidance=req.guidance if req.guidance is not None else guidance,
+        output_height=req.output_height or height,
+        output_width=req.output_width or width,
+        negative=req.negative_prompt is not None,
+    )
+    if req.seed is not None:
+        seeds = [req.seed + i for i in range(req.n)]
+    else:
+        seeds = [int(s) for s in np.random.default_rng().integers(0, 2**63 - 1, size=req.n)]
+    negative = req.negative_prompt or ""
+    return key, [Item(req.prompt, negative, seed) for seed in seeds]
+
+
+async def _until_disconnect(request: Request) -> None:
+    # After the body is read, the next ASGI message is http.disconnect when the client goes.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def wait_for_job(job: Job, batcher: Batcher, request: Request) -> np.ndarray | None:
+    """The job's images; ``None`` if the client went away; 504 past the deadline."""
+    result = asyncio.ensure_future(job.result())
+    gone = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        timeout = max(0.0, job.deadline - time.monotonic())
+        done, _ = await asyncio.wait(
+            {result, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        gone.cancel()
+    if result in done:
+        return result.result()
+    result.cancel()
+    if gone in done:
+        batcher.forget(job, "disconnected")
+        return None
+    batcher.forget(job, "expired")
+    raise DeadlineExceeded(
+        f"request {job.id} did not finish within its timeout_s; raise timeout_s, ask for "
+        "fewer images, or retry when the queue is shorter"
+    )
+
+
+def wants_png(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return PNG_MEDIA_TYPE in accept and SAFETENSORS_MEDIA_TYPE not in accept
+
+
+@router.post(
+    "/v1/generate",
+    tags=["generation"],
+    responses={
+        200: {
+            "content": {SAFETENSORS_MEDIA_TYPE: {}, PNG_MEDIA_TYPE: {}},
+            "description": "safetensors batch (images uint8 [n,h,w,3], seeds int64 [n]) "
+            "or, with Accept: image/png, one PNG (a grid when n > 1)",
+        },
+        **_ERROR_RESPONSES,
+    },
+)
+async def generate(
+    body: GenerateRequest, request: Request, state: StateDep, client: ClientDep
+) -> Response:
+    """Generate ``n`` images; batched with other requests of the same size and steps."""
+    started = time.monotonic()
+    check_limits(body, state.settings)
+    batcher = state.require_batcher()
+    key, items = plan_items(body, state)
+    timeout = body.timeout_s or state.settings.request_timeout_s
+    job = batcher.submit(key, items, client=client, priority=body.priority, timeout_s=timeout)
+    images = await wait_for_job(job, batcher, request)
+    if images is None:
+        return Response(status_code=499)  # client closed the connection; nobody reads this
+    seeds = np.array([item.seed for item in items], dtype=np.int64)
+    if wants_png(request):
+        payload = await asyncio.to_thread(encode_png_grid, images)
+        media = PNG_MEDIA_TYPE
+    else:
+        metadata = {
+            "request": body.model_dump(mode="json"),
+            "resolved": {
+                "height": key.height,
+                "width": key.width,
+                "steps": key.steps,
+                "guidance": key.guidance,
+                "output_height": key.output_height,
+                "output_width": key.output_width,
+            },
+            "model_hash": state.model.weights_hash if state.model else "",
+            "genaug_version": __version__,
+        }
+        encode = _encode_call(images, seeds, metadata)
+        payload = await asyncio.to_thread(encode) if images.nbytes > 1 << 20 else encode()
+        media = SAFETENSORS_MEDIA_TYPE
+    state.metrics.request_latency.labels("generate").observe(time.monotonic() - started)
+    return Response(payload, media_type=media, headers={"X-Genaug-Seeds": _seed_header(seeds)})
+
+
+def _encode_call(
+    images: np.ndarray, seeds: np.ndarray, metadata: dict[str, Any]
+) -> Callable[[], bytes]:
+    return lambda: encode_batch(images, seeds, metadata=metadata)
+
+
+def _seed_header(seeds: np.ndarray) -> str:
+    text = ",".join(str(int(s)) for s in seeds[:16])
+    return text + (",..." if len(seeds) > 16 else "")
+
+
+# -- installation ---------------------------------------------------------------------------
+
+
+def install(app: FastAPI, state: AppState) -> None:
+    """Add routes, error handlers and middleware to ``app``."""
+    allowed = sorted(GenerateRequest.model_fields)
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        if isinstance(exc, InvalidRequest):
+            state.metrics.rejections.labels("invalid").inc()
+        return _error_response(exc)
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        state.metrics.rejections.labels("invalid").inc()
+        return _error_response(describe_validation(list(exc.errors()), allowed))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        kinds = {404: "not_found", 405: "method_not_allowed"}
+        body = {
+            "error": {
+                "type": kinds.get(exc.status_code, "http_error"),
+                "message": f"{request.method} {request.url.path}: {exc.detail}",
+            }
+        }
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        error_id = uuid.uuid4().hex[:12]
+        log.exception("unexpected error (error id %s) on %s", error_id, request.url.path)
+        body = {
+            "error": {
+                "type": "internal",
+                "id": error_id,
+                "message": f"internal error; error id {error_id} is in the log",
+            }
+        }
+        return JSONResponse(body, status_code=500)
+
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        ApiError: api_error,
+        RequestValidationError: validation_error,
+        StarletteHTTPException: http_error,
+        Exception: unexpected,
+    }
+    for exc_class, handler in handlers.items():
+        app.add_exception_handler(exc_class, handler)
+    app.include_router(router)
+    app.add_middleware(GuardMiddleware, state=state)
+    if state.settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=state.settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "X-API-Key", "X-Client-Id", "Content-Type"],
+        )

@@ -1,0 +1,70 @@
+"""Run the service under uvicorn: ``genaug serve`` and ``python -m genaug.service``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+log = logging.getLogger("genaug.service")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def serve(overrides: dict[str, Any] | None = None) -> int:
+    """Start the service with ``GENAUG_*`` settings plus ``overrides``; return an exit code.
+
+    Start-up problems (a wrong device, a missing model path, an invalid setting) print one
+    clear line and exit 2 before anything listens.
+    """
+    import uvicorn
+
+    from .app import _check_startup, create_app
+    from .model import ModelLoadError
+    from .settings import Settings
+
+    try:
+        settings = Settings(**(overrides or {}))
+    except ValidationError as exc:
+        print(f"genaug serve: invalid settings:\n{exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    configure_logging(settings.log_level)
+    try:
+        _check_startup(settings)
+    except ModelLoadError as exc:
+        print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+
+    failures: list[BaseException] = []
+
+    def fatal(exc: BaseException) -> None:
+        failures.append(exc)
+        log.error("stopping: the model could not be loaded (%s)", exc)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    app = create_app(settings, on_fatal=fatal)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=10,
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
+    # handler it found; make that handler exit with a code that says how it went.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: sys.exit(1 if failures else 0))
+    server.run()
+    return 1 if failures or not server.started else 0

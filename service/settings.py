@@ -1,0 +1,112 @@
+"""Service settings: one pydantic-settings class, read from ``GENAUG_*`` variables and CLI flags.
+
+Nothing here is read at import time; ``Settings()`` reads the environment when constructed, and
+``create_app(settings)`` receives the instance.
+
+Example::
+
+    settings = Settings(device="cpu", max_batch_images=8)
+    app = create_app(settings)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+TINY_DEFAULTS = {"size": 64, "steps": 4, "guidance": 5.0}
+SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
+
+
+class Settings(BaseSettings):
+    """Everything the service process can be told. Environment prefix ``GENAUG_``."""
+
+    model_config = SettingsConfigDict(env_prefix="GENAUG_", extra="forbid", frozen=True)
+
+    # Model
+    model: Path | None = Field(
+        default=None,
+        description="Local diffusers folder or single .safetensors SDXL checkpoint. "
+        "Unset: the embedded tiny random-weight SDXL pipeline (demos and tests).",
+    )
+    single_file_config: Path | None = Field(
+        default=None,
+        description="Local diffusers folder whose configs describe a single-file checkpoint "
+        "(needed offline for GENAUG_MODEL=*.safetensors).",
+    )
+    unet_weights: Path | None = Field(
+        default=None,
+        description="Fine-tuned UNet weights (.safetensors, or .pt loaded with weights_only=True).",
+    )
+    device: str = Field(default="cpu", description="cpu, cuda or cuda:N. Never falls back.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="auto: bfloat16 on CUDA, float32 on CPU."
+    )
+    warmup: bool = Field(default=True, description="Run one batch before reporting ready.")
+
+    # Network
+    host: str = Field(default="127.0.0.1", description="Bind address. 0.0.0.0 exposes it.")
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated API keys. Empty: no authentication.",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated origins allowed by CORS. Empty: none."
+    )
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger bodies get 413.")
+
+    # Batching and admission
+    max_batch_images: int = Field(default=8, ge=1, le=1024)
+    max_wait_ms: float = Field(default=10.0, ge=0, le=60_000)
+    max_queue_images: int = Field(default=512, ge=1)
+    max_n: int = Field(default=64, ge=1, description="Most images one request may ask for.")
+    max_side: int = Field(default=2048, ge=8, description="Largest height or width.")
+    max_steps: int = Field(default=150, ge=1)
+    max_prompt_chars: int = Field(default=2000, ge=1)
+    request_timeout_s: float = Field(default=120.0, gt=0, description="Default deadline.")
+    max_timeout_s: float = Field(default=3600.0, gt=0)
+
+    # Request defaults (None: chosen by model kind: tiny 64 px / 4 steps, SDXL 1024 px / 30 steps)
+    default_size: int | None = Field(default=None, ge=8)
+    default_steps: int | None = Field(default=None, ge=1)
+    default_guidance: float | None = Field(default=None, ge=0)
+
+    # Recipes and pool
+    recipes: Path | None = Field(default=None, description="Recipe YAML or JSON file.")
+    pool_path: Path = Field(default=Path("genaug-pool.db"), description="SQLite pool file.")
+    pool_capacity_per_label: int = Field(default=1000, ge=1)
+    pregenerate: bool = Field(default=True, description="Fill pools while the GPU is idle.")
+
+    log_level: str = Field(default="info")
+
+    @field_validator("api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check_defaults_within_limits(self) -> Settings:
+        if self.default_size is not None and self.default_size % 8:
+            raise ValueError(f"default_size {self.default_size} is not a multiple of 8")
+        if self.default_size is not None and self.default_size > self.max_side:
+            raise ValueError(
+                f"default_size {self.default_size} exceeds max_side {self.max_side}; "
+                "raise GENAUG_MAX_SIDE or lower GENAUG_DEFAULT_SIZE"
+            )
+        return self
+
+    def request_defaults(self, *, tiny: bool) -> tuple[int, int, float]:
+        """(size, steps, guidance) used when a request leaves them out."""
+        base = TINY_DEFAULTS if tiny else SDXL_DEFAULTS
+        size = self.default_size if self.default_size is not None else int(base["size"])
+        steps = self.default_steps if self.default_steps is not None else int(base["steps"])
+        guidance = (
+            self.default_guidance if self.default_guidance is not None else float(base["guidance"])
+        )
+        return size, steps, guidance

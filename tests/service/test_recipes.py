@@ -1,0 +1,206 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from genaug.service.recipes import (
+    LabelSpec,
+    Recipe,
+    RecipeError,
+    load_recipes,
+    parse_recipes,
+    pool_id,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOOD = """\
+recipes:
+  - name: shapes
+    description: demo
+    height: 64
+    width: 64
+    steps: 4
+    guidance: 5.0
+    base_seed: 7
+    labels:
+      circle:
+        prompts: ["a circle", "a round disc"]
+        negative_prompt: text
+      square:
+        prompts: ["a square"]
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(RecipeError) as info:
+        load_recipes(path)
+    message = str(info.value)
+    assert str(path) in message
+    return message
+
+
+@pytest.mark.parametrize("name", ["wound_phases.yaml", "generic.yaml"])
+def test_shipped_recipes_load(name: str) -> None:
+    recipes = load_recipes(REPO / "recipes" / name)
+    assert recipes
+    for recipe in recipes.values():
+        assert recipe.height == recipe.width == 64 and recipe.steps == 4
+        for label in recipe.label_names:
+            assert recipe.plan(label, 0).prompt
+
+
+def test_wound_phases_labels_in_order() -> None:
+    recipe = load_recipes(REPO / "recipes" / "wound_phases.yaml")["wound-phases"]
+    assert recipe.label_names == ["I", "P", "R"]
+    assert recipe.label_index("R") == 2
+    assert all(len(spec.prompts) >= 2 for spec in recipe.labels.values())
+
+
+def test_yaml_and_json_load_the_same(tmp_path: Path) -> None:
+    from_yaml = load_recipes(_write(tmp_path, GOOD))
+    import yaml
+
+    data = yaml.safe_load(GOOD)
+    from_json = load_recipes(_write(tmp_path, json.dumps(data), "r.json"))
+    assert from_yaml == from_json
+    recipe = from_yaml["shapes"]
+    assert recipe.label_names == ["circle", "square"]
+    assert recipe.output_size == (64, 64)
+    assert recipe.labels["circle"].negative_prompt == "text"
+
+
+def test_error_names_file_line_and_location(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD.replace('["a circle", "a round disc"]', '["a circle", "  "]'))
+    message = _error(path)
+    assert f"{path}:11: recipes[0].labels.circle.prompts[1]" in message
+    assert "empty" in message
+
+
+def test_error_in_second_recipe_and_bounds(tmp_path: Path) -> None:
+    second = GOOD.split("\n", 1)[1].replace("name: shapes", "name: other")
+    second = second.replace("height: 64", "height: 100").replace("steps: 4", "steps: 0")
+    message = _error(_write(tmp_path, GOOD + second))
+    assert "recipes[1].height" in message and "multiple of 8" in message and "100" in message
+    assert "recipes[1].steps" in message and "greater than or equal to 1" in message
+
+
+def test_unknown_key_missing_key_and_bad_name(tmp_path: Path) -> None:
+    text = GOOD.replace("base_seed: 7", "seed: 7").replace("    steps: 4\n", "")
+    text = text.replace("name: shapes", "name: Shapes!")
+    message = _error(_write(tmp_path, text))
+    assert "recipes[0].seed: unknown key" in message
+    assert "recipes[0].steps: required key is missing" in message
+    assert "recipes[0].name" in message and "'Shapes!'" in message
+
+
+def test_wrong_types_are_not_coerced(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, GOOD.replace("steps: 4", 'steps: "4"')))
+    assert "recipes[0].steps" in message
+
+
+def test_output_size_must_be_a_pair(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, GOOD.replace("steps: 4", "steps: 4\n    output_height: 32")))
+    assert "output_height and output_width go together" in message
+
+
+def test_duplicate_names_and_keys(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, GOOD + GOOD.split("\n", 1)[1]))
+    assert "recipes[1].name: duplicate recipe name 'shapes'" in message
+    dup_label = GOOD.replace("      square:", "      circle:")
+    message = _error(_write(tmp_path, dup_label))
+    assert "duplicate key 'circle' (first at line 10)" in message and ":13:" in message
+    dup_json = '{"recipes": [], "recipes": []}'
+    assert "duplicate key" in _error(_write(tmp_path, dup_json, "d.json"))
+
+
+def test_bad_yaml_json_and_files(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, "recipes:\n  - name: [unclosed\n"))
+    assert "invalid YAML" in message and f"{tmp_path / 'r.yaml'}:" in message
+    message = _error(_write(tmp_path, '{"recipes": [\n  {"name": }\n]}', "b.json"))
+    assert "invalid JSON" in message and ":2:" in message
+    assert "file not found" in _error(tmp_path / "missing.yaml")
+    assert "unsupported file type" in _error(_write(tmp_path, GOOD, "r.txt"))
+    assert "must be a mapping" in _error(_write(tmp_path, "", "empty.yaml"))
+    assert "recipes: List should have at least 1 item" in _error(
+        _write(tmp_path, "recipes: []\n", "none.yaml")
+    )
+
+
+def test_json_error_has_line_too(tmp_path: Path) -> None:
+    import yaml
+
+    data = yaml.safe_load(GOOD)
+    data["recipes"][0]["guidance"] = 99
+    path = _write(tmp_path, json.dumps(data, indent=2), "r.json")
+    message = _error(path)
+    assert "recipes[0].guidance" in message and "99" in message
+    assert f"{path}:" in message.splitlines()[1]
+
+
+def test_spec_hash_tracks_generation_spec_only() -> None:
+    recipe = parse_recipes(GOOD, path=Path("x.yaml"))["shapes"]
+    base = recipe.spec_hash()
+    assert base == parse_recipes(GOOD, path=Path("y.yaml"))["shapes"].spec_hash()
+    assert len(base) == 64 and int(base, 16) >= 0
+    assert recipe.model_copy(update={"description": "other"}).spec_hash() == base
+    changed_prompt = recipe.model_copy(
+        update={"labels": {**recipe.labels, "square": LabelSpec(prompts=["a box"])}}
+    )
+    assert changed_prompt.spec_hash() != base
+    for update in ({"steps": 5}, {"guidance": 4.0}, {"base_seed": 8}, {"height": 72}):
+        assert recipe.model_copy(update=update).spec_hash() != base
+
+
+def test_pool_id_changes_with_model_and_spec() -> None:
+    recipe = parse_recipes(GOOD, path=Path("x.yaml"))["shapes"]
+    a = pool_id(recipe, "aaaa")
+    assert a.startswith("shapes-") and len(a) == len("shapes-") + 12
+    assert pool_id(recipe, "aaaa") == a
+    assert pool_id(recipe, "bbbb") != a
+    assert pool_id(recipe.model_copy(update={"steps": 5}), "aaaa") != a
+    with pytest.raises(ValueError, match="model_hash"):
+        pool_id(recipe, "")
+
+
+def test_plan_is_deterministic_cycles_prompts_and_never_repeats_seeds() -> None:
+    recipe = parse_recipes(GOOD, path=Path("x.yaml"))["shapes"]
+    plan = recipe.plan_batch("circle", 0, 4)
+    assert [p.prompt for p in plan] == ["a circle", "a round disc"] * 2
+    assert all(p.negative_prompt == "text" for p in plan)
+    assert plan == recipe.plan_batch("circle", 0, 4)
+    assert recipe.plan_batch("circle", 2, 2) == plan[2:]  # resuming continues the plan
+    seeds = {recipe.plan(label, k).seed for label in recipe.label_names for k in range(2000)}
+    assert len(seeds) == 4000
+    assert all(0 <= s < 2**63 for s in seeds)
+    other = recipe.model_copy(update={"base_seed": 8})
+    assert other.plan("circle", 0).seed != plan[0].seed
+    with pytest.raises(KeyError, match="labels"):
+        recipe.plan("triangle", 0)
+    with pytest.raises(ValueError):
+        recipe.plan("circle", -1)
+
+
+def test_models_forbid_extra_and_are_frozen() -> None:
+    with pytest.raises(ValueError):
+        LabelSpec(prompts=["x"], extra=1)
+    with pytest.raises(ValueError):
+        LabelSpec(prompts=[])
+    recipe = Recipe(
+        name="r",
+        labels={"a": LabelSpec(prompts=["x"])},
+        height=8,
+        width=8,
+        steps=1,
+        guidance=0.0,
+    )
+    with pytest.raises(ValueError):
+        recipe.steps = 3

@@ -1,0 +1,751 @@
+"""What docker/ and docker/k8s/ declare, checked without a Docker engine or a cluster.
+
+No engine runs where the tests run, so `docker build` and `docker compose up` cannot be tried.
+These tests parse the files instead (compose and manifests with PyYAML, Dockerfiles with a small
+line parser, pyproject.toml with tomllib) and pin the properties a deployment depends on: GPU
+sets never overlap, the trainer waits for a ready generator, the pool lives on a named volume,
+weights are read-only, ports stay on loopback, processes are not root, probes point at the
+right endpoints, and the images install what CI tests with the same pins.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+COMPOSE = DOCKER / "docker-compose.yml"
+ENV_EXAMPLE = DOCKER / ".env.example"
+K8S = DOCKER / "k8s"
+CONSTRAINTS = ROOT / "constraints" / "cpu.txt"
+DOCKERFILES = {
+    "service": DOCKER / "service.Dockerfile",
+    "trainer": DOCKER / "trainer.Dockerfile",
+}
+GENERATOR = "generator"
+
+
+# --- parsers --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str  # upper case: FROM, RUN, ...
+    args: str  # continuation lines joined with single spaces
+    line: int  # 1-based line of the instruction's first line
+
+
+def parse_dockerfile(path: Path) -> list[Instruction]:
+    """Instructions of a Dockerfile, continuation lines joined, comments dropped.
+
+    Follows the builder: a trailing backslash continues the instruction, and comment lines
+    (also those inside a continued instruction) are removed before joining.
+    """
+    out: list[Instruction] = []
+    parts: list[str] = []
+    start = 0
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        stripped = raw.strip()
+        if not parts and (not stripped or stripped.startswith("#")):
+            continue
+        if parts and stripped.startswith("#"):
+            continue
+        if not parts:
+            start = number
+        continued = stripped.endswith("\\")
+        parts.append(stripped[:-1].strip() if continued else stripped)
+        if not continued:
+            text = " ".join(p for p in parts if p)
+            keyword, _, args = text.partition(" ")
+            out.append(Instruction(keyword.upper(), args.strip(), start))
+            parts = []
+    assert not parts, f"{path.name}: the last instruction ends with a dangling backslash"
+    return out
+
+
+def _arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
+    """ARG defaults declared before the first FROM (the ones FROM may use)."""
+    defaults: dict[str, str] = {}
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            break
+        if ins.keyword == "ARG":
+            name, _, value = ins.args.partition("=")
+            defaults[name.strip()] = value.strip().strip('"')
+    return defaults
+
+
+def base_images(path: Path) -> list[str]:
+    """Every FROM image with its build-arg defaults substituted."""
+    instructions = parse_dockerfile(path)
+    args = _arg_defaults(instructions)
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in args, f"{path.name}: FROM uses ${name} without an ARG default before it"
+        return args[name]
+
+    images = []
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            image = ins.args.split()[0]
+            if image.startswith("--platform"):
+                image = ins.args.split()[1]
+            images.append(re.sub(r"\$\{(\w+)\}|\$(\w+)", substitute, image))
+    return images
+
+
+_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def interpolate(text: str, env: Mapping[str, str], seen: set[str] | None = None) -> str:
+    """Compose-style interpolation: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR:+r}.
+
+    Nested defaults (``${A:-${B}}``) are supported; ``$$`` is a literal ``$``. Names met are
+    added to ``seen``. A required variable that is missing raises KeyError.
+    """
+    seen = set() if seen is None else seen
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c != "$":
+            out.append(c)
+            i += 1
+            continue
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+            continue
+        if text.startswith("${", i):
+            depth, j = 1, i + 2
+            while depth:
+                assert j < len(text), f"unclosed ${{ in {text!r}"
+                if text.startswith("${", j):
+                    depth, j = depth + 1, j + 2
+                    continue
+                depth += {"{": 0, "}": -1}.get(text[j], 0)
+                j += 1
+            inner = text[i + 2 : j - 1]
+            name_match = _VAR.match(inner)
+            assert name_match, f"bad variable reference ${{{inner}}} in {text!r}"
+            name = name_match.group()
+            rest = inner[len(name) :]
+            seen.add(name)
+            value = env.get(name)
+            op = next((o for o in (":-", ":?", ":+", "-", "?", "+") if rest.startswith(o)), "")
+            assert op or not rest, f"unknown operator in ${{{inner}}}"
+            word = interpolate(rest[len(op) :], env, seen) if op else ""
+            if op in (":-", "-"):
+                use_default = not value if op == ":-" else value is None
+                out.append(word if use_default else str(value))
+            elif op in (":?", "?"):
+                if not value if op == ":?" else value is None:
+                    raise KeyError(f"{name} is required: {word}")
+                out.append(str(value))
+            elif op in (":+", "+"):
+                out.append(word if (value if op == ":+" else value is not None) else "")
+            else:
+                out.append(value or "")
+            i = j
+            continue
+        name_match = _VAR.match(text, i + 1)
+        if name_match:
+            seen.add(name_match.group())
+            out.append(env.get(name_match.group(), ""))
+            i = name_match.end()
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+class _EveryVariableSet(Mapping[str, str]):
+    """An environment in which every variable is set: interpolation then visits all names."""
+
+    def __getitem__(self, key: str) -> str:
+        return "x"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def walk_strings(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, Mapping):
+        for value in node.values():
+            yield from walk_strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk_strings(value)
+
+
+def resolve(node: Any, env: Mapping[str, str]) -> Any:
+    if isinstance(node, str):
+        return interpolate(node, env)
+    if isinstance(node, Mapping):
+        return {k: resolve(v, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [resolve(v, env) for v in node]
+    return node
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        assert sep and _VAR.fullmatch(name), f"{path.name}:{number}: not NAME=value: {raw!r}"
+        assert name not in env, f"{path.name}:{number}: {name} is set twice"
+        env[name] = value.strip().strip("\"'")
+    return env
+
+
+@dataclass(frozen=True)
+class Mount:
+    type: str
+    source: str
+    target: str
+    read_only: bool
+
+
+def mounts(service: Mapping[str, Any], top_volumes: Mapping[str, Any]) -> list[Mount]:
+    """Volume entries of a compose service, short or long syntax, normalized."""
+    out = []
+    for entry in service.get("volumes", []):
+        if isinstance(entry, str):
+            fields = entry.split(":")
+            source, target = fields[0], fields[1]
+            options = fields[2].split(",") if len(fields) > 2 else []
+            kind = "volume" if source in top_volumes else "bind"
+            out.append(Mount(kind, source, target, "ro" in options))
+        else:
+            out.append(
+                Mount(
+                    entry["type"],
+                    str(entry.get("source", "")),
+                    entry["target"],
+                    bool(entry.get("read_only", False)),
+                )
+            )
+    return out
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict) and "services" in data, f"{COMPOSE} has no services"
+    return data
+
+
+@pytest.fixture(scope="module")
+def env_example() -> dict[str, str]:
+    return read_env_file(ENV_EXAMPLE)
+
+
+@pytest.fixture(scope="module")
+def resolved(compose: dict[str, Any], env_example: dict[str, str]) -> dict[str, Any]:
+    """The compose file as `docker compose config` would see it with .env.example as .env."""
+    try:
+        data: dict[str, Any] = resolve(compose, env_example)
+    except KeyError as missing:
+        pytest.fail(f"docker/.env.example leaves a required variable unset: {missing}")
+    return data
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+@pytest.fixture(scope="module")
+def k8s_docs() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                docs.append((path.name, doc))
+    assert docs, f"no manifests in {K8S}"
+    return docs
+
+
+def gpu_ids(service: Mapping[str, Any]) -> list[str]:
+    ids: list[str] = []
+    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {})
+    for device in devices.get("devices", []):
+        if "gpu" in device.get("capabilities", []):
+            ids.extend(str(d) for d in device.get("device_ids", []))
+    return ids
+
+
+def trainer_services(compose: Mapping[str, Any]) -> dict[str, Any]:
+    found = {
+        name: svc
+        for name, svc in compose["services"].items()
+        if str(svc.get("build", {}).get("dockerfile", "")).endswith("trainer.Dockerfile")
+    }
+    assert found, "no service in docker-compose.yml builds docker/trainer.Dockerfile"
+    return found
+
+
+def command_option(command: list[str], option: str) -> str:
+    assert option in command, f"command {command} lacks {option}"
+    return command[command.index(option) + 1]
+
+
+# --- compose --------------------------------------------------------------------------------
+
+
+def test_gpu_sets_are_explicit_and_disjoint_across_all_services_and_profiles(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    assigned: dict[str, set[str]] = {}
+    for name, svc in services.items():
+        assert "gpus" not in svc, f"{name}: use device_ids, not `gpus` (which may mean all)"
+        devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {})
+        for device in devices.get("devices", []):
+            assert "count" not in device, (
+                f"{name}: a GPU count lets Docker pick the GPUs; name them with device_ids"
+            )
+        ids = gpu_ids(svc)
+        if ids:
+            assert len(ids) == len(set(ids)), f"{name}: a GPU is listed twice: {ids}"
+            assigned[name] = set(ids)
+    assert assigned.get(GENERATOR) and len(assigned[GENERATOR]) == 1, (
+        f"the generator must own exactly one GPU, has {assigned.get(GENERATOR)}"
+    )
+    for name in trainer_services(compose):
+        assert assigned.get(name), f"{name} reserves no GPU"
+    for (a, ids_a), (b, ids_b) in combinations(assigned.items(), 2):
+        assert not ids_a & ids_b, f"{a} and {b} share GPUs {sorted(ids_a & ids_b)}"
+
+
+def test_trainer_gpu_flags_use_the_containers_own_numbering(resolved: dict[str, Any]) -> None:
+    # device_ids ["1","2","3","4"] appear inside the container as GPUs 0..3.
+    for name, svc in trainer_services(resolved).items():
+        flag = command_option(svc["command"], "--gpus")
+        expected = ",".join(str(i) for i in range(len(gpu_ids(svc))))
+        assert flag == expected, (
+            f"{name}: --gpus {flag} but the container sees {len(gpu_ids(svc))} GPUs "
+            f"numbered from 0, so it must be --gpus {expected}"
+        )
+    generator = resolved["services"][GENERATOR]
+    assert generator["environment"]["GENAUG_DEVICE"] == "cuda:0", (
+        "the generator's one pinned GPU is cuda:0 inside its container"
+    )
+
+
+def test_second_trainer_profile_shares_the_generator(compose: dict[str, Any]) -> None:
+    trainers = trainer_services(compose)
+    always = [n for n, s in trainers.items() if not s.get("profiles")]
+    profiled = [n for n, s in trainers.items() if "second-trainer" in s.get("profiles", [])]
+    assert always, "the default `docker compose up` must start a trainer (no profile)"
+    assert profiled, "no trainer under the profile 'second-trainer'"
+    assert not compose["services"][GENERATOR].get("profiles"), "the generator must always run"
+    for name in always + profiled:
+        url = trainers[name]["environment"]["GENAUG_URL"]
+        assert url == f"http://{GENERATOR}:8000", f"{name}: GENAUG_URL={url}, not the generator"
+        service_flag = command_option(trainers[name]["command"], "--service")
+        assert service_flag == url, f"{name}: --service {service_flag} differs from GENAUG_URL"
+
+
+def test_trainers_start_only_when_the_generator_is_healthy(compose: dict[str, Any]) -> None:
+    generator = compose["services"][GENERATOR]
+    check = generator.get("healthcheck", {})
+    assert check.get("test"), "the generator has no healthcheck; depends_on cannot wait for it"
+    command = " ".join(check["test"]) if isinstance(check["test"], list) else check["test"]
+    assert "/readyz" in command, f"healthcheck must probe /readyz (model loaded): {command}"
+    assert "curl" not in command and "wget" not in command, "healthcheck must not assume curl"
+    assert check.get("start_period"), "loading SDXL takes minutes: set a start_period"
+    for name, svc in trainer_services(compose).items():
+        depends = svc.get("depends_on")
+        assert isinstance(depends, dict) and GENERATOR in depends, (
+            f"{name}: depends_on must be the long form naming {GENERATOR}"
+        )
+        condition = depends[GENERATOR].get("condition")
+        assert condition == "service_healthy", f"{name}: depends_on condition is {condition}"
+
+
+def test_pool_on_a_named_volume(compose: dict[str, Any], resolved: dict[str, Any]) -> None:
+    top = compose.get("volumes") or {}
+    generator = resolved["services"][GENERATOR]
+    pool = PurePosixPath(generator["environment"]["GENAUG_POOL_PATH"])
+    holding = [m for m in mounts(generator, top) if pool.is_relative_to(m.target)]
+    assert holding, f"GENAUG_POOL_PATH={pool} is on no mount: the pool would die with the container"
+    mount = max(holding, key=lambda m: len(m.target))
+    assert mount.type == "volume" and mount.source in top, (
+        f"the pool's mount {mount} must be a named volume declared under top-level volumes"
+    )
+    assert not mount.read_only, "the pool volume must be writable"
+
+
+def test_weights_and_training_data_are_mounted_read_only(
+    compose: dict[str, Any], resolved: dict[str, Any]
+) -> None:
+    top = compose.get("volumes") or {}
+    generator = resolved["services"][GENERATOR]
+    model = PurePosixPath(generator["environment"]["GENAUG_MODEL"])
+    holding = [m for m in mounts(generator, top) if model.is_relative_to(m.target)]
+    assert holding, f"GENAUG_MODEL={model} is not under any mount"
+    for mount in holding:
+        assert mount.read_only, f"weights mount {mount.target} must be read-only"
+    for name, svc in trainer_services(resolved).items():
+        data = PurePosixPath(command_option(svc["command"], "--data"))
+        data_mounts = [m for m in mounts(svc, top) if data.is_relative_to(m.target)]
+        assert data_mounts and all(m.read_only for m in data_mounts), (
+            f"{name}: training data {data} must come from a read-only mount"
+        )
+
+
+def test_published_ports_bind_loopback(resolved: dict[str, Any]) -> None:
+    published = 0
+    for name, svc in resolved["services"].items():
+        for port in svc.get("ports", []):
+            published += 1
+            if isinstance(port, dict):
+                host_ip = port.get("host_ip")
+            else:
+                host_ip = str(port).split(":")[0] if str(port).count(":") == 2 else None
+            assert host_ip == "127.0.0.1", f"{name}: port {port!r} is not bound to 127.0.0.1"
+        assert "network_mode" not in svc or svc["network_mode"] != "host", (
+            f"{name}: network_mode host publishes every port on every interface"
+        )
+    assert published, "the generator publishes no port for notebooks on this machine"
+
+
+def test_api_key_comes_from_the_env_file_not_the_compose_file(
+    compose: dict[str, Any], env_example: dict[str, str]
+) -> None:
+    generator_env = compose["services"][GENERATOR]["environment"]
+    assert "${" in str(generator_env.get("GENAUG_API_KEYS", "")), (
+        "GENAUG_API_KEYS must be interpolated from docker/.env, never written in the compose file"
+    )
+    for name, svc in trainer_services(compose).items():
+        assert "${" in str(svc["environment"].get("GENAUG_API_KEY", "")), (
+            f"{name}: GENAUG_API_KEY must come from docker/.env"
+        )
+    accepted = env_example["GENAUG_API_KEYS"].split(",")
+    assert env_example["GENAUG_API_KEY"] in accepted, (
+        ".env.example: the trainers' GENAUG_API_KEY must be one of GENAUG_API_KEYS"
+    )
+
+
+def test_generator_listens_on_all_interfaces_inside_its_container(
+    resolved: dict[str, Any],
+) -> None:
+    env = resolved["services"][GENERATOR]["environment"]
+    assert env.get("GENAUG_HOST") == "0.0.0.0", (
+        "the service defaults to 127.0.0.1, unreachable from other containers: "
+        "set GENAUG_HOST=0.0.0.0"
+    )
+
+
+def test_every_compose_variable_is_documented_in_env_example(
+    compose: dict[str, Any], env_example: dict[str, str]
+) -> None:
+    used: set[str] = set()
+    for text in walk_strings(compose):
+        interpolate(text, _EveryVariableSet(), used)
+    missing = sorted(used - env_example.keys())
+    assert not missing, f"docker/.env.example does not document {missing}"
+    stale = sorted(env_example.keys() - used)
+    assert not stale, f"docker/.env.example lists variables compose never uses: {stale}"
+    # With .env.example copied to .env, every required variable is satisfied.
+    resolve(compose, env_example)
+
+
+def test_compose_images_and_users(resolved: dict[str, Any]) -> None:
+    for name, svc in resolved["services"].items():
+        image = svc.get("image", "")
+        assert ":" in image and not image.endswith(":latest"), f"{name}: image {image} unpinned"
+        user = str(svc.get("user", ""))
+        assert user.split(":")[0] not in ("0", "root"), f"{name}: runs as root ({user})"
+
+
+# --- Dockerfiles ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_dockerfile_runs_as_non_root(kind: str) -> None:
+    users = [i for i in parse_dockerfile(DOCKERFILES[kind]) if i.keyword == "USER"]
+    assert users, f"{kind}.Dockerfile has no USER: the container would run as root"
+    last = users[-1].args.split(":")[0]
+    assert last not in ("0", "root"), f"{kind}.Dockerfile ends as USER {users[-1].args}"
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_base_images_are_pinned(kind: str) -> None:
+    for image in base_images(DOCKERFILES[kind]):
+        name, _, tag = image.rpartition(":")
+        assert name and tag and "/" not in tag, f"{kind}: base image {image} has no tag"
+        assert tag != "latest" and re.match(r"\d+\.\d+", tag), (
+            f"{kind}: base image {image} is not pinned to a version"
+        )
+
+
+def test_service_healthcheck_probes_readyz_with_python() -> None:
+    checks = [i for i in parse_dockerfile(DOCKERFILES["service"]) if i.keyword == "HEALTHCHECK"]
+    assert checks, "service.Dockerfile has no HEALTHCHECK"
+    args = checks[-1].args
+    assert "/readyz" in args, f"HEALTHCHECK must probe /readyz: {args}"
+    assert "python" in args and "curl" not in args and "wget" not in args, (
+        f"HEALTHCHECK must use python (the base image may lack curl): {args}"
+    )
+    assert "--start-period" in args, "HEALTHCHECK needs a start period for model loading"
+
+
+def _pip_installs(kind: str) -> list[list[str]]:
+    """The argument lists of every `pip install` in a Dockerfile's RUN instructions."""
+    installs = []
+    for ins in parse_dockerfile(DOCKERFILES[kind]):
+        if ins.keyword != "RUN":
+            continue
+        words = shlex.split(ins.args)
+        for i in range(len(words) - 1):
+            if words[i] == "pip" and words[i + 1] == "install":
+                rest = words[i + 2 :]
+                ends = [j for j, w in enumerate(rest) if w in ("&&", ";", "||", "|")]
+                installs.append(rest[: ends[0]] if ends else rest)
+    assert installs, f"{kind}.Dockerfile installs nothing with pip"
+    return installs
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_pip_installs_the_matching_extra_with_ci_constraints(
+    kind: str, pyproject: dict[str, Any]
+) -> None:
+    extras = pyproject["project"]["optional-dependencies"]
+    installs = _pip_installs(kind)
+    targets = [w for args in installs for w in args if w.startswith(".[")]
+    assert targets == [f".[{kind}]"], (
+        f"{kind}.Dockerfile must install the project with the [{kind}] extra, found {targets}"
+    )
+    for target in targets:
+        for extra in target[2:-1].split(","):
+            assert extra in extras, f"{kind}: extra [{extra}] is not declared in pyproject.toml"
+    for args in installs:
+        assert "-c" in args and args[args.index("-c") + 1] == "constraints/cpu.txt", (
+            f"{kind}: `pip install {' '.join(args)}` must use CI's constraints/cpu.txt"
+        )
+        joined = " ".join(args)
+        assert "index-url" not in joined and "+cpu" not in joined, (
+            f"{kind}: the GPU image must not name the CPU wheel index: {joined}"
+        )
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_dockerfile_copies_exist_and_cover_every_package_dir(
+    kind: str, pyproject: dict[str, Any]
+) -> None:
+    copied: list[str] = []
+    for ins in parse_dockerfile(DOCKERFILES[kind]):
+        if ins.keyword == "COPY":
+            words = [w for w in shlex.split(ins.args) if not w.startswith("--")]
+            for source in words[:-1]:
+                assert (ROOT / source).exists(), f"{kind}: COPY {source} does not exist"
+                copied.append(source.rstrip("/"))
+    for path in ["pyproject.toml", "constraints/cpu.txt"] + sorted(
+        set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    ):
+        assert any(path == c or path.startswith(c + "/") for c in copied), (
+            f"{kind}.Dockerfile does not COPY {path}; `pip install .` needs it"
+        )
+
+
+def _constraints() -> list[Requirement]:
+    lines = (line.split("#")[0].strip() for line in CONSTRAINTS.read_text().splitlines())
+    return [Requirement(line) for line in lines if line]
+
+
+def _torch_pin() -> Version:
+    torch = [r for r in _constraints() if r.name == "torch"]
+    assert len(torch) == 1, f"{CONSTRAINTS} must pin torch exactly once"
+    spec = list(torch[0].specifier)
+    assert len(spec) == 1 and spec[0].operator == "==", f"torch pin must be ==X.Y.Z: {spec}"
+    return Version(spec[0].version)
+
+
+def test_torch_policy_consistent_with_constraints(pyproject: dict[str, Any]) -> None:
+    # constraints/cpu.txt pins a public version. PEP 440 ignores local labels for such a pin,
+    # so the base image's torch X+cuNNN satisfies it and pip keeps the CUDA build.
+    pin = _torch_pin()
+    assert not pin.local, (
+        f"constraints/cpu.txt pins torch {pin}: a local label would force that build into the "
+        "GPU image; pin the public version and pick the CPU wheel by index URL in CI"
+    )
+    args = _arg_defaults(parse_dockerfile(DOCKERFILES["service"]))
+    assert Version(args.get("TORCH_VERSION", "0")) == pin, (
+        f"service.Dockerfile TORCH_VERSION={args.get('TORCH_VERSION')} but constraints pin "
+        f"torch=={pin}: pip would replace the base image's CUDA torch"
+    )
+    (image,) = base_images(DOCKERFILES["service"])
+    assert image.startswith(f"pytorch/pytorch:{pin}-cuda"), (
+        f"service base {image} is not the CUDA PyTorch image of torch {pin}"
+    )
+    service_deps = [
+        Requirement(r) for r in pyproject["project"]["optional-dependencies"]["service"]
+    ]
+    torch_req = next(r for r in service_deps if r.name == "torch")
+    assert pin in torch_req.specifier, f"torch {pin} does not satisfy pyproject's {torch_req}"
+
+
+def test_tensorflow_base_satisfies_the_trainer_extra(pyproject: dict[str, Any]) -> None:
+    (image,) = base_images(DOCKERFILES["trainer"])
+    match = re.fullmatch(r"tensorflow/tensorflow:(\d+\.\d+\.\d+)-gpu", image)
+    assert match, f"trainer base {image} is not a pinned tensorflow/tensorflow:X.Y.Z-gpu"
+    version = Version(match.group(1))
+    deps = [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["trainer"]]
+    tf = next(r for r in deps if r.name == "tensorflow")
+    assert version in tf.specifier, f"base tensorflow {version} does not satisfy {tf}"
+    for req in _constraints():
+        if req.name in ("tensorflow", "tensorflow-cpu"):
+            assert version in req.specifier, f"constraints pin {req}, base has {version}"
+
+
+# --- Kubernetes -----------------------------------------------------------------------------
+
+
+def _workloads(docs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    found = [(f, d) for f, d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    kinds = {d["kind"] for _, d in found}
+    assert "Deployment" in kinds, "docker/k8s/ has no Deployment"
+    assert "StatefulSet" in kinds, "docker/k8s/ has no StatefulSet for several replicas"
+    return found
+
+
+def test_k8s_probes_gpu_and_security(k8s_docs: list[tuple[str, dict[str, Any]]]) -> None:
+    for file, workload in _workloads(k8s_docs):
+        where = f"{file} {workload['kind']}"
+        pod = workload["spec"]["template"]["spec"]
+        pod_security = pod.get("securityContext", {})
+        assert pod_security.get("runAsNonRoot") is True, f"{where}: runAsNonRoot must be true"
+        assert pod_security.get("runAsUser", 0) != 0, f"{where}: runAsUser must not be 0"
+        assert pod_security.get("fsGroup"), f"{where}: fsGroup makes the pool volume writable"
+        (container,) = pod["containers"]
+        image = container["image"]
+        assert ":" in image and not image.endswith(":latest"), f"{where}: image {image} unpinned"
+        limits = container.get("resources", {}).get("limits", {})
+        assert str(limits.get("nvidia.com/gpu")) == "1", (
+            f"{where}: one GPU per replica: limits nvidia.com/gpu must be 1, got {limits}"
+        )
+        ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+        for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+            get = container.get(probe, {}).get("httpGet", {})
+            assert get.get("path") == path, f"{where}: {probe} must GET {path}, has {get}"
+            port = get.get("port")
+            assert port in ports or port in ports.values(), f"{where}: {probe} port {port}?"
+        security = container.get("securityContext", {})
+        assert security.get("allowPrivilegeEscalation") is False, (
+            f"{where}: allowPrivilegeEscalation must be false"
+        )
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env["GENAUG_HOST"].get("value") == "0.0.0.0", f"{where}: GENAUG_HOST 0.0.0.0"
+        assert "secretKeyRef" in env["GENAUG_API_KEYS"].get("valueFrom", {}), (
+            f"{where}: GENAUG_API_KEYS must come from a Secret"
+        )
+        mounts_by_path = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+        model = PurePosixPath(env["GENAUG_MODEL"]["value"])
+        model_mounts = [m for p, m in mounts_by_path.items() if model.is_relative_to(p)]
+        assert model_mounts and all(m.get("readOnly") for m in model_mounts), (
+            f"{where}: the weights mount must be readOnly"
+        )
+        pool = PurePosixPath(env["GENAUG_POOL_PATH"]["value"])
+        pool_mounts = [m for p, m in mounts_by_path.items() if pool.is_relative_to(p)]
+        assert pool_mounts, f"{where}: GENAUG_POOL_PATH={pool} is on no volume"
+
+
+def test_k8s_pool_storage_matches_sqlite_single_writer(
+    k8s_docs: list[tuple[str, dict[str, Any]]],
+) -> None:
+    claims = {d["metadata"]["name"]: d for _, d in k8s_docs if d["kind"] == "PersistentVolumeClaim"}
+    for file, workload in _workloads(k8s_docs):
+        pod = workload["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        pool = PurePosixPath(env["GENAUG_POOL_PATH"]["value"])
+        mount = max(
+            (m for m in container["volumeMounts"] if pool.is_relative_to(m["mountPath"])),
+            key=lambda m: len(m["mountPath"]),
+        )
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        if workload["kind"] == "Deployment":
+            claim = volumes[mount["name"]].get("persistentVolumeClaim", {}).get("claimName")
+            assert claim in claims, f"{file}: pool volume must be a PVC declared in docker/k8s/"
+            assert claims[claim]["spec"]["accessModes"] == ["ReadWriteOnce"], (
+                f"{file}: the pool claim is SQLite's: ReadWriteOnce"
+            )
+            assert workload["spec"]["replicas"] == 1, (
+                f"{file}: one SQLite pool per claim means one replica; scale with the StatefulSet"
+            )
+            assert workload["spec"].get("strategy", {}).get("type") == "Recreate", (
+                f"{file}: a rolling update would open the pool from two pods; use Recreate"
+            )
+        else:
+            templates = {t["metadata"]["name"] for t in workload["spec"]["volumeClaimTemplates"]}
+            assert mount["name"] in templates and mount["name"] not in volumes, (
+                f"{file}: each StatefulSet replica needs its own pool claim (volumeClaimTemplates)"
+            )
+
+
+def test_k8s_services_select_the_generator_pods(
+    k8s_docs: list[tuple[str, dict[str, Any]]],
+) -> None:
+    services = [(f, d) for f, d in k8s_docs if d["kind"] == "Service"]
+    assert services, "docker/k8s/ has no Service"
+    for file, workload in _workloads(k8s_docs):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        selector = workload["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= labels.items(), f"{file}: selector does not match pod labels"
+        ports = {p["name"] for p in workload["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        for sfile, service in services:
+            assert service["spec"]["selector"].items() <= labels.items(), (
+                f"{sfile}: Service {service['metadata']['name']} does not select {file}'s pods"
+            )
+            for port in service["spec"]["ports"]:
+                assert port["targetPort"] in ports or port["targetPort"] == 8000, (
+                    f"{sfile}: targetPort {port['targetPort']} is not a container port"
+                )
+        if workload["kind"] == "StatefulSet":
+            headless = [s for _, s in services if s["spec"].get("clusterIP") == "None"]
+            names = {s["metadata"]["name"] for s in headless}
+            assert workload["spec"]["serviceName"] in names, (
+                f"{file}: serviceName must be a headless Service (stable per-replica names)"
+            )
+
+
+# --- docs -----------------------------------------------------------------------------------
+
+
+def test_deploy_doc_python_snippets_parse() -> None:
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    assert blocks, "docs/deploy.md has no python snippet (the .pt to safetensors conversion)"
+    for block in blocks:
+        ast.parse(block)
+    joined = "\n".join(blocks)
+    assert "weights_only=True" in joined and "save_file" in joined, (
+        "the conversion snippet must load with weights_only=True and save with safetensors"
+    )

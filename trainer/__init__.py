@@ -1,0 +1,85 @@
+"""genaug.trainer: feed generated images into TensorFlow training without Python in the graph.
+
+- :class:`SyntheticReservoir`: a class-indexed host tensor of synthetic images and a
+  ``tf.data`` map function that mixes them in with pure graph ops.
+- :class:`ReservoirFeeder`: a daemon thread that keeps the reservoir fresh from the service.
+- :func:`assert_no_python_ops` and friends: walk the op types of a dataset and of a model's
+  step functions and fail on ops that call back into Python.
+
+Example::
+
+    from genaug.trainer import ReservoirFeeder, SyntheticReservoir, assert_no_python_ops
+
+    reservoir = SyntheticReservoir(num_classes=3, slots_per_class=256, image_shape=(64, 64, 3))
+    feeder = ReservoirFeeder(reservoir, url="http://127.0.0.1:8000", recipe="demo",
+                             label_map={"cat": 0, "dog": 1, "fox": 2})
+    ds = real_ds.batch(64, drop_remainder=True).map(reservoir.mix(p=0.5)).prefetch(2)
+    assert_no_python_ops(dataset=ds)
+    model.fit(ds, epochs=3, callbacks=[feeder.callback()])
+
+Names are imported lazily: ``genaug.trainer.feeder`` does not import TensorFlow, the reservoir
+and the audit do.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from genaug.trainer.audit import (
+        PYTHON_OP_TYPES,
+        Finding,
+        PythonInGraphError,
+        assert_no_python_ops,
+        python_ops_in_dataset,
+        python_ops_in_graph_def,
+        python_ops_in_model,
+        step_functions,
+        tracing_counts,
+    )
+    from genaug.trainer.feeder import FeederStats, ReservoirFeeder
+    from genaug.trainer.reservoir import SyntheticReservoir
+
+__all__ = [
+    "FeederStats",
+    "Finding",
+    "PYTHON_OP_TYPES",
+    "PythonInGraphError",
+    "ReservoirFeeder",
+    "SyntheticReservoir",
+    "assert_no_python_ops",
+    "python_ops_in_dataset",
+    "python_ops_in_graph_def",
+    "python_ops_in_model",
+    "step_functions",
+    "tracing_counts",
+]
+
+_WHERE = {
+    "PYTHON_OP_TYPES": "audit",
+    "FeederStats": "feeder",
+    "Finding": "audit",
+    "PythonInGraphError": "audit",
+    "ReservoirFeeder": "feeder",
+    "SyntheticReservoir": "reservoir",
+    "assert_no_python_ops": "audit",
+    "python_ops_in_dataset": "audit",
+    "python_ops_in_graph_def": "audit",
+    "python_ops_in_model": "audit",
+    "step_functions": "audit",
+    "tracing_counts": "audit",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'genaug.trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"genaug.trainer.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,406 @@
+"""Keep a :class:`~genaug.trainer.reservoir.SyntheticReservoir` fresh from the genaug service.
+
+The feeder is a daemon thread with its own asyncio loop and its own ``AsyncClient``. It asks
+the service for images (a recipe's pool via ``sample``, or ``generate`` with per-label prompts),
+writes them into the reservoir by class, and otherwise stays out of the way: when the service
+is down it backs off exponentially and retries, and nothing it does ever raises into training.
+Training never waits for it; the reservoir's map falls back to real images while a class is
+empty.
+
+Importing this module imports neither TensorFlow nor torch; ``genaug.client`` is imported when
+the feeder thread builds its client from ``url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from genaug.trainer.reservoir import SyntheticReservoir
+
+__all__ = ["FeederStats", "ReservoirFeeder"]
+
+logger = logging.getLogger(__name__)
+
+
+class _ReservoirLike(Protocol):
+    num_classes: int
+    slots_per_class: int
+    image_shape: tuple[int, int, int]
+
+    def write(self, label: int, images: np.ndarray) -> int: ...
+    def fill_counts(self) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class FeederStats:
+    """A snapshot of a feeder's counters (see :attr:`ReservoirFeeder.stats`).
+
+    Attributes:
+        images_received: images written into the reservoir since construction.
+        images_dropped: images received with a label name not in ``label_map``.
+        requests: successful requests.
+        errors: failed requests or writes (never raised into training).
+        consecutive_failures: failures since the last success; 0 while healthy.
+        connected: the last request succeeded.
+        last_refresh: ``time.time()`` of the last write of at least one image, or ``None``.
+        last_error: text of the most recent error, or ``None``.
+        running: the feeder thread is alive.
+    """
+
+    images_received: int = 0
+    images_dropped: int = 0
+    requests: int = 0
+    errors: int = 0
+    consecutive_failures: int = 0
+    connected: bool = False
+    last_refresh: float | None = None
+    last_error: str | None = None
+    running: bool = False
+
+
+class ReservoirFeeder:
+    """Daemon thread that refills a reservoir from the genaug service.
+
+    Each cycle asks for ``batch`` images of the classes that are least filled (all classes once
+    every class is full, so slots keep being replaced by fresh images), writes them, and sleeps
+    ``interval_s``. Failures back off from ``backoff_initial_s`` doubling up to
+    ``backoff_max_s`` (with jitter) until the service answers again.
+
+    Example::
+
+        reservoir = SyntheticReservoir(2, 256, (64, 64, 3))
+        feeder = ReservoirFeeder(reservoir, url="http://gen-host:8000", recipe="wounds",
+                                 label_map={"healthy": 0, "ulcer": 1})
+        model.fit(ds.map(reservoir.mix(p=0.5)), callbacks=[feeder.callback()])
+        feeder.stats.images_received
+
+    Args:
+        reservoir: where images go.
+        url: service URL (or list of URLs) for a ``genaug.client.AsyncClient`` built inside the
+            feeder thread and closed by it. With neither ``url`` nor ``client`` the client's
+            own default applies (``GENAUG_URL``).
+        client: instead of ``url``: an ``AsyncClient``-like object, or a zero-argument callable
+            returning one (called inside the feeder thread; the feeder closes what it builds).
+            A ready object is not closed by the feeder and must not be used by another loop.
+        recipe: the service recipe to ``sample`` from.
+        label_map: recipe label name -> reservoir class index.
+        prompts: without ``recipe``: label name -> prompt, used with ``generate`` at the
+            reservoir's image size.
+        batch: images per request.
+        interval_s: pause between successful requests.
+        wait_s: how long ``sample`` may wait for the pool to produce images.
+        backoff_initial_s / backoff_max_s: retry delays while the service fails.
+        api_key: passed to the client built from ``url``.
+        client_kwargs: extra keyword arguments for that client (``timeout``, ``client_id``...).
+            ``retry_deadline`` defaults to 5 s there: the feeder has its own backoff, and a
+            short client deadline keeps :attr:`stats` close to the service's real state.
+        generate_kwargs: extra keyword arguments for ``generate`` (``steps``, ``priority``...).
+    """
+
+    def __init__(
+        self,
+        reservoir: SyntheticReservoir | _ReservoirLike,
+        *,
+        url: str | list[str] | None = None,
+        client: Any = None,
+        recipe: str | None = None,
+        label_map: Mapping[str, int],
+        prompts: Mapping[str, str] | None = None,
+        batch: int = 64,
+        interval_s: float = 1.0,
+        wait_s: float = 0.0,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        api_key: str | None = None,
+        client_kwargs: Mapping[str, Any] | None = None,
+        generate_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if url is not None and client is not None:
+            raise ValueError("pass url= or client=, not both")
+        if recipe is None and not prompts:
+            raise ValueError("pass recipe= (sample from the service's pool) or prompts=")
+        if not label_map:
+            raise ValueError("label_map is empty; map recipe label names to class indices")
+        for name, idx in label_map.items():
+            if not 0 <= int(idx) < reservoir.num_classes:
+                raise ValueError(
+                    f"label_map[{name!r}] = {idx} is outside the reservoir's classes "
+                    f"[0, {reservoir.num_classes})"
+                )
+        if prompts is not None and recipe is None:
+            missing = sorted(set(label_map) - set(prompts))
+            if missing:
+                raise ValueError(f"prompts has no prompt for labels {missing}")
+        if batch < 1 or interval_s < 0 or backoff_initial_s <= 0 or backoff_max_s <= 0:
+            raise ValueError("batch must be >= 1, interval_s >= 0 and backoffs > 0")
+        self.reservoir = reservoir
+        self.recipe = recipe
+        self.label_map = {str(k): int(v) for k, v in label_map.items()}
+        self.prompts = dict(prompts) if prompts else {}
+        self.batch = int(batch)
+        self.interval_s = float(interval_s)
+        self.wait_s = float(wait_s)
+        self.backoff_initial_s = float(backoff_initial_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self._url = url
+        self._client_arg = client
+        self._api_key = api_key
+        self._client_kwargs = dict(client_kwargs or {})
+        self._generate_kwargs = dict(generate_kwargs or {})
+
+        self._stats_lock = threading.Lock()
+        self._stats = FeederStats()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = threading.Event()
+        self._cycle = 0
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def running(self) -> bool:
+        """The feeder thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the feeder thread (no-op if it is running). Returns at once."""
+        if self.running:
+            return
+        self._stopping.clear()
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name="genaug-feeder", daemon=True
+        )
+        self._thread.start()
+        ready.wait(timeout=10.0)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread: cancel the request in flight, close the client, join.
+
+        Waits at most ``timeout`` seconds; a thread that does not finish by then is left as a
+        daemon (logged), it cannot hold up interpreter exit.
+        """
+        thread = self._thread
+        if thread is None:
+            return
+        self._stopping.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(task.cancel)
+        thread.join(timeout)
+        if thread.is_alive():
+            logger.warning("genaug feeder thread did not stop within %.1f s", timeout)
+        else:
+            self._thread = None
+
+    def __enter__(self) -> ReservoirFeeder:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def stats(self) -> FeederStats:
+        """A consistent snapshot of the counters."""
+        with self._stats_lock:
+            s = self._stats
+        return FeederStats(**{**s.__dict__, "running": self.running})
+
+    def callback(self) -> Any:
+        """A Keras callback that starts the feeder at ``on_train_begin`` and stops it at
+        ``on_train_end`` (only if it started it there).
+
+        Example::
+
+            model.fit(ds, epochs=5, callbacks=[feeder.callback()])
+        """
+        import keras  # deferred: the feeder module itself stays TensorFlow-free
+
+        feeder = self
+
+        class ReservoirFeederCallback(keras.callbacks.Callback):  # type: ignore[misc]
+            """Ties a :class:`ReservoirFeeder` to ``model.fit``."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.started_here = False
+
+            def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+                if not feeder.running:
+                    feeder.start()
+                    self.started_here = True
+
+            def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+                if self.started_here:
+                    feeder.stop()
+                    self.started_here = False
+                logger.info("genaug feeder: %s", feeder.stats)
+
+        return ReservoirFeederCallback()
+
+    # ------------------------------------------------------------------------------ thread
+
+    def _thread_main(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._main(ready))
+        except BaseException:  # never let anything escape the thread
+            logger.exception("genaug feeder thread ended with an error")
+        finally:
+            ready.set()
+            self._loop = None
+            self._task = None
+
+    def _make_client(self) -> tuple[Any, bool]:
+        """(client, owned)."""
+        if self._client_arg is None:
+            from genaug.client import AsyncClient
+
+            kwargs = {"retry_deadline": 5.0, **self._client_kwargs}
+            return AsyncClient(self._url, api_key=self._api_key, **kwargs), True
+        if callable(self._client_arg) and not hasattr(self._client_arg, "sample"):
+            return self._client_arg(), True
+        return self._client_arg, False
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        ready.set()
+        client: Any = None
+        owned = False
+        try:
+            while not self._stopping.is_set():
+                try:
+                    if client is None:
+                        client, owned = self._make_client()
+                    await self._cycle_once(client)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - never raise into training
+                    self._record_failure(exc)
+                    await asyncio.sleep(self._backoff_delay(exc))
+                else:
+                    await asyncio.sleep(self.interval_s)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            if client is not None and owned:
+                await self._close(client)
+            with self._stats_lock:
+                self._stats = FeederStats(**{**self._stats.__dict__, "connected": False})
+
+    @staticmethod
+    async def _close(client: Any) -> None:
+        closer = getattr(client, "aclose", None) or getattr(client, "close", None)
+        if closer is None:
+            return
+        try:
+            result = closer()
+            if asyncio.iscoroutine(result):
+                await asyncio.wait_for(result, timeout=5.0)
+        except Exception:  # noqa: BLE001
+            logger.debug("closing the feeder's client failed", exc_info=True)
+
+    def _backoff_delay(self, exc: BaseException | None = None) -> float:
+        k = max(self._stats.consecutive_failures, 1)
+        delay = min(self.backoff_max_s, self.backoff_initial_s * 2.0 ** min(k - 1, 30))
+        delay *= random.uniform(0.8, 1.0)  # jitter: trainers don't retry in lockstep
+        retry_after = getattr(exc, "retry_after", None)  # a 429/503 saying when to come back
+        if isinstance(retry_after, int | float) and retry_after > 0:
+            delay = max(delay, min(float(retry_after), self.backoff_max_s))
+        return delay
+
+    def _record_failure(self, exc: BaseException) -> None:
+        with self._stats_lock:
+            s = self._stats
+            first = s.consecutive_failures == 0
+            self._stats = FeederStats(
+                **{
+                    **s.__dict__,
+                    "errors": s.errors + 1,
+                    "consecutive_failures": s.consecutive_failures + 1,
+                    "connected": False,
+                    "last_error": f"{type(exc).__name__}: {exc}",
+                }
+            )
+        if first:
+            logger.warning(
+                "genaug feeder: request failed (%s: %s); training continues on real images, "
+                "retrying with backoff up to %.1f s",
+                type(exc).__name__,
+                exc,
+                self.backoff_max_s,
+            )
+        else:
+            logger.debug("genaug feeder: still failing: %s: %s", type(exc).__name__, exc)
+
+    def _wanted_labels(self) -> list[str]:
+        """Label names to request: the under-filled ones, least filled first; else all."""
+        fill = np.asarray(self.reservoir.fill_counts())
+        names = sorted(self.label_map, key=lambda n: (int(fill[self.label_map[n]]), n))
+        under = [n for n in names if fill[self.label_map[n]] < self.reservoir.slots_per_class]
+        return under or names
+
+    async def _cycle_once(self, client: Any) -> None:
+        wanted = self._wanted_labels()
+        received = dropped = 0
+        if self.recipe is not None:
+            result = await client.sample(
+                self.recipe, labels=wanted, n=self.batch, wait_s=self.wait_s
+            )
+            images = np.asarray(result.images)
+            labels = np.asarray(result.labels)
+            names = list(result.label_names)
+            for i, name in enumerate(names):
+                mask = labels == i
+                if not mask.any():
+                    continue
+                if name not in self.label_map:
+                    dropped += int(mask.sum())
+                    continue
+                received += self.reservoir.write(self.label_map[name], images[mask])
+        else:
+            # generate: one label per cycle, the least filled (round-robin once all are full).
+            name = (
+                wanted[self._cycle % len(wanted)]
+                if len(wanted) == len(self.label_map)
+                else (wanted[0])
+            )
+            self._cycle += 1
+            h, w, _ = self.reservoir.image_shape
+            kwargs: dict[str, Any] = {"output_height": h, "output_width": w}
+            kwargs.update(self._generate_kwargs)
+            result = await client.generate(self.prompts[name], n=self.batch, **kwargs)
+            received += self.reservoir.write(self.label_map[name], np.asarray(result.images))
+        reconnected = False
+        with self._stats_lock:
+            s = self._stats
+            reconnected = s.consecutive_failures > 0
+            self._stats = FeederStats(
+                **{
+                    **s.__dict__,
+                    "images_received": s.images_received + received,
+                    "images_dropped": s.images_dropped + dropped,
+                    "requests": s.requests + 1,
+                    "consecutive_failures": 0,
+                    "connected": True,
+                    "last_refresh": time.time() if received else s.last_refresh,
+                }
+            )
+        if reconnected:
+            logger.info("genaug feeder: service reachable again")
+        if dropped:
+            logger.debug("genaug feeder: dropped %d images with unmapped labels", dropped)
