@@ -159,6 +159,11 @@ class AsyncClient:
         """One recipe: spec, pool identity, fill, generated and served counts."""
         return await self._call(self._base.calls.recipe(name))
 
+    async def fill(self, recipe: str, *, per_label: int) -> dict[str, Any]:
+        """Ask the service to fill every label of ``recipe`` to ``per_label`` images, in the
+        background; returns the recipe's current counts at once."""
+        return await self._call(self._base.calls.fill(recipe, per_label))
+
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once a replica answers ``/readyz`` with 200; raise after ``timeout`` s."""
         deadline = time.monotonic() + timeout

@@ -356,3 +356,7 @@ class Calls:
 
     def recipe(self, name: str) -> Call[dict[str, Any]]:
         return Call("GET", f"/v1/recipes/{name}", decode=_json)
+
+    def fill(self, name: str, per_label: int) -> Call[dict[str, Any]]:
+        return Call("POST", f"/v1/recipes/{name}/fill", decode=_json,
+                    body={"per_label": per_label})

@@ -5,6 +5,9 @@ and no command loads both.
 
     genaug serve [--port 8000] [--model PATH] ...   every setting is also a GENAUG_* variable
     genaug demo [--out genaug-demo.png]             service + client on the tiny default
+    genaug pregenerate --recipe NAME --per-label N [--url URL]
+    genaug export --recipe NAME --out DIR
+    genaug train --data DIR [--service URL --recipe NAME --p 0.5] [--gpus 1,2,3,4]
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +49,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out=args.out, port=args.port)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; ``command`` (the first argument) lets heavy subcommands add their flags
+    only when they run (``train``'s flags come from the trainer package)."""
     parser = argparse.ArgumentParser(
         prog="genaug",
         description="Out-of-process generative augmentation for deep-learning training.",
@@ -61,11 +67,64 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=0, help="port (0: a free one)")
     demo.set_defaults(func=_cmd_demo)
 
+    pregen = sub.add_parser("pregenerate", help="fill a recipe's pool, with progress bars")
+    pregen.add_argument("--per-label", type=int, required=True, help="images per label")
+    pregen.add_argument("--url", default=None,
+                        help="a running service to fill (default: generate in this process)")
+    _pool_arguments(pregen)
+    pregen.set_defaults(func=_cmd_pregenerate)
+
+    export = sub.add_parser("export", help="write a recipe's pool as OUT/<label>/<seed>.png")
+    export.add_argument("--out", required=True, help="output folder")
+    export.add_argument("--pool", default=None, help="pool id, when the file holds several")
+    _pool_arguments(export)
+    export.set_defaults(func=_cmd_export)
+
+    train = sub.add_parser("train", help="the reference TensorFlow trainer")
+    if command == "train":
+        try:
+            from genaug.trainer.train import add_train_arguments
+        except ImportError:  # a service-only install: _cmd_train says what to install
+            pass
+        else:
+            add_train_arguments(train)
+    train.set_defaults(func=_cmd_train)
     return parser
 
 
+def _pool_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", required=True, help="recipe name")
+    parser.add_argument("--recipes", type=Path, default=None,
+                        help="recipe file (default: GENAUG_RECIPES)")
+    parser.add_argument("--pool-path", type=Path, default=None,
+                        help="SQLite pool file (default: GENAUG_POOL_PATH)")
+
+
+def _cmd_pregenerate(args: argparse.Namespace) -> int:
+    from genaug.service.pool_cli import run_pregenerate
+
+    return run_pregenerate(args)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from genaug.service.pool_cli import run_export
+
+    return run_export(args)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    try:
+        from genaug.trainer.train import run_train
+    except ImportError as exc:
+        print(f"genaug train needs the trainer extras: pip install 'genaug[trainer]' ({exc})",
+              file=sys.stderr)
+        return 2
+    return run_train(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

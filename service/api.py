@@ -35,14 +35,27 @@ from genaug.client.wire import (
 
 from .app import AppState
 from .batcher import Batcher, GroupKey, Item, Job
-from .errors import ApiError, BodyTooLarge, DeadlineExceeded, InvalidRequest, Unauthorized
+from .errors import (
+    ApiError,
+    BodyTooLarge,
+    DeadlineExceeded,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+)
+from .pregen import empty_images
 from .schemas import (
     ErrorBody,
+    FillRequest,
     GenerateRequest,
     HealthResponse,
     InfoResponse,
     Limits,
     ModelInfo,
+    RecipeDetail,
+    RecipeList,
+    RecipeSummary,
+    SampleRequest,
     check_limits,
 )
 
@@ -445,12 +458,115 @@ def _seed_header(seeds: np.ndarray) -> str:
     return text + (",..." if len(seeds) > 16 else "")
 
 
+# -- recipes and pools ----------------------------------------------------------------------
+
+_RECIPE_ERRORS = {code: _ERROR_RESPONSES[code] for code in (401, 422, 503)}
+_RECIPE_ERRORS[404] = {"model": ErrorBody}
+
+
+@router.get("/v1/recipes", response_model=RecipeList, tags=["recipes"])
+async def list_recipes(state: StateDep) -> RecipeList:
+    """Recipes with their pools' fill per label (empty when no recipes are configured)."""
+    if not state.recipes:
+        return RecipeList(recipes=[])
+    pools = state.require_pools()
+    summaries = await asyncio.to_thread(
+        lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
+    )
+    return RecipeList(recipes=summaries)
+
+
+@router.get(
+    "/v1/recipes/{name}", response_model=RecipeDetail, tags=["recipes"],
+    responses=_RECIPE_ERRORS,
+)
+async def recipe_detail(name: str, state: StateDep) -> RecipeDetail:
+    """Spec, pool identity, per-label fill, generated and served totals, generation rate."""
+    pools = _pools_for(state, name)
+    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
+
+
+def _pools_for(state: AppState, name: str) -> Any:
+    if name not in state.recipes:
+        known = ", ".join(sorted(state.recipes)) or "none (set GENAUG_RECIPES)"
+        raise NotFound(f"no recipe named {name[:80]!r}; this service has: {known}")
+    return state.require_pools()
+
+
+@router.post(
+    "/v1/recipes/{name}/sample",
+    tags=["recipes"],
+    responses={
+        200: {
+            "content": {SAFETENSORS_MEDIA_TYPE: {}},
+            "description": "safetensors batch: images uint8 [k,h,w,3], labels int32 [k] "
+            "(indices into the label_names metadata), seeds int64 [k]; k <= n",
+        },
+        **_RECIPE_ERRORS,
+    },
+)
+async def sample(name: str, body: SampleRequest, state: StateDep) -> Response:
+    """Up to ``n`` pre-generated images spread over ``labels``, at once (or after up to
+    ``wait_s`` of generation). The count returned is explicit; none is not an error."""
+    started = time.monotonic()
+    pools = _pools_for(state, name)
+    limit = state.settings.max_sample_n
+    if body.n > limit:
+        raise InvalidRequest(
+            f"n {body.n} exceeds max_sample_n {limit}; sample in several calls or set "
+            "GENAUG_MAX_SAMPLE_N", field="n",
+        )
+    if body.wait_s > state.settings.max_timeout_s:
+        raise InvalidRequest(
+            f"wait_s {body.wait_s} exceeds max_timeout_s {state.settings.max_timeout_s}; wait "
+            "less or set GENAUG_MAX_TIMEOUT_S", field="wait_s",
+        )
+    recipe = pools.recipe(name)
+    labels = pools.resolve_labels(recipe, body.labels)
+    result, recipe = await pools.sample(name, labels, body.n, body.wait_s)
+    images = result.images if len(result) else empty_images(recipe)
+    payload = await asyncio.to_thread(
+        encode_batch,
+        images,
+        result.seeds,
+        labels=result.label_indices(recipe.label_names),
+        metadata={
+            "recipe": name,
+            "label_names": recipe.label_names,
+            "pool_id": pools.pool_ids[name],
+            "requested": body.n,
+            "returned": len(result),
+            "genaug_version": __version__,
+        },
+    )
+    state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
+    return Response(payload, media_type=SAFETENSORS_MEDIA_TYPE,
+                    headers={"X-Genaug-Count": str(len(result))})
+
+
+@router.post(
+    "/v1/recipes/{name}/fill", response_model=RecipeDetail, tags=["recipes"],
+    responses=_RECIPE_ERRORS,
+)
+async def fill(name: str, body: FillRequest, state: StateDep) -> RecipeDetail:
+    """Fill every label of the recipe to at least ``per_label`` images (in the background,
+    when no request waits); answers at once with the current counts."""
+    pools = _pools_for(state, name)
+    pools.raise_target(name, body.per_label)
+    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
+
+
 # -- installation ---------------------------------------------------------------------------
 
 
 def install(app: FastAPI, state: AppState) -> None:
     """Add routes, error handlers and middleware to ``app``."""
-    allowed = sorted(GenerateRequest.model_fields)
+    # Named in unknown-field messages, by the route's body model.
+    allowed = {
+        "generate": sorted(GenerateRequest.model_fields),
+        "sample": sorted(SampleRequest.model_fields),
+        "fill": sorted(FillRequest.model_fields),
+    }
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -461,7 +577,9 @@ def install(app: FastAPI, state: AppState) -> None:
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         state.metrics.rejections.labels("invalid").inc()
-        return _error_response(describe_validation(list(exc.errors()), allowed))
+        route = request.url.path.rsplit("/", 1)[-1]
+        fields = allowed.get(route, allowed["generate"])
+        return _error_response(describe_validation(list(exc.errors()), fields))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

@@ -36,6 +36,9 @@ from .batcher import Batcher, GroupKey, Worker
 from .errors import NotReady
 from .metrics import Metrics
 from .model import LoadedModel, ModelLoadError, load_model, resolve_device, resolve_dtype
+from .pool import PoolStore
+from .pregen import PoolManager, pool_model_hash
+from .recipes import Recipe, load_recipes
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -67,6 +70,9 @@ class AppState:
     dtype: str = ""
     model: LoadedModel | None = None
     batcher: Batcher | None = None
+    recipes: dict[str, Recipe] = field(default_factory=dict)
+    store: PoolStore | None = None
+    pools: PoolManager | None = None
     ready: bool = False
     load_error: str | None = None
     started_at: float = field(default_factory=time.time)
@@ -89,9 +95,18 @@ class AppState:
             )
         return self.batcher
 
+    def require_pools(self) -> PoolManager:
+        self.require_batcher()
+        if self.pools is None:
+            raise NotReady("the recipe pools are not open yet; retry shortly")
+        return self.pools
+
 
 def _check_startup(settings: Settings) -> tuple[str, str]:
-    """Fail fast, before the server listens, on settings that can never work."""
+    """Fail fast, before the server listens, on settings that can never work.
+
+    Raises :class:`ModelLoadError` or :class:`~genaug.service.recipes.RecipeError`.
+    """
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     for name, path in (
@@ -129,13 +144,23 @@ def create_app(
             state.model = model
             generator = Generator(model, state.metrics)
             worker: Worker = wrap_worker(generator) if wrap_worker else generator
+            if state.store is not None:
+                state.pools = PoolManager(
+                    state.recipes,
+                    state.store,
+                    model_hash=pool_model_hash(model),
+                    pregenerate=settings.pregenerate,
+                )
             batcher = Batcher(
                 worker,
                 max_batch_images=settings.max_batch_images,
                 max_wait_ms=settings.max_wait_ms,
                 max_queue_images=settings.max_queue_images,
                 metrics=state.metrics,
+                idle_source=state.pools,
             )
+            if state.pools is not None:
+                state.pools.attach(batcher)
             await batcher.start()
             state.batcher = batcher
             if settings.warmup:
@@ -162,6 +187,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
         state.device, state.dtype = _check_startup(settings)
+        if settings.recipes is not None:
+            state.recipes = load_recipes(settings.recipes)
+            state.store = await asyncio.to_thread(
+                PoolStore, settings.pool_path,
+                capacity_per_label=settings.pool_capacity_per_label,
+            )
         _sample_device_memory(state)
         loading = asyncio.create_task(load_and_warm(), name="genaug-load")
         try:
@@ -176,6 +207,10 @@ def create_app(
             if state.batcher is not None:
                 await state.batcher.stop()
                 state.batcher = None
+            if state.store is not None:
+                state.store.close()
+                state.store = None
+            state.pools = None
             state.model = None
 
     app = FastAPIOffline(

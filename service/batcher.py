@@ -331,6 +331,10 @@ class Batcher:
         self._wakeup.set()
         return job
 
+    def poke(self) -> None:
+        """Something changed for the idle source (a pool ran short): ask it again."""
+        self._wakeup.set()
+
     def forget(self, job: Job, reason: str) -> None:
         """The caller gave up on ``job`` (deadline, disconnect): drop what is still queued."""
         job.cancel(reason)

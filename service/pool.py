@@ -493,6 +493,26 @@ class PoolStore:
             rows = conn.execute("SELECT DISTINCT pool_id FROM counters ORDER BY 1").fetchall()
         return [r[0] for r in rows]
 
+    def iter_images(
+        self, pool_id: str, *, chunk: int = 256
+    ) -> Iterator[tuple[str, int, npt.NDArray[np.uint8]]]:
+        """Every image of a pool as ``(label, seed, uint8 [h, w, 3])``, without counting it
+        served (for export)."""
+        last = 0
+        while True:
+            with self._tx(write=False) as conn:
+                rows = conn.execute(
+                    "SELECT i.id, i.label, i.seed, i.height, i.width, d.data FROM images AS i"
+                    " JOIN image_data AS d ON d.id = i.id WHERE i.pool_id = ? AND i.id > ?"
+                    " ORDER BY i.id LIMIT ?",
+                    (pool_id, last, chunk),
+                ).fetchall()
+            if not rows:
+                return
+            for image_id, label, seed, h, w, data in rows:
+                last = image_id
+                yield str(label), int(seed), np.frombuffer(data, np.uint8).reshape(h, w, 3)
+
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``: ``"ok"`` for a sound file, else SQLite's findings."""
         rows = self._conn().execute("PRAGMA integrity_check").fetchall()
@@ -525,14 +545,16 @@ def _spread(n: int, available: Sequence[int], rng: np.random.Generator) -> list[
 
 def choose_label(
     stats: Mapping[str, LabelStats],
-    capacity: int,
+    capacity: int | Mapping[str, int],
     demand: Mapping[str, float] | None = None,
     *,
     refresh_served: float | None = None,
 ) -> str | None:
     """The label background generation should fill next, or None when there is nothing to do.
 
-    Candidates are labels below ``capacity``; with ``refresh_served`` set, also full labels
+    ``capacity`` is one number for all labels or a target per label (labels without one, or
+    with 0, are never chosen). Candidates are labels below it; with ``refresh_served`` set,
+    also full labels
     whose images were served that often on average (generating evicts the most-served one, so
     a heavily used pool keeps getting fresher and stops once it is fresh again). Among them the
     highest ``(1 + m * share_of_demand) * (1 - fill / capacity)`` wins, ``m`` the number of
@@ -544,7 +566,7 @@ def choose_label(
 
         choose_label({"I": LabelStats(fill=10), "P": LabelStats(fill=0)}, 100)   # 'P'
     """
-    if capacity < 1:
+    if isinstance(capacity, int) and capacity < 1:
         raise ValueError(f"capacity must be >= 1, got {capacity}")
     demand = demand or {}
     total = sum(max(0.0, float(demand.get(label, 0.0))) for label in stats)
@@ -552,7 +574,10 @@ def choose_label(
     best: str | None = None
     best_score = -math.inf
     for label, s in stats.items():
-        full = s.fill >= capacity
+        cap = capacity if isinstance(capacity, int) else capacity.get(label, 0)
+        if cap < 1:
+            continue  # no target for this label
+        full = s.fill >= cap
         worn = (
             refresh_served is not None and s.fill > 0 and s.fill_served / s.fill >= refresh_served
         )
@@ -560,7 +585,7 @@ def choose_label(
             continue
         share = max(0.0, float(demand.get(label, 0.0))) / total if total > 0 else 0.0
         # a worn full label still needs a non-zero score so it can be chosen
-        room = max(1.0 - s.fill / capacity, 0.0) if not full else 0.5 / capacity
+        room = max(1.0 - s.fill / cap, 0.0) if not full else 0.5 / cap
         score = (1.0 + m * share) * room
         if score > best_score:
             best, best_score = label, score

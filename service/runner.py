@@ -19,6 +19,9 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if level.lower() != "debug":
+        # diffusers warns on every batch whose prompt exceeds CLIP's 77 tokens.
+        logging.getLogger("diffusers").setLevel(logging.ERROR)
 
 
 def serve(overrides: dict[str, Any] | None = None) -> int:
@@ -31,6 +34,7 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
 
     from .app import _check_startup, create_app
     from .model import ModelLoadError
+    from .recipes import RecipeError, load_recipes
     from .settings import Settings
 
     try:
@@ -41,7 +45,9 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     configure_logging(settings.log_level)
     try:
         _check_startup(settings)
-    except ModelLoadError as exc:
+        if settings.recipes is not None:
+            load_recipes(settings.recipes)
+    except (ModelLoadError, RecipeError) as exc:
         print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
         return 2
 

@@ -165,3 +165,61 @@ class InfoResponse(BaseModel):
 class HealthResponse(BaseModel):
     status: str
     detail: str | None = None
+
+
+class SampleRequest(BaseModel):
+    """``POST /v1/recipes/{name}/sample``: images from the recipe's pool.
+
+    Example body::
+
+        {"labels": ["I", "P"], "n": 64, "wait_s": 2.0}
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    labels: str | list[str] | None = Field(
+        default=None, description="One label, a list, or none for all of the recipe's labels."
+    )
+    n: int = Field(default=64, ge=0, description="Most images to return.")
+    wait_s: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False,
+        description="Wait up to this long for generation when the pool holds too few.",
+    )
+
+    @field_validator("wait_s", mode="before")
+    @classmethod
+    def _ints_are_numbers(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+
+class FillRequest(BaseModel):
+    """``POST /v1/recipes/{name}/fill``: fill each label to at least ``per_label`` images."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    per_label: int = Field(ge=1)
+
+
+class RecipeSummary(BaseModel):
+    name: str
+    description: str
+    labels: list[str]
+    pool_id: str
+    capacity_per_label: int
+    target_per_label: dict[str, int]
+    fill: dict[str, int]
+
+
+class RecipeList(BaseModel):
+    recipes: list[RecipeSummary]
+
+
+class RecipeDetail(RecipeSummary):
+    spec: dict[str, Any]
+    spec_hash: str
+    model_hash: str
+    per_label: dict[str, dict[str, int]]
+    totals: dict[str, int]
+    generation_rate: float

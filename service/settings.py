@@ -79,7 +79,12 @@ class Settings(BaseSettings):
     recipes: Path | None = Field(default=None, description="Recipe YAML or JSON file.")
     pool_path: Path = Field(default=Path("genaug-pool.db"), description="SQLite pool file.")
     pool_capacity_per_label: int = Field(default=1000, ge=1)
-    pregenerate: bool = Field(default=True, description="Fill pools while the GPU is idle.")
+    pregenerate: bool = Field(
+        default=True,
+        description="Fill pools to capacity while the GPU is idle. Off: generate only what "
+        "samples wait for and what `genaug pregenerate` asks.",
+    )
+    max_sample_n: int = Field(default=1024, ge=1, description="Most images one sample returns.")
 
     log_level: str = Field(default="info")
 

@@ -257,22 +257,3 @@ def test_choose_label() -> None:
         choose_label({"I": _stats(0)}, 0)
 
 
-def test_sample_latency_64_images(tmp_path: Path) -> None:
-    """n=64 at 64x64 from a full 3-label pool (capacity 1000) well under 5 ms (median)."""
-    with PoolStore(tmp_path / "pool.db", capacity_per_label=1000) as store:
-        rng = np.random.default_rng(0)
-        for label in "IPR":
-            for b in range(10):
-                images = rng.integers(0, 256, (100, 64, 64, 3), dtype=np.uint8)
-                store.add(PID, label, images, range(b * 100, b * 100 + 100), model_hash="m")
-        for _ in range(5):
-            store.sample(PID, ["I", "P", "R"], 64, rng)
-        times = []
-        for _ in range(50):
-            t0 = time.perf_counter()
-            sample = store.sample(PID, ["I", "P", "R"], 64, rng)
-            times.append(time.perf_counter() - t0)
-        assert sample.images.shape == (64, 64, 64, 3)
-        median_ms = float(np.median(times)) * 1e3
-        print(f"sample n=64 64x64: median {median_ms:.2f} ms")
-        assert median_ms < 25  # generous: the CI machine is shared; typical is ~2 ms

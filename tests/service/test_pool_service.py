@@ -1,0 +1,280 @@
+"""Recipe pools in the real service: background filling, sampling, restarts, hard kills."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from genaug.client import Client
+from genaug.client.wire import decode_batch
+from genaug.demo import free_port, running_service
+from genaug.service.pool import PoolStore
+
+RECIPE = """
+recipes:
+  - name: shapes
+    height: 32
+    width: 32
+    steps: 2
+    guidance: 3.0
+    base_seed: 7
+    labels:
+      circle: {prompts: ["a circle", "a round circle"]}
+      square: {prompts: ["a square"]}
+      triangle: {prompts: ["a triangle"], negative_prompt: "blurry"}
+"""
+
+
+def write_recipe(tmp_path: Path, text: str = RECIPE, name: str = "recipes.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def recipe_detail(live: Any, name: str = "shapes") -> dict[str, Any]:
+    r = httpx.get(f"{live.url}/v1/recipes/{name}")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def wait_fill(live: Any, per_label: int, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        detail = recipe_detail(live)
+        if all(v >= per_label for v in detail["fill"].values()):
+            return detail
+        assert time.monotonic() < deadline, detail["fill"]
+        time.sleep(0.1)
+
+
+def sample(live: Any, body: dict[str, Any], name: str = "shapes") -> httpx.Response:
+    return httpx.post(f"{live.url}/v1/recipes/{name}/sample", json=body, timeout=60)
+
+
+def test_pools_fill_in_the_background_and_stop_when_full(
+    make_service: Any, tmp_path: Path
+) -> None:
+    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=6, max_batch_images=4)
+    detail = wait_fill(live, 6)
+    assert detail["fill"] == {"circle": 6, "square": 6, "triangle": 6}
+    assert detail["totals"]["generated"] == 18 and detail["generation_rate"] > 0
+    calls = len(live.worker.calls)
+    time.sleep(0.5)
+    assert len(live.worker.calls) == calls, "the worker kept generating with full pools"
+    listing = httpx.get(live.url + "/v1/recipes").json()["recipes"]
+    assert [r["name"] for r in listing] == ["shapes"] and listing[0]["fill"]["square"] == 6
+    # every idle batch held one label, of the recipe's size, steps and negative prompt
+    for key, items in live.worker.calls:
+        assert (key.height, key.width, key.steps, key.guidance) == (32, 32, 2, 3.0)
+        assert len({it.prompt.split()[-1] for it in items}) == 1
+        assert key.negative == (items[0].negative_prompt == "blurry")
+
+
+def test_sample_shapes_labels_counts_and_served(make_service: Any, tmp_path: Path) -> None:
+    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=6)
+    wait_fill(live, 6)
+    r = sample(live, {"n": 9})
+    assert r.status_code == 200, r.text
+    batch = decode_batch(r.content)
+    assert batch.images.shape == (9, 32, 32, 3) and batch.images.dtype == np.uint8
+    assert batch.labels is not None and batch.labels.dtype == np.int32
+    assert sorted(batch.labels.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert batch.metadata["label_names"] == ["circle", "square", "triangle"]
+    assert batch.metadata["returned"] == 9 and len(set(batch.seeds.tolist())) == 9
+    one = decode_batch(sample(live, {"labels": "square", "n": 4}).content)
+    assert one.labels.tolist() == [1, 1, 1, 1]
+    many = decode_batch(sample(live, {"labels": ["triangle"], "n": 50}).content)
+    assert len(many) == 6  # all there is, never repeated within one sample
+    empty = decode_batch(sample(live, {"n": 0}).content)
+    assert empty.images.shape == (0, 32, 32, 3)
+    assert recipe_detail(live)["totals"]["served"] == 9 + 4 + 6
+    # a pool image is exactly what the generator makes for its seed and prompt
+    seed = int(one.seeds[0])
+    direct = httpx.post(live.url + "/v1/generate", json={
+        "prompt": "a square", "seed": seed, "height": 32, "width": 32, "steps": 2,
+        "guidance": 3.0}, timeout=60)
+    np.testing.assert_array_equal(decode_batch(direct.content).images[0], one.images[0])
+
+
+def test_sample_errors(make_service: Any, tmp_path: Path) -> None:
+    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=2)
+    r = sample(live, {"n": 1}, name="nope")
+    assert r.status_code == 404 and "shapes" in r.json()["error"]["message"]
+    r = sample(live, {"labels": ["hexagon"]})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "labels"
+    assert "circle" in r.json()["error"]["message"]
+    for body in ({"n": -1}, {"n": 10**7}, {"wait_s": -1}, {"wait_s": 10**9}, {"x": 1},
+                 {"labels": 3}):
+        r = sample(live, body)
+        assert r.status_code == 422, (body, r.text)
+        assert "error" in r.json()
+
+
+def test_wait_s_generates_on_demand_and_never_waits_longer(
+    make_service: Any, tmp_path: Path
+) -> None:
+    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+                        pregenerate=False)
+    assert sum(recipe_detail(live)["fill"].values()) == 0
+    r = sample(live, {"labels": "circle", "n": 0, "wait_s": 0})
+    assert decode_batch(r.content).images.shape[0] == 0
+    t0 = time.monotonic()
+    r = sample(live, {"labels": "circle", "n": 3, "wait_s": 30})
+    assert len(decode_batch(r.content)) == 3
+    assert time.monotonic() - t0 < 30
+    assert recipe_detail(live)["fill"]["square"] == 0  # only what was asked for
+    live.worker.gate.clear()  # nothing can be generated now: the wait must end on time
+    t0 = time.monotonic()
+    r = sample(live, {"labels": "square", "n": 2, "wait_s": 0.5})
+    elapsed = time.monotonic() - t0
+    live.worker.gate.set()
+    assert r.status_code == 200 and len(decode_batch(r.content)) == 0
+    assert 0.4 < elapsed < 5
+
+
+def test_restart_keeps_images_and_a_changed_prompt_starts_a_new_pool(
+    make_service: Any, tmp_path: Path
+) -> None:
+    recipes, db = write_recipe(tmp_path), tmp_path / "pool.db"
+    first = make_service(recipes=recipes, pool_path=db, pool_capacity_per_label=4)
+    before = wait_fill(first, 4)
+    seeds_before = set(decode_batch(sample(first, {"n": 12}).content).seeds.tolist())
+    first.stop()
+    again = make_service(recipes=recipes, pool_path=db, pool_capacity_per_label=4)
+    after = recipe_detail(again)
+    assert after["pool_id"] == before["pool_id"] and after["fill"] == before["fill"]
+    seeds_after = set(decode_batch(sample(again, {"n": 12}).content).seeds.tolist())
+    assert seeds_after == seeds_before
+    again.stop()
+    changed = write_recipe(tmp_path, RECIPE.replace("a square", "a blue square"), "v2.yaml")
+    third = make_service(recipes=changed, pool_path=db, pool_capacity_per_label=4,
+                         pregenerate=False)
+    detail = recipe_detail(third)
+    assert detail["pool_id"] != before["pool_id"]
+    assert sum(detail["fill"].values()) == 0
+    assert not set(decode_batch(sample(third, {"n": 12}).content).seeds.tolist())
+
+
+def test_direct_request_waits_at_most_one_prefill_batch(make_service: Any, tmp_path: Path) -> None:
+    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=1000, max_batch_images=4)
+    deadline = time.monotonic() + 30
+    while len(live.worker.calls) < 2:  # pre-generation is running
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for i in range(3):
+        started = len(live.worker.calls)
+        r = httpx.post(live.url + "/v1/generate", json={"prompt": f"direct {i}"}, timeout=60)
+        assert r.status_code == 200
+        position = next(k for k, (_, items) in enumerate(live.worker.calls)
+                        if any(it.prompt == f"direct {i}" for it in items))
+        # at most one pre-generation batch may start after the request arrived
+        assert position <= started + 1, (position, started)
+
+
+def test_concurrent_samples_during_filling_all_succeed(make_service: Any, tmp_path: Path) -> None:
+    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=40, max_batch_images=4)
+
+    def one(i: int) -> tuple[int, int]:
+        with Client(live.url, client_id=f"trainer-{i % 4}") as client:
+            result = client.sample("shapes", n=6, wait_s=2.0)
+            return len(result), int(result.labels.max(initial=0))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(16)))
+    assert all(0 <= count <= 6 and top <= 2 for count, top in results)
+    assert sum(count for count, _ in results) > 0
+
+
+def test_pregenerate_and_export_cli(make_service: Any, tmp_path: Path) -> None:
+    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+                        pregenerate=False)
+    env = {**os.environ, "GENAUG_POOL_PATH": str(tmp_path / "pool.db")}
+    run = subprocess.run(
+        [sys.executable, "-m", "genaug.cli", "pregenerate", "--url", live.url, "--recipe",
+         "shapes", "--per-label", "5"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert run.returncode == 0, run.stderr
+    assert all(v >= 5 for v in recipe_detail(live)["fill"].values())
+    out = tmp_path / "export"
+    run = subprocess.run(
+        [sys.executable, "-m", "genaug.cli", "export", "--recipe", "shapes", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert run.returncode == 0, run.stderr
+    from PIL import Image
+
+    files = sorted(out.glob("*/*.png"))
+    assert {f.parent.name for f in files} == {"circle", "square", "triangle"}
+    assert len(files) == sum(recipe_detail(live)["fill"].values())
+    assert Image.open(files[0]).size == (32, 32)
+
+
+def test_bad_recipe_file_fails_startup_clearly(tmp_path: Path) -> None:
+    bad = write_recipe(tmp_path, RECIPE.replace("steps: 2", "steps: 0"), "bad.yaml")
+    run = subprocess.run(
+        [sys.executable, "-m", "genaug.service", "--recipes", str(bad), "--port", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 2
+    assert "bad.yaml" in run.stderr and "steps" in run.stderr and "recipes[0]" in run.stderr
+
+
+def test_sigkill_during_filling_keeps_the_database_consistent(tmp_path: Path) -> None:
+    recipes, db = write_recipe(tmp_path), tmp_path / "pool.db"
+    args = ["--recipes", str(recipes), "--pool-path", str(db),
+            "--pool-capacity-per-label", "1000", "--max-batch-images", "4"]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with running_service(port, extra_args=args, log_path=tmp_path / "a.log") as proc:
+        with Client(url) as client:
+            client.wait_ready(timeout=120)
+            deadline = time.monotonic() + 60
+            while sum(client.recipe("shapes")["fill"].values()) < 12:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)  # mid-filling: batches are being written
+        proc.wait(timeout=10)
+    store = PoolStore(db, capacity_per_label=1000)
+    try:
+        assert store.integrity_check() == "ok"
+        (pool,) = store.pools()
+        stats = store.stats(pool)
+        for label, s in stats.items():
+            assert s.fill == s.generated, (label, s)  # no row without its counter, or reverse
+            assert s.fill % 4 == 0, (label, s)  # whole batches only (4 per batch)
+        rows = {label: s.fill for label, s in stats.items()}
+        seeds = {seed for _, seed, _ in store.iter_images(pool)}
+    finally:
+        store.close()
+    with running_service(port, extra_args=[*args, "--pregenerate", "false"],
+                         log_path=tmp_path / "b.log"):
+        with Client(url) as client:
+            client.wait_ready(timeout=120)
+            detail = client.recipe("shapes")
+            assert detail["pool_id"] == pool and detail["fill"] == rows
+            served = client.sample("shapes", n=12)
+            assert set(served.seeds.tolist()) <= seeds
+
+
+@pytest.mark.parametrize("path", ["/v1/recipes/shapes/sample", "/v1/recipes/shapes/fill"])
+def test_recipe_routes_without_recipes_are_404(service: Any, path: str) -> None:
+    body = {"n": 1} if path.endswith("sample") else {"per_label": 1}
+    r = httpx.post(service.url + path, json=body)
+    assert r.status_code == 404 and "GENAUG_RECIPES" in r.json()["error"]["message"]
+    assert httpx.get(service.url + "/v1/recipes").json() == {"recipes": []}
