@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from ._base import Base, Call, GenerateResult, SampleResult
+from ._base import PROBE_TIMEOUT_S, Base, Call, Endpoint, GenerateResult, SampleResult
 from .errors import GenaugError, TransportError, UnavailableError
 
 T = TypeVar("T")
@@ -68,8 +68,14 @@ class AsyncClient:
         retry = base.retry_state()
         while True:
             endpoint = base.endpoints.pick()
-            endpoint.outstanding += 1
             error: GenaugError
+            if endpoint.failures:
+                # It failed before: recheck readiness before sending it real work.
+                probe = await self._probe(endpoint)
+                if probe is not None:
+                    await asyncio.sleep(retry.next_delay(probe, failover=base.can_fail_over()))
+                    continue
+            endpoint.outstanding += 1
             try:
                 response = await self._http.request(
                     call.method, endpoint.url + call.path, json=call.body,
@@ -87,6 +93,20 @@ class AsyncClient:
             finally:
                 endpoint.outstanding -= 1
             await asyncio.sleep(retry.next_delay(error, failover=base.can_fail_over()))
+
+    async def _probe(self, endpoint: Endpoint) -> GenaugError | None:
+        """``None`` if ``endpoint`` answers ``/readyz`` with 200 (it is marked up), else the
+        error (it rests again)."""
+        try:
+            response = await self._http.get(endpoint.url + "/readyz", timeout=PROBE_TIMEOUT_S)
+        except httpx.TransportError as exc:
+            return self._base.transport_error(exc, endpoint)
+        if response.status_code == 200:
+            self._base.endpoints.mark_up(endpoint)
+            return None
+        return self._base.status_error(
+            response.status_code, response.content, response.headers, endpoint
+        )
 
     async def generate(
         self,

@@ -29,6 +29,7 @@ from .errors import (
 from .wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, WireError, decode_batch
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+PROBE_TIMEOUT_S = 2.0
 RETRYABLE = (TransportError, RateLimitedError, UnavailableError)
 
 
@@ -81,9 +82,9 @@ class Endpoint:
 class Endpoints:
     """Choose a replica per call: the healthy one with the fewest outstanding requests.
 
-    A replica that refused a connection or answered 503 rests for a short, growing cooldown,
-    then takes traffic again (its next answer is its health check). When all rest, the one
-    that comes back first is used.
+    A replica that refused a connection or answered 503 rests for a short, growing cooldown;
+    after it, the client rechecks ``/readyz`` before sending it real work again. When all
+    rest, the one that comes back first is tried.
     """
 
     def __init__(self, urls: Sequence[str]) -> None:

@@ -62,9 +62,11 @@ def encode_batch(
     }
     if labels is not None:
         tensors["labels"] = np.ascontiguousarray(labels, dtype=np.int32)
+    _check_lengths(tensors)
     header: dict[str, str] = {}
     for key, value in (metadata or {}).items():
-        if isinstance(value, str):
+        # A string under a key that ends in _json would be read back as JSON: encode it too.
+        if isinstance(value, str) and not key.endswith("_json"):
             header[key] = value
         else:
             header[f"{key}_json"] = json.dumps(value, separators=(",", ":"))
@@ -80,10 +82,24 @@ def decode_batch(payload: bytes) -> Batch:
         raise WireError(f"not a safetensors batch: {exc}") from exc
     if "images" not in tensors or "seeds" not in tensors:
         raise WireError(f"batch lacks images/seeds tensors: {sorted(tensors)}")
+    expected = {"images": (np.uint8, 4), "seeds": (np.int64, 1), "labels": (np.int32, 1)}
+    for name, (dtype, ndim) in expected.items():
+        tensor = tensors.get(name)
+        if tensor is not None and (tensor.dtype != dtype or tensor.ndim != ndim):
+            raise WireError(
+                f"batch tensor {name} is {tensor.dtype} {tensor.shape}, expected "
+                f"{np.dtype(dtype)} with {ndim} dimensions"
+            )
+    if tensors["images"].shape[-1] != 3:
+        raise WireError(f"batch images are {tensors['images'].shape}, expected [N, H, W, 3]")
+    _check_lengths(tensors)
     metadata: dict[str, Any] = {}
     for key, value in header.items():
         if key.endswith("_json"):
-            metadata[key[: -len("_json")]] = json.loads(value)
+            try:
+                metadata[key[: -len("_json")]] = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise WireError(f"batch metadata {key!r} is not JSON: {exc}") from exc
         else:
             metadata[key] = value
     return Batch(
@@ -92,6 +108,15 @@ def decode_batch(payload: bytes) -> Batch:
         labels=tensors.get("labels"),
         metadata=metadata,
     )
+
+
+def _check_lengths(tensors: dict[str, np.ndarray]) -> None:
+    n = tensors["images"].shape[0]
+    for name in ("seeds", "labels"):
+        if name in tensors and tensors[name].shape != (n,):
+            raise WireError(
+                f"{name} has shape {tensors[name].shape}; a batch of {n} images needs ({n},)"
+            )
 
 
 def _read_metadata(payload: bytes) -> dict[str, str]:

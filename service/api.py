@@ -16,12 +16,13 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,6 +46,8 @@ from .errors import (
 )
 from .pregen import empty_images
 from .schemas import (
+    ClientReport,
+    ClientsResponse,
     ErrorBody,
     FillRequest,
     GenerateRequest,
@@ -56,12 +59,16 @@ from .schemas import (
     RecipeList,
     RecipeSummary,
     SampleRequest,
+    StatusResponse,
     check_limits,
 )
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# The probes, and the status page's HTML shell (it holds no data; its script fetches the
+# data with the key the viewer types in).
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
+STATUS_PAGE = Path(__file__).parent / "static" / "status.html"
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,64}$")
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (401, 413, 422, 429, 503, 504)
@@ -456,6 +463,85 @@ def _encode_call(
 def _seed_header(seeds: np.ndarray) -> str:
     text = ",".join(str(int(s)) for s in seeds[:16])
     return text + (",..." if len(seeds) > 16 else "")
+
+
+# -- sharing and status ---------------------------------------------------------------------
+
+
+def client_reports(state: AppState) -> list[ClientReport]:
+    batcher = state.batcher
+    if batcher is None:
+        return []
+    queued = batcher.queued_by_client()
+    total = sum(c.generation_s for c in batcher.clients.values()) or 1.0
+    names = sorted(set(batcher.clients) | set(queued))
+    reports = []
+    for name in names:
+        c = batcher.clients.get(name)
+        reports.append(ClientReport(
+            client=name,
+            requests=c.requests if c else 0,
+            images=c.images if c else 0,
+            generation_s=round(c.generation_s, 4) if c else 0.0,
+            generation_share=round(c.generation_s / total, 4) if c else 0.0,
+            queued_images=queued.get(name, 0),
+            rejected=c.rejected if c else 0,
+            dropped=c.dropped if c else 0,
+            failed=c.failed if c else 0,
+        ))
+    return reports
+
+
+@router.get("/v1/clients", response_model=ClientsResponse, tags=["service"])
+async def clients(state: StateDep) -> ClientsResponse:
+    """Per client identity: requests, images, share of generation time, queue, rejections."""
+    return ClientsResponse(clients=client_reports(state))
+
+
+@router.get("/v1/status", response_model=StatusResponse, tags=["service"])
+async def status(state: StateDep) -> StatusResponse:
+    """What the status page shows: model, readiness, queue per client, throughput, pools."""
+    batcher = state.batcher
+    recipes: list[RecipeSummary] = []
+    if state.pools is not None:
+        pools = state.pools
+        recipes = await asyncio.to_thread(
+            lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
+        )
+    return StatusResponse(
+        info=await info(state),
+        queue_images=batcher.queued_images if batcher else 0,
+        busy=batcher.busy if batcher else False,
+        uptime_s=round(time.time() - state.started_at, 1),
+        clients=client_reports(state),
+        throughput=batcher.throughput() if batcher else [],
+        recipes=recipes,
+        recent_images=len(batcher.recent) if batcher else 0,
+    )
+
+
+@router.get(
+    "/v1/recent.png",
+    tags=["service"],
+    responses={200: {"content": {PNG_MEDIA_TYPE: {}}, "description": "a grid PNG"},
+               204: {"description": "nothing generated yet"}},
+)
+async def recent_png(state: StateDep) -> Response:
+    """The most recently generated images (requests and pools) as one grid PNG."""
+    batcher = state.batcher
+    if batcher is None or not batcher.recent:
+        return Response(status_code=204)
+    images = list(batcher.recent)
+    shape = images[-1].shape
+    same = np.stack([im for im in images if im.shape == shape])
+    payload = await asyncio.to_thread(encode_png_grid, same)
+    return Response(payload, media_type=PNG_MEDIA_TYPE, headers={"Cache-Control": "no-store"})
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def status_page() -> HTMLResponse:
+    """The self-contained status page (no CDN; refreshes itself)."""
+    return HTMLResponse(STATUS_PAGE.read_text(encoding="utf-8"))
 
 
 # -- recipes and pools ----------------------------------------------------------------------

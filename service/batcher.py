@@ -52,6 +52,9 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 Priority = Literal["interactive", "bulk"]
+POOL_CLIENT = "(pool pre-generation)"
+HISTORY_S = 600.0
+RECENT_IMAGES = 16
 PRIORITIES: tuple[Priority, ...] = ("interactive", "bulk")
 
 
@@ -113,6 +116,18 @@ class IdleSource(Protocol):
     """Supplies background batches; ``None`` when there is nothing to do (never spin)."""
 
     def next_idle_batch(self, max_images: int) -> IdleWork | None: ...
+
+
+@dataclass
+class ClientStats:
+    """What one client identity has asked of the generator (``GET /v1/clients``)."""
+
+    requests: int = 0
+    images: int = 0
+    generation_s: float = 0.0
+    rejected: int = 0
+    dropped: int = 0
+    failed: int = 0
 
 
 class Job:
@@ -237,6 +252,10 @@ class Batcher:
         self._stopping = False
         self._images_per_s = 0.0  # moving estimate, for Retry-After
         self.busy = False
+        self.clients: dict[str, ClientStats] = {}
+        # (time, images, source) per batch over the last minutes, and the latest images.
+        self.history: deque[tuple[float, int, str]] = deque()
+        self.recent: deque[np.ndarray] = deque(maxlen=RECENT_IMAGES)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -307,8 +326,10 @@ class Batcher:
         if self._stopping:
             raise ShuttingDown("the service is shutting down; retry on a replica")
         n = len(items)
+        stats = self.clients.setdefault(client, ClientStats())
         if self._queued_images + n > self.max_queue_images:
             self.metrics.rejections.labels("queue_full").inc()
+            stats.rejected += 1
             retry = self.retry_after_s()
             raise QueueFull(
                 f"queue holds {self._queued_images} images; {n} more would exceed "
@@ -326,6 +347,7 @@ class Batcher:
             loop=loop,
         )
         self._queues[priority].setdefault(client, deque()).append(job)
+        stats.requests += 1
         self._queued_images += n
         self._update_gauges()
         self._wakeup.set()
@@ -363,6 +385,7 @@ class Batcher:
                         reason = job.cancel_reason or "expired"
                         if job.next_index == 0:
                             self.metrics.dropped.labels(reason).inc()
+                            self.clients.setdefault(job.client, ClientStats()).dropped += 1
                         job.next_index = job.n
                         job._fail(
                             DeadlineExceeded(
@@ -478,6 +501,7 @@ class Batcher:
         def run() -> None:
             outcome = self.worker.run(work.key, work.items)
             work.on_done(outcome)
+            self.recent.extend(outcome.images[: RECENT_IMAGES])
 
         started = time.monotonic()
         self.busy = True
@@ -490,7 +514,12 @@ class Batcher:
             return
         finally:
             self.busy = False
-        self._record(len(work.items), time.monotonic() - started, "pool")
+        seconds = time.monotonic() - started
+        self._record(len(work.items), seconds, "pool")
+        stats = self.clients.setdefault(POOL_CLIENT, ClientStats())
+        stats.requests += 1
+        stats.images += len(work.items)
+        stats.generation_s += seconds
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: _Batch) -> None:
         items = batch.items
@@ -510,6 +539,7 @@ class Batcher:
             )
             self.metrics.batch_failures.labels(type(exc).__name__).inc()
             for part in batch.parts:
+                self.clients.setdefault(part.job.client, ClientStats()).failed += 1
                 part.job._fail(
                     GenerationFailed(
                         f"generation failed for this request's batch ({type(exc).__name__}); "
@@ -520,11 +550,16 @@ class Batcher:
             return
         finally:
             self.busy = False
-        self._record(len(items), time.monotonic() - started, "request")
+        seconds = time.monotonic() - started
+        self._record(len(items), seconds, "request")
+        self.recent.extend(outcome.images[-RECENT_IMAGES:])
         offset = 0
         for part in batch.parts:
+            stats = self.clients.setdefault(part.job.client, ClientStats())
+            stats.generation_s += seconds * part.count / len(items)
             failed = [i for i in range(offset, offset + part.count) if i in outcome.errors]
             if failed:
+                stats.failed += 1
                 error_id = uuid.uuid4().hex[:12]
                 log.error(
                     "request %s: %d images failed (error id %s): %s",
@@ -541,10 +576,29 @@ class Batcher:
                     )
                 )
             else:
+                stats.images += part.count
                 part.job._deliver(part.start, outcome.images[offset : offset + part.count])
             offset += part.count
 
+    def throughput(self, bucket_s: float = 10.0) -> list[dict[str, float | str]]:
+        """Images per second in ``bucket_s`` buckets over the last ten minutes, by source."""
+        now = time.monotonic()
+        wall = time.time()
+        buckets: dict[tuple[int, str], int] = {}
+        for t, n, source in self.history:
+            index = int((now - t) // bucket_s)
+            buckets[(index, source)] = buckets.get((index, source), 0) + n
+        return [
+            {"ago_s": index * bucket_s, "at": wall - index * bucket_s, "source": source,
+             "images_per_s": count / bucket_s}
+            for (index, source), count in sorted(buckets.items())
+        ]
+
     def _record(self, n: int, seconds: float, source: str) -> None:
+        now = time.monotonic()
+        self.history.append((now, n, source))
+        while self.history and self.history[0][0] < now - HISTORY_S:
+            self.history.popleft()
         self.metrics.batch_images.labels(source).observe(n)
         self.metrics.images_generated.labels(source).inc(n)
         self.metrics.batch_seconds.observe(seconds)

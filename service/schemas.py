@@ -223,3 +223,36 @@ class RecipeDetail(RecipeSummary):
     per_label: dict[str, dict[str, int]]
     totals: dict[str, int]
     generation_rate: float
+
+
+class ClientReport(BaseModel):
+    """One client identity's use of the generator."""
+
+    client: str
+    requests: int
+    images: int
+    generation_s: float
+    generation_share: float
+    queued_images: int
+    rejected: int
+    dropped: int
+    failed: int
+
+
+class ClientsResponse(BaseModel):
+    """``GET /v1/clients``: per identity (API key id and/or X-Client-Id, else the peer IP)."""
+
+    clients: list[ClientReport]
+
+
+class StatusResponse(BaseModel):
+    """``GET /v1/status``: everything the status page shows, in one call."""
+
+    info: InfoResponse
+    queue_images: int
+    busy: bool
+    uptime_s: float
+    clients: list[ClientReport]
+    throughput: list[dict[str, Any]]
+    recipes: list[RecipeSummary]
+    recent_images: int
