@@ -49,7 +49,7 @@ class Settings(BaseSettings):
 
     # Network
     host: str = Field(default="127.0.0.1", description="Bind address. 0.0.0.0 exposes it.")
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on.")
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated API keys. Empty: no authentication.",
@@ -60,25 +60,42 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger bodies get 413.")
 
     # Batching and admission
-    max_batch_images: int = Field(default=8, ge=1, le=1024)
-    max_wait_ms: float = Field(default=10.0, ge=0, le=60_000)
-    max_queue_images: int = Field(default=512, ge=1)
+    max_batch_images: int = Field(
+        default=8, ge=1, le=1024, description="Most images in one pipeline call."
+    )
+    max_wait_ms: float = Field(
+        default=10.0, ge=0, le=60_000,
+        description="How long a batch that is not full waits for company.",
+    )
+    max_queue_images: int = Field(
+        default=512, ge=1, description="Images waiting before new requests get 429."
+    )
     max_n: int = Field(default=64, ge=1, description="Most images one request may ask for.")
     max_side: int = Field(default=2048, ge=8, description="Largest height or width.")
-    max_steps: int = Field(default=150, ge=1)
-    max_prompt_chars: int = Field(default=2000, ge=1)
+    max_steps: int = Field(default=150, ge=1, description="Most denoising steps per request.")
+    max_prompt_chars: int = Field(default=2000, ge=1, description="Longest prompt.")
     request_timeout_s: float = Field(default=120.0, gt=0, description="Default deadline.")
-    max_timeout_s: float = Field(default=3600.0, gt=0)
+    max_timeout_s: float = Field(
+        default=3600.0, gt=0, description="Largest timeout_s or wait_s a request may ask."
+    )
 
     # Request defaults (None: chosen by model kind: tiny 64 px / 4 steps, SDXL 1024 px / 30 steps)
-    default_size: int | None = Field(default=None, ge=8)
-    default_steps: int | None = Field(default=None, ge=1)
-    default_guidance: float | None = Field(default=None, ge=0)
+    default_size: int | None = Field(
+        default=None, ge=8, description="Size when a request omits it (tiny 64, SDXL 1024)."
+    )
+    default_steps: int | None = Field(
+        default=None, ge=1, description="Steps when a request omits them (tiny 4, SDXL 30)."
+    )
+    default_guidance: float | None = Field(
+        default=None, ge=0, description="Guidance when a request omits it (5.0)."
+    )
 
     # Recipes and pool
     recipes: Path | None = Field(default=None, description="Recipe YAML or JSON file.")
     pool_path: Path = Field(default=Path("genaug-pool.db"), description="SQLite pool file.")
-    pool_capacity_per_label: int = Field(default=1000, ge=1)
+    pool_capacity_per_label: int = Field(
+        default=1000, ge=1, description="Images kept per recipe label; most-served go first."
+    )
     pregenerate: bool = Field(
         default=True,
         description="Fill pools to capacity while the GPU is idle. Off: generate only what "
@@ -86,7 +103,7 @@ class Settings(BaseSettings):
     )
     max_sample_n: int = Field(default=1024, ge=1, description="Most images one sample returns.")
 
-    log_level: str = Field(default="info")
+    log_level: str = Field(default="info", description="debug, info, warning or error.")
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
