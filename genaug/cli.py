@@ -40,13 +40,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
 
     overrides = {k: v for k, v in vars(args).items() if k not in {"command", "func"}}
-    return serve(overrides)
+    code: int = serve(overrides)
+    return code
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from genaug.demo import run_demo
 
-    return run_demo(out=args.out, port=args.port)
+    code: int = run_demo(out=args.out, port=args.port)
+    return code
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -103,13 +105,15 @@ def _pool_arguments(parser: argparse.ArgumentParser) -> None:
 def _cmd_pregenerate(args: argparse.Namespace) -> int:
     from genaug.service.pool_cli import run_pregenerate
 
-    return run_pregenerate(args)
+    code: int = run_pregenerate(args)
+    return code
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from genaug.service.pool_cli import run_export
 
-    return run_export(args)
+    code: int = run_export(args)
+    return code
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -119,7 +123,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"genaug train needs the trainer extras: pip install 'genaug[trainer]' ({exc})",
               file=sys.stderr)
         return 2
-    return run_train(args)
+    code: int = run_train(args)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

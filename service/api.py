@@ -313,7 +313,7 @@ async def info(state: StateDep) -> InfoResponse:
             kind=state.model.kind,
             source=state.model.source,
             weights_hash=state.model.weights_hash,
-            scheduler=type(state.model.pipeline.scheduler).__name__,
+            scheduler=type(getattr(state.model.pipeline, "scheduler", None)).__name__,
         )
     return InfoResponse(
         version=__version__,
@@ -546,7 +546,9 @@ async def status_page() -> HTMLResponse:
 
 # -- recipes and pools ----------------------------------------------------------------------
 
-_RECIPE_ERRORS = {code: _ERROR_RESPONSES[code] for code in (401, 422, 503)}
+_RECIPE_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: _ERROR_RESPONSES[code] for code in (401, 422, 503)
+}
 _RECIPE_ERRORS[404] = {"model": ErrorBody}
 
 

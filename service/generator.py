@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,7 +50,8 @@ class Generator:
 
     def __init__(self, model: LoadedModel, metrics: Metrics | None = None) -> None:
         self.model = model
-        self.pipe = model.pipeline
+        # diffusers' pipeline classes are dynamically typed: components are attributes.
+        self.pipe: Any = model.pipeline
         self.metrics = metrics
         self.vae_upcast = False
 

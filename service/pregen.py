@@ -59,7 +59,8 @@ class _Demand:
     def current(self, now: float) -> float:
         if self.value == 0.0:
             return 0.0
-        return self.value * 0.5 ** ((now - self.at) / _DEMAND_HALF_LIFE_S)
+        decay: float = 0.5 ** ((now - self.at) / _DEMAND_HALF_LIFE_S)
+        return self.value * decay
 
 
 class PoolManager:

@@ -63,8 +63,9 @@ def test_output_resize_and_png(service: Any) -> None:
     assert decode_batch(r.content).images.shape == (2, 24, 40, 3)
     png = post(service, {"prompt": "x", "n": 4, "seed": 1}, headers={"Accept": "image/png"})
     assert png.status_code == 200 and png.headers["content-type"] == "image/png"
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     grid = Image.open(io.BytesIO(png.content))
     assert grid.size == (128, 128)  # 2x2 grid of 64x64

@@ -1,0 +1,150 @@
+"""The generator's per-image guarantees: NaN guard, out-of-memory split, device and dtype."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from genaug.service.batcher import GroupKey, Item
+from genaug.service.generator import Generator
+from genaug.service.metrics import Metrics
+from genaug.service.model import load_model
+
+KEY = GroupKey(64, 64, 2, 5.0, 64, 64, negative=False)
+
+
+def items(n: int, base: int = 0) -> list[Item]:
+    return [Item(f"prompt {i}", "", base + i) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def bf16_model() -> Any:
+    return load_model(source=None, unet_weights=None, device="cpu", dtype="bfloat16")
+
+
+def test_nonfinite_vae_output_upcasts_the_vae_and_is_never_served(bf16_model: Any) -> None:
+    gen = Generator(bf16_model, Metrics())
+    vae = gen.pipe.vae
+    original = vae.decode
+    poisoned: list[torch.dtype] = []
+
+    def decode(latents: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = original(latents, *args, **kwargs)
+        if vae.dtype != torch.float32:  # the low-precision VAE overflows, as SDXL's fp16 one does
+            poisoned.append(vae.dtype)
+            out[0][1] = float("nan")
+        return out
+
+    vae.decode = decode
+    try:
+        outcome = gen.run(KEY, items(3))
+    finally:
+        vae.decode = original
+    assert poisoned == [torch.bfloat16]
+    assert gen.vae_upcast and vae.dtype == torch.float32
+    assert outcome.errors == {}
+    assert outcome.images.shape == (3, 64, 64, 3)
+    # the regenerated image is the fp32-VAE decode of the same latents, not a black square
+    assert outcome.images[1].std() > 0
+    again = gen.run(KEY, items(3))
+    np.testing.assert_array_equal(again.images[1], outcome.images[1])
+
+
+def test_nonfinite_latents_fail_only_their_own_image(tiny_model: Any) -> None:
+    metrics = Metrics()
+    gen = Generator(tiny_model, metrics)
+    original = gen._denoise
+
+    def denoise(key: GroupKey, batch: Any) -> torch.Tensor:
+        latents = original(key, batch)
+        latents[2] = float("inf")  # a UNet overflow for this seed
+        return latents
+
+    gen._denoise = denoise  # type: ignore[method-assign]
+    outcome = gen.run(KEY, items(4))
+    assert list(outcome.errors) == [2] and "NaN/Inf" in outcome.errors[2]
+    clean = Generator(tiny_model).run(KEY, items(4))
+    for i in (0, 1, 3):
+        np.testing.assert_array_equal(outcome.images[i], clean.images[i])
+    assert metrics.nonfinite_images._value.get() == 1
+
+
+def test_out_of_memory_halves_the_batch_and_keeps_every_image(tiny_model: Any) -> None:
+    gen = Generator(tiny_model)
+    original = gen._denoise
+    sizes: list[int] = []
+
+    def denoise(key: GroupKey, batch: Any) -> torch.Tensor:
+        sizes.append(len(batch))
+        if len(batch) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(key, batch)
+
+    gen._denoise = denoise  # type: ignore[method-assign]
+    outcome = gen.run(KEY, items(8, base=50))
+    assert sizes == [8, 4, 2, 2, 4, 2, 2]  # halves until each part fits
+    assert outcome.errors == {}
+    clean = Generator(tiny_model).run(KEY, items(8, base=50))
+    np.testing.assert_array_equal(outcome.images, clean.images)
+
+
+def test_an_image_that_cannot_fit_alone_fails_alone(tiny_model: Any) -> None:
+    gen = Generator(tiny_model)
+    original = gen._denoise
+
+    def denoise(key: GroupKey, batch: Any) -> torch.Tensor:
+        if any(item.seed == 3 for item in batch):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return original(key, batch)
+
+    gen._denoise = denoise  # type: ignore[method-assign]
+    outcome = gen.run(KEY, items(4))
+    assert list(outcome.errors) == [3] and "out of memory" in outcome.errors[3]
+
+
+def test_other_errors_are_not_mistaken_for_out_of_memory(tiny_model: Any) -> None:
+    gen = Generator(tiny_model)
+
+    def denoise(key: GroupKey, batch: Any) -> torch.Tensor:
+        raise RuntimeError("index 21 is out of bounds for dimension 0 with size 21")
+
+    gen._denoise = denoise  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        gen.run(KEY, items(2))
+
+
+def test_output_resize_is_antialiased_and_exact_in_size(tiny_model: Any) -> None:
+    key = GroupKey(64, 64, 2, 5.0, 17, 33, negative=False)
+    out = Generator(tiny_model).run(key, items(2))
+    assert out.images.shape == (2, 17, 33, 3) and out.images.dtype == np.uint8
+
+
+# -- on a CUDA device (skipped without one) --------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_cuda_pinning_and_default_bf16() -> None:
+    model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="auto")
+    assert model.device == torch.device("cuda:0") and model.dtype == torch.bfloat16
+    for module in (model.pipeline.unet, model.pipeline.vae, model.pipeline.text_encoder):
+        param = next(module.parameters())
+        assert param.device == torch.device("cuda:0") and param.dtype == torch.bfloat16
+    out = Generator(model).run(KEY, items(4))
+    assert out.errors == {} and out.images.shape == (4, 64, 64, 3)
+
+
+@pytest.mark.gpu
+def test_cuda_fp16_vae_overflow_is_caught_and_upcast() -> None:
+    model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="float16")
+    gen = Generator(model, Metrics())
+    with torch.no_grad():  # make the fp16 decoder overflow, as SDXL's fp16 VAE does
+        conv = gen.pipe.vae.decoder.conv_in
+        conv.weight.mul_(6e4)
+    out = gen.run(KEY, items(2))
+    assert gen.vae_upcast and gen.pipe.vae.dtype == torch.float32
+    assert out.errors == {} or all("NaN/Inf" in m for m in out.errors.values())
+    served = [i for i in range(2) if i not in out.errors]
+    assert all(np.isfinite(out.images[i]).all() for i in served)
