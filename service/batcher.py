@@ -501,7 +501,7 @@ class Batcher:
         def run() -> None:
             outcome = self.worker.run(work.key, work.items)
             work.on_done(outcome)
-            self.recent.extend(outcome.images[: RECENT_IMAGES])
+            self._remember(outcome)
 
         started = time.monotonic()
         self.busy = True
@@ -529,6 +529,11 @@ class Batcher:
             outcome: Outcome = await loop.run_in_executor(
                 self._executor, self.worker.run, batch.key, items
             )
+        except asyncio.CancelledError:
+            # stop() during this batch: its callers hear now, not at their deadlines.
+            for part in batch.parts:
+                part.job._fail(ShuttingDown("the service is shutting down; retry on a replica"))
+            raise
         except Exception as exc:
             error_id = uuid.uuid4().hex[:12]
             log.exception(
@@ -552,7 +557,7 @@ class Batcher:
             self.busy = False
         seconds = time.monotonic() - started
         self._record(len(items), seconds, "request")
-        self.recent.extend(outcome.images[-RECENT_IMAGES:])
+        self._remember(outcome)
         offset = 0
         for part in batch.parts:
             stats = self.clients.setdefault(part.job.client, ClientStats())
@@ -593,6 +598,11 @@ class Batcher:
              "images_per_s": count / bucket_s}
             for (index, source), count in sorted(buckets.items())
         ]
+
+    def _remember(self, outcome: Outcome) -> None:
+        """Keep the latest servable images for the status page (never failed ones)."""
+        good = [i for i in range(len(outcome.images)) if i not in outcome.errors]
+        self.recent.extend(outcome.images[i] for i in good[-RECENT_IMAGES:])
 
     def _record(self, n: int, seconds: float, source: str) -> None:
         now = time.monotonic()

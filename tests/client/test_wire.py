@@ -1,0 +1,187 @@
+"""The wire codecs shared by service and clients: safetensors batches and PNG grids."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+from safetensors.numpy import save
+
+from genaug.client.wire import WireError, decode_batch, encode_batch, encode_png_grid
+
+METADATA: dict[str, Any] = {
+    "model_hash": "ab12cd34ef56ab78",
+    "request": {"prompt": "a wound", "n": 3, "seed": None, "guidance": 5.5},
+    "label_names": ["healthy", "infected"],
+    "requested": 3,
+    "ratio": 0.25,
+    "flag": True,
+    "nothing": None,
+    "unicode": "Wundbett ü ✓",
+    "config_json": "a string under a key that ends in _json",
+    "number_like": "1",
+}
+
+
+def batch(n: int = 3, h: int = 5, w: int = 7) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(n, h, w, 3), dtype=np.uint8)
+    seeds = np.array([0, 2**63 - 1, 12345, *range(3, n)][:n], dtype=np.int64)
+    labels = np.arange(n, dtype=np.int32) % 2
+    return images, seeds, labels
+
+
+def header_length(payload: bytes) -> int:
+    return int.from_bytes(payload[:8], "little")
+
+
+def test_round_trip_with_labels_and_metadata() -> None:
+    images, seeds, labels = batch()
+    decoded = decode_batch(encode_batch(images, seeds, labels=labels, metadata=METADATA))
+    assert len(decoded) == 3
+    assert decoded.images.dtype == np.uint8 and decoded.seeds.dtype == np.int64
+    np.testing.assert_array_equal(decoded.images, images)
+    np.testing.assert_array_equal(decoded.seeds, seeds)
+    assert decoded.labels is not None and decoded.labels.dtype == np.int32
+    np.testing.assert_array_equal(decoded.labels, labels)
+    assert decoded.metadata == METADATA
+    assert type(decoded.metadata["requested"]) is int
+    assert type(decoded.metadata["number_like"]) is str
+
+
+def test_round_trip_without_labels_or_metadata() -> None:
+    images, seeds, _ = batch(n=1)
+    decoded = decode_batch(encode_batch(images, seeds))
+    assert decoded.labels is None and decoded.metadata == {}
+    np.testing.assert_array_equal(decoded.images, images)
+
+
+def test_seeds_and_labels_are_cast_to_their_wire_dtypes() -> None:
+    images, _, _ = batch(n=2)
+    decoded = decode_batch(encode_batch(images, [4, 5], labels=np.array([1, 0], np.int64)))
+    assert decoded.seeds.dtype == np.int64 and decoded.seeds.tolist() == [4, 5]
+    assert decoded.labels is not None and decoded.labels.dtype == np.int32
+
+
+def test_an_empty_batch_round_trips() -> None:
+    images = np.zeros((0, 8, 8, 3), np.uint8)
+    decoded = decode_batch(encode_batch(images, np.zeros(0, np.int64),
+                                        labels=np.zeros(0, np.int32)))
+    assert decoded.images.shape == (0, 8, 8, 3) and len(decoded) == 0
+
+
+def test_wire_bytes_are_raw_tensors_plus_a_small_header() -> None:
+    images, seeds, labels = batch(n=3, h=16, w=24)
+    metadata = {"model_hash": "ab12cd34ef56ab78", "request": {"prompt": "x", "n": 3}}
+    payload = encode_batch(images, seeds, labels=labels, metadata=metadata)
+    n = header_length(payload)
+    assert n < 1024
+    assert len(payload) == 8 + n + images.nbytes + seeds.nbytes + labels.nbytes
+    # No base64, no compression: each tensor's bytes sit verbatim at its header offsets.
+    header = json.loads(payload[8 : 8 + n])
+    for name, array in (("images", images), ("seeds", seeds), ("labels", labels)):
+        start, end = header[name]["data_offsets"]
+        assert payload[8 + n + start : 8 + n + end] == array.astype(array.dtype.newbyteorder(
+            "<")).tobytes()
+
+
+def test_decoded_images_are_usable_arrays() -> None:
+    images, seeds, _ = batch()
+    decoded = decode_batch(encode_batch(images, seeds))
+    assert decoded.images.flags.c_contiguous
+    assert float(decoded.images.astype(np.float32).mean()) == pytest.approx(
+        float(images.astype(np.float32).mean()))
+
+
+def _good_payload() -> bytes:
+    images, seeds, labels = batch()
+    return encode_batch(images, seeds, labels=labels, metadata={"k": "v"})
+
+
+def _with_header(header: dict[str, Any], data: bytes) -> bytes:
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
+GARBAGE: list[tuple[str, bytes]] = [
+    ("empty", b""),
+    ("short", b"abc"),
+    ("zero header", b"\x00" * 8),
+    ("huge header length", b"\xff" * 20),
+    ("html", b"<html><body>502 Bad Gateway</body></html>"),
+    ("json", b'{"images": [1, 2, 3]}'),
+    ("truncated by one byte", _good_payload()[:-1]),
+    ("truncated in the header", _good_payload()[:20]),
+    ("header only", _good_payload()[: 8 + header_length(_good_payload())]),
+    ("no images tensor", save({"seeds": np.zeros(2, np.int64)})),
+    ("float images", save({"images": np.zeros((1, 2, 2, 3), np.float32),
+                           "seeds": np.zeros(1, np.int64)})),
+    ("rgba images", save({"images": np.zeros((1, 2, 2, 4), np.uint8),
+                          "seeds": np.zeros(1, np.int64)})),
+    ("seeds of another length", save({"images": np.zeros((2, 2, 2, 3), np.uint8),
+                                      "seeds": np.zeros(3, np.int64)})),
+    ("int32 seeds", save({"images": np.zeros((1, 2, 2, 3), np.uint8),
+                          "seeds": np.zeros(1, np.int32)})),
+    ("bad json metadata", save({"images": np.zeros((1, 2, 2, 3), np.uint8),
+                                "seeds": np.zeros(1, np.int64)},
+                               metadata={"request_json": "{not json"})),
+    ("metadata not an object", _with_header({"__metadata__": ["x"]}, b"")),
+]
+
+
+@pytest.mark.parametrize("payload", [p for _, p in GARBAGE], ids=[name for name, _ in GARBAGE])
+def test_decode_rejects_what_is_not_a_genaug_batch(payload: bytes) -> None:
+    with pytest.raises(WireError):
+        decode_batch(payload)
+
+
+@pytest.mark.parametrize(
+    "images",
+    [
+        np.zeros((1, 4, 4, 3), np.float32),
+        np.zeros((1, 4, 4, 3), np.int16),
+        np.zeros((1, 4, 4, 3), np.int8),
+        np.zeros((4, 4, 3), np.uint8),
+        np.zeros((1, 4, 4, 4), np.uint8),
+        np.zeros((1, 4, 4), np.uint8),
+    ],
+    ids=["float32", "int16", "int8", "no batch axis", "rgba", "gray"],
+)
+def test_encode_rejects_images_that_are_not_uint8_nhwc_rgb(images: np.ndarray) -> None:
+    with pytest.raises(WireError, match=r"uint8 \[N,H,W,3\]"):
+        encode_batch(images, np.zeros(len(images), np.int64))
+
+
+def test_encode_rejects_seeds_or_labels_of_another_length() -> None:
+    images, _, _ = batch(n=3)
+    with pytest.raises(WireError, match="seeds"):
+        encode_batch(images, np.zeros(2, np.int64))
+    with pytest.raises(WireError, match="labels"):
+        encode_batch(images, np.zeros(3, np.int64), labels=np.zeros(4, np.int32))
+
+
+@pytest.mark.parametrize(("n", "size"), [(1, (10, 6)), (3, (20, 12)), (4, (20, 12))])
+def test_png_grid_dimensions_and_cells(n: int, size: tuple[int, int]) -> None:
+    h, w = 6, 10  # not square, so a transposed grid would show
+    images = np.stack([np.full((h, w, 3), 40 * (i + 1), np.uint8) for i in range(n)])
+    png = encode_png_grid(images)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    image = Image.open(io.BytesIO(png))
+    assert image.size == size and image.mode == "RGB"
+    grid = np.asarray(image)
+    cols = size[0] // w
+    for i in range(n):
+        r, c = divmod(i, cols)
+        assert (grid[r * h : (r + 1) * h, c * w : (c + 1) * w] == 40 * (i + 1)).all(), i
+    if n == 3:
+        assert (grid[h:, w:] == 0).all()  # the unused cell stays black
+
+
+def test_png_grid_with_explicit_columns() -> None:
+    images = np.zeros((3, 6, 10, 3), np.uint8)
+    assert Image.open(io.BytesIO(encode_png_grid(images, columns=3))).size == (30, 6)
+    assert Image.open(io.BytesIO(encode_png_grid(images, columns=1))).size == (10, 18)
