@@ -47,7 +47,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from genaug.demo import run_demo
 
-    code: int = run_demo(out=args.out, port=args.port)
+    code: int = run_demo(out=args.out, port=args.port, train=not args.no_train)
     return code
 
 
@@ -64,9 +64,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _settings_flags(serve)
     serve.set_defaults(func=_cmd_serve)
 
-    demo = sub.add_parser("demo", help="start a tiny service, generate a labelled grid, stop")
+    demo = sub.add_parser(
+        "demo", help="the full loop on the tiny model: service, grid, pool, training, stop"
+    )
     demo.add_argument("--out", default="genaug-demo.png", help="where to write the grid PNG")
     demo.add_argument("--port", type=int, default=0, help="port (0: a free one)")
+    demo.add_argument("--no-train", action="store_true",
+                      help="stop after the grid and the pool (no TensorFlow needed)")
     demo.set_defaults(func=_cmd_demo)
 
     pregen = sub.add_parser("pregenerate", help="fill a recipe's pool, with progress bars")

@@ -1,9 +1,10 @@
 """``genaug demo``: the whole round trip on the embedded tiny model, no GPU, no download.
 
 Starts ``genaug serve`` as a child process on 127.0.0.1, waits for readiness, asks the
-client for a few images per label, writes them as one labelled grid PNG, and stops the
-service cleanly. With ``train=True`` it goes on to the full loop (pool filling and a short
-training run mixing synthetic images through the reservoir); see :mod:`genaug.trainer.demo`.
+client for a few images per label and writes them as one labelled grid PNG, waits for the
+recipe pool to fill, then (unless ``--no-train``) trains briefly in a separate TensorFlow
+process mixing pool images in through the reservoir, and stops everything; the
+orchestration is :func:`genaug.trainer.demo.run_full_demo`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -82,33 +84,23 @@ def labelled_grid(rows: dict[str, np.ndarray], *, scale: int = 2) -> bytes:
     return buf.getvalue()
 
 
-def run_demo(*, out: str = "genaug-demo.png", port: int = 0, per_label: int = 6) -> int:
-    """Start, generate a labelled grid through the client, stop. Returns an exit code."""
-    from genaug.client import Client, GenaugError
+def write_grid(client: Any, out: Path, *, per_label: int = 6) -> None:
+    """Generate ``per_label`` images per demo label through ``client``; save a labelled grid."""
+    rows: dict[str, np.ndarray] = {}
+    for i, (label, prompt) in enumerate(DEMO_LABELS.items()):
+        t0 = time.monotonic()
+        result = client.generate(prompt, n=per_label, seed=1000 * i)
+        rows[label] = result.images
+        print(f"      {label}: {len(result)} images {result.images.shape[1:]} seeds "
+              f"{result.seeds[0]}..{result.seeds[-1]} in {time.monotonic() - t0:.2f} s")
+    out.write_bytes(labelled_grid(rows))
+    print(f"      wrote {out} ({len(rows)} labels x {per_label} images)")
 
-    port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
-    print(f"starting the genaug service (tiny offline SDXL pipeline, CPU) at {url} ...")
-    started = time.monotonic()
-    with running_service(port) as proc, Client(url, client_id="demo") as client:
-        try:
-            client.wait_ready(timeout=180)
-        except GenaugError as exc:
-            print(f"the service did not become ready: {exc}", file=sys.stderr)
-            return 1
-        info = client.info()
-        model = info["model"]
-        print(f"ready in {time.monotonic() - started:.1f} s: {model['kind']} model, "
-              f"weights {model['weights_hash']}, {info['device']}/{info['dtype']}")
-        rows: dict[str, np.ndarray] = {}
-        for i, (label, prompt) in enumerate(DEMO_LABELS.items()):
-            t0 = time.monotonic()
-            result = client.generate(prompt, n=per_label, seed=1000 * i)
-            rows[label] = result.images
-            print(f"  {label}: {len(result)} images {result.images.shape[1:]} seeds "
-                  f"{result.seeds[0]}..{result.seeds[-1]} in {time.monotonic() - t0:.2f} s")
-        Path(out).write_bytes(labelled_grid(rows))
-        print(f"wrote {out} ({len(rows)} labels x {per_label} images)")
-    code = proc.returncode
-    print(f"service stopped (exit code {code})")
-    return 0 if code == 0 else 1
+
+def run_demo(*, out: str = "genaug-demo.png", port: int = 0, train: bool = True) -> int:
+    """The README's main job: service, a labelled grid through the client, the pool filling,
+    and (with ``train``) a short MirroredStrategy run mixing pool images in; then stop."""
+    from genaug.trainer.demo import run_full_demo
+
+    code: int = run_full_demo(port=port, grid_out=Path(out), train=train)
+    return code

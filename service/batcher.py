@@ -55,6 +55,7 @@ Priority = Literal["interactive", "bulk"]
 POOL_CLIENT = "(pool pre-generation)"
 HISTORY_S = 600.0
 RECENT_IMAGES = 16
+RECENT_SIDE = 128
 PRIORITIES: tuple[Priority, ...] = ("interactive", "bulk")
 
 
@@ -602,7 +603,10 @@ class Batcher:
     def _remember(self, outcome: Outcome) -> None:
         """Keep the latest servable images for the status page (never failed ones)."""
         good = [i for i in range(len(outcome.images)) if i not in outcome.errors]
-        self.recent.extend(outcome.images[i] for i in good[-RECENT_IMAGES:])
+        for i in good[-RECENT_IMAGES:]:
+            image = outcome.images[i]
+            step = max(1, -(-max(image.shape[:2]) // RECENT_SIDE))  # thumbnails, not 1024² PNGs
+            self.recent.append(np.ascontiguousarray(image[::step, ::step]))
 
     def _record(self, n: int, seconds: float, source: str) -> None:
         now = time.monotonic()

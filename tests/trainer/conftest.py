@@ -8,6 +8,7 @@ returns the JSON it prints.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,7 +28,8 @@ TfChild = Callable[[str, float], dict[str, Any]]
 
 
 def _run_tf_child(scenario: str, timeout: float) -> dict[str, Any]:
-    pytest.importorskip("tensorflow")
+    if importlib.util.find_spec("tensorflow") is None:  # checks without importing it here
+        pytest.skip("tensorflow is not installed (pip install 'genaug[trainer]')")
     env = {
         **os.environ,
         "TF_CPP_MIN_LOG_LEVEL": "2",

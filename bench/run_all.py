@@ -1,0 +1,89 @@
+"""Run every service and pool benchmark in turn and print one summary table.
+
+    python bench/run_all.py            # default sizes, a few minutes
+    python bench/run_all.py --quick    # CI-size runs
+    python bench/run_all.py --only pool_latency --json results.json
+
+``make bench`` runs the first form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+BENCHMARKS = (
+    "service_throughput",
+    "dynamic_batching",
+    "wire_overhead",
+    "pool_latency",
+    "pool_fill_rate",
+)
+
+
+def summary_row(name: str, result: dict[str, Any]) -> list[Any]:
+    if name == "service_throughput":
+        return [name, f"service/direct = {result['ratio']:.3f}", ">= 0.95", result["met"]]
+    if name == "dynamic_batching":
+        return [
+            name,
+            f"gain 16/1: per-image {result['gain_per-image']:.2f}, batched "
+            f"{result['gain_batched']:.2f}",
+            "(report)",
+            "-",
+        ]
+    if name == "wire_overhead":
+        return [
+            name,
+            f"(body - header)/raw worst {result['worst_ratio']:.5f}",
+            "<= 1.01",
+            result["met"],
+        ]
+    if name == "pool_latency":
+        return [
+            name,
+            f"p50 {result['http_p50_ms']:.2f} ms, p99 {result['http_p99_ms']:.2f} ms",
+            "p50 < 5 ms, p99 < 20 ms",
+            result["met"],
+        ]
+    if name == "pool_fill_rate":
+        return [name, f"fill/direct = {result['ratio']:.3f}", ">= 0.95", result["met"]]
+    return [name, "", "", ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="CI-size runs")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (all benches)")
+    parser.add_argument("--only", nargs="*", choices=BENCHMARKS, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="write all results here")
+    args = parser.parse_args(argv)
+    names = args.only or list(BENCHMARKS)
+    results: dict[str, Any] = {}
+    rows = []
+    for name in names:
+        print(f"\n== {name} ==", flush=True)
+        started = time.monotonic()
+        module = importlib.import_module(name)
+        bench_argv = ["--threads", str(args.threads)] + (["--quick"] if args.quick else [])
+        result = module.run(bench_argv)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        results[name] = result
+        rows.append([*summary_row(name, result), result["seconds"]])
+    from _common import table
+
+    table("Summary", ["benchmark", "result", "goal", "met", "seconds"], rows)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
