@@ -41,10 +41,9 @@ from .errors import (
     BodyTooLarge,
     DeadlineExceeded,
     InvalidRequest,
-    NotFound,
     Unauthorized,
 )
-from .pregen import empty_images
+from .pregen import PoolManager, empty_images, unknown_recipe
 from .schemas import (
     ClientReport,
     ClientsResponse,
@@ -574,10 +573,9 @@ async def recipe_detail(name: str, state: StateDep) -> RecipeDetail:
     return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
 
 
-def _pools_for(state: AppState, name: str) -> Any:
+def _pools_for(state: AppState, name: str) -> PoolManager:
     if name not in state.recipes:
-        known = ", ".join(sorted(state.recipes)) or "none (set GENAUG_RECIPES)"
-        raise NotFound(f"no recipe named {name[:80]!r}; this service has: {known}")
+        raise unknown_recipe(name, state.recipes)
     return state.require_pools()
 
 

@@ -100,8 +100,7 @@ class PoolManager:
     def recipe(self, name: str) -> Recipe:
         recipe = self.recipes.get(name)
         if recipe is None:
-            known = ", ".join(sorted(self.recipes)) or "none (set GENAUG_RECIPES)"
-            raise NotFound(f"no recipe named {name!r}; this service has: {known}")
+            raise unknown_recipe(name, self.recipes)
         return recipe
 
     def resolve_labels(self, recipe: Recipe, labels: str | Sequence[str] | None) -> list[str]:
@@ -284,6 +283,11 @@ class PoolManager:
             },
             "generation_rate": round(self.generation_rate(name), 3),
         }
+
+
+def unknown_recipe(name: str, recipes: dict[str, Recipe]) -> NotFound:
+    known = ", ".join(sorted(recipes)) or "none (set GENAUG_RECIPES)"
+    return NotFound(f"no recipe named {name[:80]!r}; this service has: {known}")
 
 
 def pool_model_hash(model: LoadedModel) -> str:
