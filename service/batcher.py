@@ -110,7 +110,9 @@ class IdleWork:
 
     key: GroupKey
     items: list[Item]
-    on_done: Callable[[Outcome], None]  # called in the worker thread with the outcome
+    # Called with the outcome in the batcher's store thread (in order), while the worker
+    # already makes the next batch.
+    on_done: Callable[[Outcome], None]
 
 
 class IdleSource(Protocol):
@@ -202,6 +204,11 @@ class Job:
             self._future.set_result(self.images)
 
 
+def _log_store_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("storing a pre-generated batch failed", exc_info=future.exception())
+
+
 @dataclass
 class _Part:
     job: Job
@@ -249,6 +256,7 @@ class Batcher:
         self._queued_images = 0
         self._wakeup = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
+        self._store_executor: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._images_per_s = 0.0  # moving estimate, for Retry-After
@@ -262,6 +270,7 @@ class Batcher:
 
     async def start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="genaug-worker")
+        self._store_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="genaug-store")
         self._stopping = False
         self._task = asyncio.create_task(self._schedule(), name="genaug-batcher")
 
@@ -282,10 +291,15 @@ class Batcher:
             queues.clear()
         self._queued_images = 0
         self._update_gauges()
+        loop = asyncio.get_running_loop()
         if self._executor is not None:
             # Let the batch in flight finish: the pipeline is not interruptible.
-            await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+            await loop.run_in_executor(None, self._executor.shutdown, True)
             self._executor = None
+        if self._store_executor is not None:
+            # Pre-generated images already made are committed before the pool closes.
+            await loop.run_in_executor(None, self._store_executor.shutdown, True)
+            self._store_executor = None
 
     async def run_in_worker(self, fn: Callable[[], object]) -> object:
         """Run ``fn`` in the worker thread (warm-up and other pipeline calls outside batches)."""
@@ -499,15 +513,12 @@ class Batcher:
                 await self._run_batch(loop, work)
 
     async def _run_idle(self, loop: asyncio.AbstractEventLoop, work: IdleWork) -> None:
-        def run() -> None:
-            outcome = self.worker.run(work.key, work.items)
-            work.on_done(outcome)
-            self._remember(outcome)
-
         started = time.monotonic()
         self.busy = True
         try:
-            await loop.run_in_executor(self._executor, run)
+            outcome: Outcome = await loop.run_in_executor(
+                self._executor, self.worker.run, work.key, work.items
+            )
         except Exception:
             error_id = uuid.uuid4().hex[:12]
             log.exception("pre-generation batch failed (error id %s)", error_id)
@@ -515,6 +526,10 @@ class Batcher:
             return
         finally:
             self.busy = False
+        # Storing runs in its own thread, in order, while the worker makes the next batch.
+        stored = loop.run_in_executor(self._store_executor, work.on_done, outcome)
+        stored.add_done_callback(_log_store_failure)
+        self._remember(outcome)
         seconds = time.monotonic() - started
         self._record(len(work.items), seconds, "pool")
         stats = self.clients.setdefault(POOL_CLIENT, ClientStats())

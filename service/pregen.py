@@ -3,10 +3,11 @@
 :class:`PoolManager` is the batcher's :class:`~genaug.service.batcher.IdleSource`. When no
 request waits, the batcher asks it for one batch: it picks the recipe label that most needs
 images (the emptiest, weighted by recent demand; see :func:`~genaug.service.pool.choose_label`),
-plans prompts and seeds from the recipe (resuming at the pool's stored plan index), and stores
-the outcome in the SQLite pool from the worker thread. When every pool is at its target the
-answer is ``None`` and the worker sleeps until something changes (a sample that found too
-few images, a fill target raised): it never spins.
+plans prompts and seeds from the recipe (reserving the next indices of the pool's plan), and
+stores the outcome in the SQLite pool from the batcher's store thread while the worker makes
+the next batch. When every pool is at its target the answer is ``None`` and the worker
+sleeps until something changes (a sample that found too few images, a fill target raised):
+it never spins.
 
 A request waits for at most one such batch: the batcher runs one idle batch at a time and
 checks its queue between them.
@@ -28,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,7 @@ class PoolManager:
         start = store.capacity_per_label if pregenerate else 0
         self._targets = {name: dict.fromkeys(r.label_names, start) for name, r in recipes.items()}
         self._demand: dict[tuple[str, str], _Demand] = {}
+        self._unstored: dict[tuple[str, str], int] = {}  # planned, not yet in the store
         self._added: dict[str, deque[tuple[float, int]]] = {name: deque() for name in recipes}
         self._lock = threading.Lock()
         self._batcher: Batcher | None = None
@@ -129,6 +131,11 @@ class PoolManager:
                 continue
             stats = self.store.stats(self.pool_ids[name], recipe.label_names)
             with self._lock:
+                # Images made but not stored yet count as there (no overshoot past a target).
+                stats = {
+                    label: replace(s, fill=s.fill + self._unstored.get((name, label), 0))
+                    for label, s in stats.items()
+                }
                 demand = {
                     label: self._demand.get((name, label), _Demand()).current(now)
                     for label in recipe.label_names
@@ -145,7 +152,11 @@ class PoolManager:
         recipe = self.recipes[name]
         pid = self.pool_ids[name]
         count = max(1, min(max_images, missing))
-        start = self.store.next_index(pid, label)
+        # Reserved, not read: the previous batch may still be being stored, and a batch lost
+        # in a crash leaves a gap in the seed plan, never a repeated seed.
+        start = self.store.reserve(pid, label, count)
+        with self._lock:
+            self._unstored[(name, label)] = self._unstored.get((name, label), 0) + count
         plan = recipe.plan_batch(label, start, count)
         spec = recipe.labels[label]
         out_h, out_w = recipe.output_size
@@ -166,16 +177,20 @@ class PoolManager:
                 log.warning("pre-generation: %d of %d images of %s/%s failed: %s",
                             len(outcome.errors), len(items), name, label,
                             next(iter(outcome.errors.values())))
-            self.store.add(
-                pid, label, outcome.images[ok], [items[i].seed for i in ok],
-                model_hash=self.model_hash, next_index=start + len(items),
-            )
+            try:
+                self.store.add(
+                    pid, label, outcome.images[ok], [items[i].seed for i in ok],
+                    model_hash=self.model_hash,
+                )
+            finally:
+                with self._lock:
+                    self._unstored[(name, label)] -= count
             self._images_added(name, len(ok))
 
         return IdleWork(key=key, items=items, on_done=on_done)
 
     def _images_added(self, name: str, count: int) -> None:
-        """Worker thread: note the rate and wake samplers waiting for images."""
+        """Store thread: note the rate and wake samplers waiting for images."""
         with self._lock:
             added = self._added[name]
             now = time.monotonic()
@@ -237,7 +252,6 @@ class PoolManager:
                 except TimeoutError:
                     break
         sample = await asyncio.to_thread(self.store.sample, pid, labels, n)
-        self._poke()  # served counts changed: a worn pool may want refreshing
         return sample, recipe
 
     # -- reports -----------------------------------------------------------------------------
