@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.genaug-installed
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo test lint bench reliability install clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+reliability: $(STAMP)
+	$(BIN)/python -m reliability --full
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

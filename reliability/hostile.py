@@ -23,23 +23,6 @@ from .faults import RECIPE
 from .harness import inprocess
 from .result import CheckResult
 
-BUG_PARSE_400 = (
-    "BUG-1: a body that is not parseable JSON (invalid UTF-8, nesting too deep, an integer "
-    "over 4300 digits) gets FastAPI's generic 400 'There was an error parsing the body' "
-    "(type http_error): no cause, no fix, and 400 is not in the OpenAPI responses"
-)
-BUG_CHUNKED_413 = (
-    "BUG-3: a chunked body (no Content-Length) over GENAUG_MAX_BODY_BYTES gets 400 "
-    "http_error 'There was an error parsing the body', not 413 body_too_large: "
-    "GuardMiddleware's _TooLarge (service/api.py) is raised inside FastAPI's body reading, "
-    "whose 'except Exception' turns it into HTTPException(400) before the middleware sees it"
-)
-BUG_UNDOCUMENTED = (
-    "BUG-2: the OpenAPI schema leaves out statuses the service returns: 400 (unparseable "
-    "body) on every POST, 413 on /v1/recipes/{name}/sample and /fill, 401 on the routes "
-    "without _ERROR_RESPONSES when GENAUG_API_KEYS is set"
-)
-
 FUZZ_LIMITS: dict[str, Any] = dict(max_n=2, max_side=64, max_steps=2, max_timeout_s=2.0,
                                    request_timeout_s=5.0, max_sample_n=8,
                                    pool_capacity_per_label=4, max_batch_images=8,
@@ -74,7 +57,7 @@ def check_fuzz(model: Any, *, examples: int = 25, workdir: Path | None = None) -
         with inprocess(model, gate=False, recipes=Path(tmp) / "recipes.yaml",
                        pool_path=Path(tmp) / "pool.db", **FUZZ_LIMITS) as live:
             schema = schemathesis.openapi.from_url(live.url + "/openapi.json")
-            operations = [r.ok() for r in schema.get_all_operations()]
+            operations = [r.ok() for r in schema.get_all_operations()]  # type: ignore[union-attr]
             for op in operations:
                 variants: list[dict[str, Any]] = [{}]
                 if "{name}" in op.path:
@@ -104,10 +87,11 @@ def check_fuzz(model: Any, *, examples: int = 25, workdir: Path | None = None) -
                                 case.validate_response(response, checks=conformance)
                             except FailureGroup as group:
                                 for failure in group.exceptions:
-                                    key = (op_label, getattr(failure, "title", "")
-                                           or type(failure).__name__)
-                                    nonconforming.setdefault(
-                                        key, f"{response.status_code}: {str(failure)[:300]}")
+                                    title = getattr(failure, "title", "") or type(
+                                        failure).__name__
+                                    key = (op_label, f"{title} {response.status_code}")
+                                    nonconforming.setdefault(key, " ".join(str(
+                                        failure).split())[:300])
 
                         try:
                             run()
@@ -121,16 +105,12 @@ def check_fuzz(model: Any, *, examples: int = 25, workdir: Path | None = None) -
                f"{statuses.get(504, 0)} x 504 deadline); 500s: {len(server_errors)}",
                ok=calls > 0 and not server_errors, server_errors=server_errors[:5],
                statuses=dict(sorted(statuses.items())))
-    parse_only = all("Undocumented status code" in k[1] and v.startswith("400")
-                     for k, v in nonconforming.items())
     result.add("responses conform to the schema (status, content type, headers, JSON body)",
                calls,
                "conforming" if not nonconforming else
-               "non-conforming: " + "; ".join(f"{op} {title} ({detail[:60]})"
-                                             for (op, title), detail in nonconforming.items()),
+               "non-conforming: " + "; ".join(f"{op}: {title}" for op, title in nonconforming),
                lost="nothing",
                ok=not nonconforming,
-               bug=BUG_PARSE_400 if nonconforming and parse_only else "",
                nonconforming={f"{k[0]} | {k[1]}": v for k, v in nonconforming.items()})
     result.figures.update(per_operation=per_op, statuses=dict(statuses))
     return result
@@ -223,9 +203,8 @@ def check_size_limits(model: Any) -> CheckResult:
                    f"{limit // 1024} KiB)", len(outcomes),
                    "; ".join(f"{p}: {s} {t}, stopped after {sent // 1024} KiB sent"
                              for p, s, t, sent in outcomes),
-                   lost="nothing (refused, reading stopped) but 400 instead of 413",
-                   ok=all(s == 413 and t == "body_too_large" for _, s, t, _ in outcomes),
-                   bug=BUG_CHUNKED_413)
+                   lost="nothing",
+                   ok=all(s == 413 and t == "body_too_large" for _, s, t, _ in outcomes))
         refused = all(400 <= s < 500 and sent < 4 * limit for _, s, _, sent in outcomes)
         result.add("chunked body over the limit: refused and the upload cut short", len(outcomes),
                    f"4xx after at most {max(o[3] for o in outcomes) // 1024} KiB of 1024 KiB",
@@ -333,8 +312,8 @@ def check_malformed(model: Any, *, workdir: Path | None = None) -> CheckResult:
                len(parse_cases),
                "messages: " + "; ".join(sorted({answers[c][1].get("message", "")[:80]
                                                 for c in parse_cases})),
-               lost="nothing (4xx), but an unhelpful message",
-               ok=not unclear(parse_cases), bug=BUG_PARSE_400, unclear=unclear(parse_cases))
+               lost="nothing",
+               ok=not unclear(parse_cases), unclear=unclear(parse_cases))
     result.figures["answers"] = {c: answers[c][0] for c in answers}
     return result
 

@@ -172,7 +172,8 @@ def check_load(*, clients: int = 8, seconds: float = 10.0, workdir: Path | None 
                ok=by_status.get(429, 0) > 0 and by_status.get(504, 0) > 0)
     max_depth = max(depths) if depths else float("nan")
     result.add(f"queue depth polled from /metrics every 0.1 s (bound {MAX_QUEUE} images)",
-               len(depths), f"max {max_depth:.0f} images", ok=bool(depths) and max_depth <= MAX_QUEUE,
+               len(depths), f"max {max_depth:.0f} images",
+               ok=bool(depths) and max_depth <= MAX_QUEUE,
                poll_errors=poll_errors)
     base = rss_base or (rss[0][1] if rss else 0)
     growth = (rss_end - base) / base if base else float("nan")
@@ -183,7 +184,7 @@ def check_load(*, clients: int = 8, seconds: float = 10.0, workdir: Path | None 
     latency_rows = []
     for kind in KINDS:
         mine = [o for o in outcomes if o.kind == kind]
-        counts = defaultdict(int)
+        counts: defaultdict[int | None, int] = defaultdict(int)
         for o in mine:
             counts[o.status] += 1
         ok_lat = [o.seconds for o in mine if o.status == 200]

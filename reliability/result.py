@@ -22,7 +22,6 @@ class Row:
     lost: str = "nothing"
     ok: bool = True
     details: dict[str, Any] = field(default_factory=dict)
-    bug: str = ""  # a reported product bug this row shows (the tests xfail on it)
 
 
 @dataclass
@@ -50,8 +49,8 @@ class CheckResult:
         return all(r.ok for r in self.rows)
 
     def add(self, what: str, tried: int | str, held: str, *, lost: str = "nothing",
-            ok: bool = True, bug: str = "", **details: Any) -> Row:
-        row = Row(what, tried, held, lost, ok, details, bug if not ok else "")
+            ok: bool = True, **details: Any) -> Row:
+        row = Row(what, tried, held, lost, ok, details)
         self.rows.append(row)
         return row
 
@@ -62,18 +61,13 @@ class CheckResult:
                 return r
         raise KeyError(f"no row starting with {what_prefix!r} in {[r.what for r in self.rows]}")
 
-    def failures(self, *, include_known: bool = True) -> list[Row]:
-        return [r for r in self.rows if not r.ok and (include_known or not r.bug)]
-
-    @property
-    def ok_but_known(self) -> bool:
-        """Every row held, or failed only on a reported product bug."""
-        return not self.failures(include_known=False)
+    def failures(self) -> list[Row]:
+        return [r for r in self.rows if not r.ok]
 
     def explain(self) -> str:
         """A readable summary of the failed rows (assertion messages)."""
         return "\n".join(
-            f"[{self.name}] {r.what}: held={r.held!r} lost={r.lost!r} bug={r.bug!r} "
+            f"[{self.name}] {r.what}: held={r.held!r} lost={r.lost!r} "
             f"details={r.details}"
             for r in self.failures()
         ) or f"[{self.name}] all {len(self.rows)} rows held"

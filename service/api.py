@@ -69,9 +69,19 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
 STATUS_PAGE = Path(__file__).parent / "static" / "status.html"
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,64}$")
-_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 413, 422, 429, 503, 504)
-}
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route answers, all with the one error shape.
+
+    401 is listed everywhere but the open paths: it is what any route answers when API keys
+    are configured and the request has none.
+    """
+    return {code: {"model": ErrorBody} for code in (401, *codes)}
+
+
+GENERATE_ERRORS = _errors(400, 413, 422, 429, 503, 504)
+RECIPE_ERRORS = _errors(400, 404, 413, 422, 503)
+READ_ERRORS = _errors()
+
 
 # -- dependencies ---------------------------------------------------------------------------
 
@@ -154,14 +164,12 @@ ClientDep = Annotated[str, Depends(client_identity)]
 # -- middleware -----------------------------------------------------------------------------
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class GuardMiddleware:
-    """Authentication for every path but the probes, and a body-size limit before parsing.
+    """Authentication for every path but the open ones, and a body-size limit before parsing.
 
-    A pure ASGI middleware so that both checks run before FastAPI reads the body.
+    A pure ASGI middleware, so both checks run before FastAPI reads the body. A body without
+    ``Content-Length`` (chunked) is read here up to the limit and replayed to the app; one
+    that goes past the limit gets 413 without being read further.
     """
 
     def __init__(self, app: ASGIApp, state: AppState) -> None:
@@ -173,44 +181,49 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        limit = self.state.settings.max_body_bytes
         try:
             if scope["path"] not in OPEN_PATHS:
                 key = authenticate(self.state, headers)
                 scope.setdefault("state", {})["key_id"] = key
-            limit = self.state.settings.max_body_bytes
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > limit:
                 raise _body_too_large(int(length), limit)
+            if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+                receive = await _buffered(receive, limit)
         except ApiError as exc:
             if isinstance(exc, BodyTooLarge):
                 self.state.metrics.rejections.labels("body_too_large").inc()
             await _error_response(exc)(scope, receive, send)
             return
+        await self.app(scope, receive, send)
 
-        received = 0
-        started = False
 
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise _TooLarge
-            return message
+async def _buffered(receive: Receive, limit: int) -> Receive:
+    """Read a body of unknown length up to ``limit``; a receive that replays it."""
+    body = bytearray()
+    first: Message | None = None
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            first = message  # the client left: let the app see that
+            break
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise _body_too_large(len(body), limit)
+        if not message.get("more_body", False):
+            break
+    replay: Message = first or {"type": "http.request", "body": bytes(body), "more_body": False}
+    sent = False
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+    async def replaying() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return replay
+        return await receive()
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            self.state.metrics.rejections.labels("body_too_large").inc()
-            if not started:
-                await _error_response(_body_too_large(received, limit))(scope, receive, send)
+    return replaying
 
 
 def _body_too_large(size: int, limit: int) -> BodyTooLarge:
@@ -220,8 +233,20 @@ def _body_too_large(size: int, limit: int) -> BodyTooLarge:
     )
 
 
-def _error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def _error_response(exc: ApiError, *, status: int | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=status or exc.status, headers=exc.headers)
+
+
+def _unparseable(cause: BaseException) -> str:
+    """Why FastAPI could not read a JSON body, and what to send instead."""
+    detail = f"{type(cause).__name__}: {str(cause)[:120]}"
+    if isinstance(cause, RecursionError):
+        return f"the body's JSON is nested too deeply ({detail}); send a flat JSON object"
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not valid UTF-8 ({detail}); send a UTF-8 encoded JSON object"
+    if "digits" in str(cause):
+        return f"a number in the body has too many digits ({detail}); send numbers in range"
+    return f"the body could not be parsed ({detail}); send a UTF-8 JSON object"
 
 
 # -- validation messages --------------------------------------------------------------------
@@ -301,7 +326,7 @@ async def readyz(state: StateDep) -> Response:
     )
 
 
-@router.get("/v1/info", response_model=InfoResponse, tags=["service"])
+@router.get("/v1/info", response_model=InfoResponse, tags=["service"], responses=READ_ERRORS)
 async def info(state: StateDep) -> InfoResponse:
     """Model identity, device, dtype, limits and version."""
     s = state.settings
@@ -338,7 +363,8 @@ async def info(state: StateDep) -> InfoResponse:
     )
 
 
-@router.get("/metrics", response_class=PlainTextResponse, tags=["service"])
+@router.get("/metrics", response_class=PlainTextResponse, tags=["service"],
+            responses=READ_ERRORS)
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format."""
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -412,7 +438,7 @@ def wants_png(request: Request) -> bool:
             "description": "safetensors batch (images uint8 [n,h,w,3], seeds int64 [n]) "
             "or, with Accept: image/png, one PNG (a grid when n > 1)",
         },
-        **_ERROR_RESPONSES,
+        **GENERATE_ERRORS,
     },
 )
 async def generate(
@@ -491,13 +517,15 @@ def client_reports(state: AppState) -> list[ClientReport]:
     return reports
 
 
-@router.get("/v1/clients", response_model=ClientsResponse, tags=["service"])
+@router.get("/v1/clients", response_model=ClientsResponse, tags=["service"],
+            responses=READ_ERRORS)
 async def clients(state: StateDep) -> ClientsResponse:
     """Per client identity: requests, images, share of generation time, queue, rejections."""
     return ClientsResponse(clients=client_reports(state))
 
 
-@router.get("/v1/status", response_model=StatusResponse, tags=["service"])
+@router.get("/v1/status", response_model=StatusResponse, tags=["service"],
+            responses=READ_ERRORS)
 async def status(state: StateDep) -> StatusResponse:
     """What the status page shows: model, readiness, queue per client, throughput, pools."""
     batcher = state.batcher
@@ -523,7 +551,7 @@ async def status(state: StateDep) -> StatusResponse:
     "/v1/recent.png",
     tags=["service"],
     responses={200: {"content": {PNG_MEDIA_TYPE: {}}, "description": "a grid PNG"},
-               204: {"description": "nothing generated yet"}},
+               204: {"description": "nothing generated yet"}, **READ_ERRORS},
 )
 async def recent_png(state: StateDep) -> Response:
     """The most recently generated images (requests and pools) as one grid PNG."""
@@ -545,13 +573,8 @@ async def status_page() -> HTMLResponse:
 
 # -- recipes and pools ----------------------------------------------------------------------
 
-_RECIPE_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: _ERROR_RESPONSES[code] for code in (401, 422, 503)
-}
-_RECIPE_ERRORS[404] = {"model": ErrorBody}
-
-
-@router.get("/v1/recipes", response_model=RecipeList, tags=["recipes"])
+@router.get("/v1/recipes", response_model=RecipeList, tags=["recipes"],
+            responses=_errors(503))
 async def list_recipes(state: StateDep) -> RecipeList:
     """Recipes with their pools' fill per label (empty when no recipes are configured)."""
     if not state.recipes:
@@ -565,7 +588,7 @@ async def list_recipes(state: StateDep) -> RecipeList:
 
 @router.get(
     "/v1/recipes/{name}", response_model=RecipeDetail, tags=["recipes"],
-    responses=_RECIPE_ERRORS,
+    responses=RECIPE_ERRORS,
 )
 async def recipe_detail(name: str, state: StateDep) -> RecipeDetail:
     """Spec, pool identity, per-label fill, generated and served totals, generation rate."""
@@ -588,7 +611,7 @@ def _pools_for(state: AppState, name: str) -> PoolManager:
             "description": "safetensors batch: images uint8 [k,h,w,3], labels int32 [k] "
             "(indices into the label_names metadata), seeds int64 [k]; k <= n",
         },
-        **_RECIPE_ERRORS,
+        **RECIPE_ERRORS,
     },
 )
 async def sample(name: str, body: SampleRequest, state: StateDep) -> Response:
@@ -632,7 +655,7 @@ async def sample(name: str, body: SampleRequest, state: StateDep) -> Response:
 
 @router.post(
     "/v1/recipes/{name}/fill", response_model=RecipeDetail, tags=["recipes"],
-    responses=_RECIPE_ERRORS,
+    responses=RECIPE_ERRORS,
 )
 async def fill(name: str, body: FillRequest, state: StateDep) -> RecipeDetail:
     """Fill every label of the recipe to at least ``per_label`` images (in the background,
@@ -669,6 +692,10 @@ def install(app: FastAPI, state: AppState) -> None:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # FastAPI's body reader: the body is not UTF-8 JSON it can parse.
+            state.metrics.rejections.labels("invalid").inc()
+            return _error_response(InvalidRequest(_unparseable(exc.__cause__)), status=400)
         kinds = {404: "not_found", 405: "method_not_allowed"}
         body = {
             "error": {

@@ -46,13 +46,13 @@ def wait_for_pool(
     Returns the last fill seen. Raises ``TimeoutError`` naming the fill after ``timeout`` s.
     """
     from genaug.client import Client
-    from genaug.trainer.train import _recipe_description
+    from genaug.trainer.labels import recipe_description
 
     deadline = time.monotonic() + timeout
     fill: dict[str, int] = {}
     with Client(url, client_id="genaug-demo", timeout=10.0) as client:
         while True:
-            labels, fill, _ = _recipe_description(client.recipe(recipe))
+            labels, fill, _ = recipe_description(client.recipe(recipe))
             fill = {label: fill.get(label, 0) for label in labels}
             if labels and min(fill.values()) >= per_label:
                 return fill

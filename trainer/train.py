@@ -11,30 +11,24 @@ a generated demo set (:func:`genaug.trainer.data.make_demo_dataset`):
 * **Devices**: ``MirroredStrategy`` over the GPUs given (``--gpus 1,2,3``, by index as
   TensorFlow lists them: leave out the service's); without ``--gpus`` the CPU, split into
   ``--cpu-replicas N`` logical devices if asked. Devices are configured before TensorFlow
-  initialises, which is why :func:`configure_devices` comes first and this module imports
-  TensorFlow only inside functions.
+  initialises, which is why :func:`~genaug.trainer.devices.configure_devices` comes first and
+  this module imports TensorFlow only inside functions.
 * **Mixing**: ``--service URL --recipe NAME --p 0.5``: a
   :class:`~genaug.trainer.reservoir.SyntheticReservoir` (created outside the strategy scope)
   mixed into each batch with graph ops, refreshed by a
   :class:`~genaug.trainer.feeder.ReservoirFeeder` thread sampling the recipe's pool (or
   ``generate`` with ``--prompt LABEL=TEXT`` when the service has no such recipe). Dataset class
-  names are matched to the recipe's label names; a class with no label is an error.
+  names are matched to the recipe's label names (:mod:`genaug.trainer.labels`); a class with
+  no label is an error.
 * **No Python in the graph**: :func:`~genaug.trainer.audit.assert_no_python_ops` runs on the
   dataset and the train step before ``fit``.
 * **NaN/Inf**: training stops at the first non-finite loss, naming the step and, where it can,
-  the first layer whose output is non-finite on a probe batch and the non-finite weights.
+  the first layer whose output is non-finite on a probe batch and the non-finite weights
+  (:func:`~genaug.trainer.instruments.nan_guard`).
 * **Summary**: steps, the synthetic fraction actually mixed, the step function's tracing
-  count and the share of step time spent waiting for input.
-
-How input waiting is measured: Keras 3 fetches the next batch *inside* the traced train
-function (``iterator.get_next()`` in ``multi_step_on_iterator``), so gaps between
-``on_train_batch_end`` and the next ``on_train_batch_begin`` contain no input wait at all and
-would always report ~0 %. Instead :class:`StepTimer` wraps ``model.train_function``: it calls
-``next()`` on the distributed iterator in Python (this blocks exactly as long as the input
-pipeline is behind: with a ready prefetch buffer it returns in microseconds), then runs Keras's
-own traced ``one_step_on_data`` on that batch. Wait share = time in ``next()`` / time of the
-whole step, first step (tracing) excluded. Execution is synchronous (TensorFlow's default), so
-a step's time ends when its computation has finished.
+  count and the share of step time spent waiting for input, measured by
+  :class:`~genaug.trainer.instruments.StepTimer` (its module docstring says how: callback
+  timestamps cannot see input waiting under Keras 3).
 
 Example::
 
@@ -46,34 +40,34 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genaug.trainer.data import DatasetError, FolderScan, make_demo_dataset, scan_image_folder
+from genaug.trainer.devices import DeviceError, configure_devices
+from genaug.trainer.instruments import (
+    NonFiniteLossError,
+    StepTimer,
+    nan_guard,
+    non_finite_culprits,
+)
+from genaug.trainer.labels import LabelMapError, match_labels, recipe_status
 
 if TYPE_CHECKING:
     from genaug.trainer.feeder import ReservoirFeeder
     from genaug.trainer.reservoir import SyntheticReservoir
 
 __all__ = [
-    "DeviceError",
-    "LabelMapError",
-    "NonFiniteLossError",
-    "StepTimer",
     "TrainConfig",
     "TrainSummary",
     "Trainer",
     "add_train_arguments",
     "build_default_model",
-    "configure_devices",
-    "match_labels",
     "run_train",
     "train",
 ]
@@ -81,25 +75,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ModelBuilder = Callable[[int, tuple[int, int, int]], Any]
-
-
-class DeviceError(RuntimeError):
-    """The devices asked for cannot be used (missing GPU index, TensorFlow already started)."""
-
-
-class LabelMapError(ValueError):
-    """A dataset class has no matching label in the recipe (or the mapping is ambiguous)."""
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or Inf; ``step`` is the 1-based global step, ``culprits`` the
-    findings (first non-finite layer output, non-finite weights)."""
-
-    def __init__(self, message: str, *, step: int, loss: float, culprits: Sequence[str]) -> None:
-        super().__init__(message)
-        self.step = step
-        self.loss = loss
-        self.culprits = list(culprits)
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -225,199 +200,6 @@ class TrainSummary:
         return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- devices
-
-
-def configure_devices(
-    gpus: Sequence[int] | None = None, cpu_replicas: int | None = None
-) -> list[str]:
-    """Make exactly the requested devices visible; return the names for ``MirroredStrategy``.
-
-    Must run before TensorFlow initialises its runtime (before any op or ``tf.config`` query
-    that creates devices). ``gpus`` are indices into ``tf.config.list_physical_devices("GPU")``
-    (list the service's GPU nowhere); without them the CPU is used, and GPUs TensorFlow would
-    otherwise grab are hidden. ``cpu_replicas`` splits the CPU into that many logical devices.
-
-    Raises:
-        DeviceError: a GPU index that does not exist, ``cpu_replicas < 1``, both options, or
-            TensorFlow already initialised.
-    """
-    import tensorflow as tf
-
-    if gpus and cpu_replicas:
-        raise DeviceError("pass --gpus or --cpu-replicas, not both")
-    physical_gpus = tf.config.list_physical_devices("GPU")
-    try:
-        if gpus:
-            if not physical_gpus:
-                raise DeviceError(
-                    f"--gpus {','.join(map(str, gpus))} asked for GPUs but TensorFlow sees none "
-                    "(CUDA build? CUDA_VISIBLE_DEVICES?); leave out --gpus to train on the CPU"
-                )
-            bad = [g for g in gpus if not 0 <= g < len(physical_gpus)]
-            if bad or len(set(gpus)) != len(gpus):
-                raise DeviceError(
-                    f"--gpus {','.join(map(str, gpus))}: TensorFlow sees {len(physical_gpus)} "
-                    f"GPU(s), indices 0..{len(physical_gpus) - 1}; invalid or repeated: "
-                    f"{bad or gpus}"
-                )
-            chosen = [physical_gpus[g] for g in gpus]
-            tf.config.set_visible_devices(chosen, "GPU")
-            for device in chosen:
-                tf.config.experimental.set_memory_growth(device, True)
-            return [f"/gpu:{i}" for i in range(len(chosen))]
-        if physical_gpus:
-            logger.warning(
-                "TensorFlow sees %d GPU(s) but --gpus was not given: training on the CPU and "
-                "leaving every GPU alone (the service may own one)", len(physical_gpus)
-            )
-            tf.config.set_visible_devices([], "GPU")
-        if cpu_replicas is not None:
-            if cpu_replicas < 1:
-                raise DeviceError(f"--cpu-replicas {cpu_replicas} must be >= 1")
-            cpu = tf.config.list_physical_devices("CPU")[0]
-            try:
-                tf.config.set_logical_device_configuration(
-                    cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cpu_replicas)]
-                )
-            except RuntimeError:
-                # Already initialised: fine if it was with exactly this split (a second run
-                # in one process, a notebook re-running a cell).
-                if len(tf.config.list_logical_devices("CPU")) != cpu_replicas:
-                    raise
-            return [f"/cpu:{i}" for i in range(cpu_replicas)]
-        return ["/cpu:0"]
-    except RuntimeError as exc:
-        if isinstance(exc, DeviceError):
-            raise
-        raise DeviceError(
-            f"cannot configure devices ({exc}): TensorFlow was already initialised in this "
-            "process. --gpus / --cpu-replicas must be applied before any TensorFlow op runs; "
-            "start training in a fresh process"
-        ) from exc
-
-
-# ----------------------------------------------------------------------------- labels
-
-
-def match_labels(
-    class_names: Sequence[str],
-    recipe_labels: Sequence[str],
-    *,
-    explicit: Mapping[str, str] | None = None,
-    recipe: str = "the recipe",
-) -> dict[str, int]:
-    """Map recipe label name -> dataset class index (the feeder's ``label_map``).
-
-    Each class is matched by ``explicit[class]``, else the exact name, else a unique
-    case-insensitive match. Recipe labels matched by no class are ignored (never sampled).
-
-    Raises:
-        LabelMapError: a class with no label (naming the class, the labels and the fix), an
-            explicit mapping to an unknown label, or two classes on one label.
-    """
-    explicit = dict(explicit or {})
-    unknown_keys = sorted(set(explicit) - set(class_names))
-    if unknown_keys:
-        raise LabelMapError(
-            f"--label-map names class(es) {unknown_keys} that are not in the dataset "
-            f"(classes: {list(class_names)})"
-        )
-    lower: dict[str, list[str]] = {}
-    for label in recipe_labels:
-        lower.setdefault(label.lower(), []).append(label)
-    out: dict[str, int] = {}
-    missing: list[str] = []
-    for index, name in enumerate(class_names):
-        if name in explicit:
-            label = explicit[name]
-            if label not in recipe_labels:
-                raise LabelMapError(
-                    f"--label-map {name}={label}: {recipe} has no label {label!r} "
-                    f"(labels: {list(recipe_labels)})"
-                )
-        elif name in recipe_labels:
-            label = name
-        elif len(lower.get(name.lower(), [])) == 1:
-            label = lower[name.lower()][0]
-        else:
-            missing.append(name)
-            continue
-        if label in out:
-            raise LabelMapError(
-                f"classes {class_names[out[label]]!r} and {name!r} both map to label {label!r} "
-                f"of {recipe}; each class needs its own label"
-            )
-        out[label] = index
-    if missing:
-        raise LabelMapError(
-            f"dataset class(es) {missing} have no label in {recipe} (its labels: "
-            f"{list(recipe_labels)}; dataset classes: {list(class_names)}). Synthetic images "
-            "must come from the class they replace: rename the class folder, pass "
-            "--label-map CLASS=LABEL, or train without mixing (--p 0)"
-        )
-    return out
-
-
-RecipeDescription = tuple[list[str], dict[str, int], tuple[int, int] | None]
-
-
-def _recipe_description(info: Mapping[str, Any]) -> RecipeDescription:
-    """(label names, pool fill per label, output size) from ``GET /v1/recipes/{name}``.
-
-    Tolerant of where the service puts them (``label_names``, ``labels`` as a list or a dict,
-    ``spec.labels``; ``fill`` at the top, in ``pool`` or per label).
-    """
-    raw_spec = info.get("spec")
-    spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, Mapping) else {}
-    labels: list[str] = []
-    fill: dict[str, int] = {}
-    for source in (info.get("label_names"), info.get("labels"), spec.get("labels")):
-        if isinstance(source, Mapping) and source:
-            labels = [str(k) for k in source]
-            for k, v in source.items():
-                if isinstance(v, Mapping) and isinstance(v.get("fill"), int):
-                    fill[str(k)] = int(v["fill"])
-            break
-        if isinstance(source, list) and source:
-            labels = [str(x["name"]) if isinstance(x, Mapping) else str(x) for x in source]
-            for x in source:
-                if isinstance(x, Mapping) and isinstance(x.get("fill"), int):
-                    fill[str(x["name"])] = int(x["fill"])
-            break
-    raw_pool = info.get("pool")
-    pool: Mapping[str, Any] = raw_pool if isinstance(raw_pool, Mapping) else {}
-    for candidate in (info.get("fill"), pool.get("fill"), info.get("stats"), pool.get("stats")):
-        if isinstance(candidate, Mapping):
-            for k, v in candidate.items():
-                if isinstance(v, int):
-                    fill[str(k)] = v
-                elif isinstance(v, Mapping) and isinstance(v.get("fill"), int):
-                    fill[str(k)] = int(v["fill"])
-    size: tuple[int, int] | None = None
-    holder: Mapping[str, Any]
-    for holder in (info, spec):
-        h = holder.get("output_height") or holder.get("height")
-        w = holder.get("output_width") or holder.get("width")
-        if isinstance(h, int) and isinstance(w, int):
-            size = (h, w)
-            break
-    return labels, fill, size
-
-
-def recipe_status(url: str, recipe: str, *, timeout: float = 10.0) -> RecipeDescription:
-    """Label names, pool fill per label and output size of ``recipe`` on the service at ``url``.
-
-    Raises the client's errors (``NotFoundError`` for an unknown recipe or a service without
-    recipe endpoints, ``TransportError`` when unreachable).
-    """
-    from genaug.client import Client
-
-    with Client(url, client_id="genaug-train", timeout=timeout, retry_deadline=timeout) as client:
-        info = client.recipe(recipe)
-    return _recipe_description(info)
-
-
 # ----------------------------------------------------------------------------- model
 
 
@@ -437,202 +219,6 @@ def build_default_model(num_classes: int, image_shape: tuple[int, int, int]) -> 
         ],
         name="genaug_reference_cnn",
     )
-
-
-# ----------------------------------------------------------------------------- timing
-
-
-class StepTimer:
-    """Measures, per training step, the time spent waiting for input and the whole step.
-
-    :meth:`install` replaces ``model.train_function`` (after Keras built it) by a function
-    that pulls the next distributed batch in Python, timed, and hands it to Keras's own traced
-    ``one_step_on_data`` (Keras's public path for non-``tf.data`` iterators). Everything else
-    in ``fit`` (callbacks, progress bar, ``stop_training``) is unchanged. See the module
-    docstring for why callback timestamps cannot measure input waiting under Keras 3.
-
-    Example::
-
-        timer = StepTimer()
-        timer.install(model)
-        model.fit(ds, epochs=2)
-        timer.wait_share()         # e.g. 0.02
-    """
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-        self.totals: list[float] = []
-
-    def install(self, model: Any) -> None:
-        """Wrap ``model.train_function`` (idempotent for one model)."""
-        model.make_train_function()
-        inner = model.train_function
-        if getattr(inner, "_genaug_timed", False):
-            return
-        waits, totals = self.waits, self.totals
-
-        def timed_train_function(iterator: Any) -> Any:
-            t0 = time.perf_counter()
-            data = next(iterator)  # blocks while the input pipeline is behind
-            t1 = time.perf_counter()
-            # A list is not a tf.data / distributed iterator: Keras runs its traced
-            # one_step_on_data on this one batch.
-            logs = inner([data])
-            t2 = time.perf_counter()
-            waits.append(t1 - t0)
-            totals.append(t2 - t0)
-            return logs
-
-        timed_train_function._genaug_timed = True  # type: ignore[attr-defined]
-        model.train_function = timed_train_function
-
-    def trace(self, model: Any, dataset: Any) -> None:
-        """Trace Keras's ``one_step_on_data`` on one distributed batch of ``dataset`` without
-        running it, so that ``fit`` (through :meth:`install`'s wrapper) reuses this trace and
-        :func:`~genaug.trainer.audit.assert_no_python_ops` can audit it before training."""
-        from genaug.trainer.audit import step_functions
-
-        steps = [
-            fn for fn in step_functions(model)
-            if getattr(getattr(fn, "python_function", None), "__name__", "") == "one_step_on_data"
-        ]
-        if not steps:  # run_eagerly or another Keras layout: the audit traces on its own
-            return
-        import tensorflow as tf
-
-        strategy = model.distribute_strategy
-        per_replica = tf.nest.map_structure(
-            lambda s: tf.TensorSpec(
-                [s.shape[0] // strategy.num_replicas_in_sync, *s.shape[1:]], s.dtype
-            ),
-            dataset.element_spec,
-        )
-        build = getattr(model, "_symbolic_build", None)
-        if build is None:  # another Keras: leave the tracing to fit and the audit
-            return
-        with strategy.scope():
-            # What fit does first (metrics, loss and optimizer state, symbolically), so that
-            # no variable is created inside the trace below.
-            build(data_batch=per_replica)
-        batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
-        steps[0].get_concrete_function(batch)
-
-    def steady(self, skip: int = 1) -> tuple[list[float], list[float]]:
-        """(waits, totals) without the first ``skip`` steps (tracing)."""
-        return self.waits[skip:], self.totals[skip:]
-
-    def wait_share(self, skip: int = 1) -> float | None:
-        """Share of step time spent in ``next()``; ``None`` with no steady-state steps."""
-        waits, totals = self.steady(skip)
-        return sum(waits) / sum(totals) if totals and sum(totals) > 0 else None
-
-    def median_ms(self, skip: int = 1) -> tuple[float | None, float | None]:
-        """(median step, median wait) in milliseconds."""
-        waits, totals = self.steady(skip)
-        if not totals:
-            return None, None
-        return 1000 * statistics.median(totals), 1000 * statistics.median(waits)
-
-
-# ----------------------------------------------------------------------------- NaN guard
-
-
-def _first_non_finite_output(model: Any, x: Any) -> str | None:
-    """The first layer (in ``model.layers`` order) whose output on ``x`` is NaN/Inf."""
-    import keras
-    import numpy as np
-
-    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-    try:
-        inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
-        probe_model = keras.Model(inputs, [layer.output for layer in layers])
-        outputs = probe_model(x, training=False)
-    except Exception:  # noqa: BLE001 - subclassed model: fall back to a sequential walk
-        outputs, value = [], x
-        for layer in layers:
-            value = layer(value, training=False)
-            outputs.append(value)
-    for layer, out in zip(layers, outputs, strict=True):
-        arr = np.asarray(out)
-        if not np.all(np.isfinite(arr)):
-            kind = "NaN" if np.isnan(arr).any() else "Inf"
-            return f"layer {layer.name!r} ({type(layer).__name__}) outputs {kind}"
-    return None
-
-
-def _non_finite_culprits(
-    model: Any, probe: Any, snapshot: list[Any] | None = None, epoch: int = 0
-) -> list[str]:
-    """Where non-finite values are: the probe input; the first non-finite layer output with
-    the weights of the epoch's start (``snapshot``: finite weights, so the layer named is where
-    NaN/Inf *arises*, not where corrupted weights carry it); the weights after the bad step."""
-    import numpy as np
-
-    found: list[str] = []
-    x = np.asarray(probe)
-    if not np.all(np.isfinite(x)):
-        found.append("the input batch itself holds non-finite values")
-    try:
-        after = model.get_weights()
-        if snapshot is not None and all(np.all(np.isfinite(w)) for w in snapshot):
-            model.set_weights(snapshot)
-            try:
-                first = _first_non_finite_output(model, x)
-            finally:
-                model.set_weights(after)
-            if first:
-                found.append(
-                    f"first non-finite layer output on a probe batch with the (finite) weights "
-                    f"of the start of epoch {epoch}: {first}"
-                )
-        if not any("layer output" in f for f in found):
-            first = _first_non_finite_output(model, x)
-            if first:
-                found.append(f"first non-finite layer output on a probe batch: {first}")
-    except Exception as exc:  # noqa: BLE001 - diagnosis must never hide the real error
-        found.append(f"(could not probe layer outputs: {type(exc).__name__}: {exc})")
-    bad = [
-        getattr(w, "path", None) or w.name
-        for w in model.weights
-        if not np.all(np.isfinite(np.asarray(w.numpy())))
-    ]
-    if bad:
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        found.append(f"non-finite weights after that step: {', '.join(bad[:5])}{more}")
-    return found
-
-
-def _make_nan_guard() -> Any:
-    import keras
-
-    class NonFiniteGuard(keras.callbacks.Callback):  # type: ignore[misc]
-        """Stops ``fit`` at the first step whose running loss is NaN or Inf."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.global_step = 0
-            self.epoch = 0
-            self.batch = 0
-            self.tripped: tuple[int, int, int, float] | None = None
-            self.snapshot: list[Any] | None = None
-
-        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            self.epoch = epoch
-            # Once per epoch (a copy of the weights): lets the diagnosis probe with finite
-            # weights and name the layer where NaN/Inf arises.
-            self.snapshot = self.model.get_weights()
-
-        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self.global_step += 1
-            loss = (logs or {}).get("loss")
-            if loss is None or self.tripped is not None:
-                return
-            value = float(loss)
-            if not math.isfinite(value):
-                self.tripped = (self.global_step, self.epoch + 1, batch + 1, value)
-                self.model.stop_training = True
-
-    return NonFiniteGuard()
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -827,7 +413,7 @@ class Trainer:
         if self.model is None:
             self.prepare()
         cfg = self.config
-        guard = _make_nan_guard()
+        guard = nan_guard()
         all_callbacks: list[Any] = [guard]
         if self.feeder is not None:
             all_callbacks.append(self.feeder.callback())
@@ -864,7 +450,7 @@ class Trainer:
         if guard.tripped is not None:
             step, epoch, batch, loss = guard.tripped
             probe = next(iter(self.base_dataset.take(1)))[0]
-            culprits = _non_finite_culprits(self.model, probe, guard.snapshot, epoch)
+            culprits = non_finite_culprits(self.model, probe, guard.snapshot, epoch)
             where = "; ".join(culprits) or "no non-finite weight or layer output found"
             raise NonFiniteLossError(
                 f"loss became {loss} at step {step} (epoch {epoch}, batch {batch}); training "

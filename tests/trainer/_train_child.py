@@ -27,13 +27,12 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 from genaug.demo import free_port, running_service  # noqa: E402
 from genaug.trainer.data import DatasetError, make_demo_dataset, scan_image_folder  # noqa: E402
+from genaug.trainer.instruments import NonFiniteLossError  # noqa: E402
+from genaug.trainer.labels import LabelMapError, match_labels  # noqa: E402
 from genaug.trainer.train import (  # noqa: E402
-    LabelMapError,
-    NonFiniteLossError,
     TrainConfig,
     Trainer,
     add_train_arguments,
-    match_labels,
     run_train,
 )
 

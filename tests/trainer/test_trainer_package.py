@@ -37,3 +37,16 @@ def test_importing_package_and_feeder_imports_neither_tensorflow_nor_torch() -> 
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_importing_train_and_its_modules_imports_neither_tensorflow_nor_torch() -> None:
+    # Devices must be configured before TensorFlow initialises: these import it in functions.
+    code = (
+        "import sys\n"
+        "import genaug.trainer.train, genaug.trainer.devices, genaug.trainer.instruments\n"
+        "import genaug.trainer.labels\n"
+        "heavy = sorted(m for m in ('tensorflow', 'torch', 'keras') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
