@@ -32,7 +32,7 @@ from .result import CheckResult
 
 OPEN = {"/healthz", "/readyz"}
 # "/" is open on purpose: the status page's HTML shell holds no data; its script asks for the
-# key and fetches the data with it (service/api.py OPEN_PATHS).
+# key and fetches the data with it (service/guard.py OPEN_PATHS).
 OPEN_BY_DESIGN = {"/"}
 
 
@@ -158,9 +158,9 @@ def check_auth(model: Any, *, timing_requests: int = 200, workdir: Path | None =
 
 
 def _authenticate() -> Any:
-    from genaug.service import api
+    from genaug.service import guard
 
-    return api.authenticate
+    return guard.authenticate
 
 
 def _timing(client: httpx.Client, key: str, n: int) -> dict[str, float]:

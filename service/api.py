@@ -1,16 +1,14 @@
-"""HTTP routes, authentication, error translation and the body-size guard.
+"""HTTP routes and the one place errors become responses.
 
 Every answer that is not a success has one shape, ``{"error": {"type", "message",
-"field"?}}``; a 422 names the field, the value, the bound and the fix. Nothing a client can
-send produces a 500.
+"field"?}}``; a 422 names the field, the value, the bound and the fix (messages are built in
+:mod:`~genaug.service.errors`). Keys and body size are checked before any of this, by
+:mod:`~genaug.service.guard`. Nothing a client can send produces a 500.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import json
 import logging
 import re
 import time
@@ -24,7 +22,6 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from genaug import __version__
 from genaug.client.wire import (
@@ -38,11 +35,13 @@ from .app import AppState
 from .batcher import Batcher, GroupKey, Item, Job
 from .errors import (
     ApiError,
-    BodyTooLarge,
     DeadlineExceeded,
     InvalidRequest,
-    Unauthorized,
+    describe_validation,
+    error_response,
+    unparseable,
 )
+from .guard import GuardMiddleware
 from .pregen import PoolManager, empty_images, unknown_recipe
 from .schemas import (
     ClientReport,
@@ -64,9 +63,6 @@ from .schemas import (
 
 log = logging.getLogger(__name__)
 
-# The probes, and the status page's HTML shell (it holds no data; its script fetches the
-# data with the key the viewer types in).
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
 STATUS_PAGE = Path(__file__).parent / "static" / "status.html"
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,64}$")
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -94,50 +90,6 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def key_id(key: str) -> str:
-    """A stable, non-secret name for an API key (for fairness and metrics, never the key)."""
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
-
-
-def presented_key(headers: Any) -> str | None:
-    auth = headers.get("authorization")
-    if auth and auth.lower().startswith("bearer "):
-        return str(auth[7:].strip())
-    key = headers.get("x-api-key")
-    return str(key) if key else None
-
-
-def authenticate(state: AppState, headers: Any) -> str | None:
-    """The matching key's id, ``None`` when no keys are configured; raises 401 otherwise.
-
-    Every configured key is compared, in constant time, whatever matches first.
-    """
-    keys = state.settings.api_keys
-    if not keys:
-        return None
-    given = presented_key(headers)
-    if given is None:
-        state.metrics.rejections.labels("auth").inc()
-        raise Unauthorized(
-            "this service requires an API key: send 'Authorization: Bearer <key>' or "
-            "'X-API-Key: <key>' (the service's keys are set by GENAUG_API_KEYS; clients "
-            "read GENAUG_API_KEY)"
-        )
-    matched: str | None = None
-    given_b = given.encode()
-    for key in keys:
-        secret = key.get_secret_value()
-        if hmac.compare_digest(given_b, secret.encode()):
-            matched = key_id(secret)
-    if matched is None:
-        state.metrics.rejections.labels("auth").inc()
-        raise Unauthorized(
-            "the API key sent is not one of this service's keys (GENAUG_API_KEYS); check "
-            "GENAUG_API_KEY on the client"
-        )
-    return matched
-
-
 def client_identity(request: Request, state: StateDep) -> str:
     """Who is asking, for round-robin fairness: the API key's id and/or ``X-Client-Id``."""
     given = request.headers.get("x-client-id")
@@ -159,144 +111,6 @@ def client_identity(request: Request, state: StateDep) -> str:
 
 
 ClientDep = Annotated[str, Depends(client_identity)]
-
-
-# -- middleware -----------------------------------------------------------------------------
-
-
-class GuardMiddleware:
-    """Authentication for every path but the open ones, and a body-size limit before parsing.
-
-    A pure ASGI middleware, so both checks run before FastAPI reads the body. A body without
-    ``Content-Length`` (chunked) is read here up to the limit and replayed to the app; one
-    that goes past the limit gets 413 without being read further.
-    """
-
-    def __init__(self, app: ASGIApp, state: AppState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        limit = self.state.settings.max_body_bytes
-        try:
-            if scope["path"] not in OPEN_PATHS:
-                key = authenticate(self.state, headers)
-                scope.setdefault("state", {})["key_id"] = key
-            length = headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > limit:
-                raise _body_too_large(int(length), limit)
-            if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
-                receive = await _buffered(receive, limit)
-        except ApiError as exc:
-            if isinstance(exc, BodyTooLarge):
-                self.state.metrics.rejections.labels("body_too_large").inc()
-            await _error_response(exc)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-async def _buffered(receive: Receive, limit: int) -> Receive:
-    """Read a body of unknown length up to ``limit``; a receive that replays it."""
-    body = bytearray()
-    first: Message | None = None
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            first = message  # the client left: let the app see that
-            break
-        body += message.get("body", b"")
-        if len(body) > limit:
-            raise _body_too_large(len(body), limit)
-        if not message.get("more_body", False):
-            break
-    replay: Message = first or {"type": "http.request", "body": bytes(body), "more_body": False}
-    sent = False
-
-    async def replaying() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return replay
-        return await receive()
-
-    return replaying
-
-
-def _body_too_large(size: int, limit: int) -> BodyTooLarge:
-    return BodyTooLarge(
-        f"request body of {size} bytes exceeds max_body_bytes {limit}; send a smaller body "
-        "(prompts are limited by GENAUG_MAX_PROMPT_CHARS) or set GENAUG_MAX_BODY_BYTES"
-    )
-
-
-def _error_response(exc: ApiError, *, status: int | None = None) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=status or exc.status, headers=exc.headers)
-
-
-def _unparseable(cause: BaseException) -> str:
-    """Why FastAPI could not read a JSON body, and what to send instead."""
-    detail = f"{type(cause).__name__}: {str(cause)[:120]}"
-    if isinstance(cause, RecursionError):
-        return f"the body's JSON is nested too deeply ({detail}); send a flat JSON object"
-    if isinstance(cause, UnicodeDecodeError):
-        return f"the body is not valid UTF-8 ({detail}); send a UTF-8 encoded JSON object"
-    if "digits" in str(cause):
-        return f"a number in the body has too many digits ({detail}); send numbers in range"
-    return f"the body could not be parsed ({detail}); send a UTF-8 JSON object"
-
-
-# -- validation messages --------------------------------------------------------------------
-
-_HINTS = {
-    "height": "use a multiple of 8 between 8 and max_side (GET /v1/info lists the limits)",
-    "width": "use a multiple of 8 between 8 and max_side (GET /v1/info lists the limits)",
-    "output_height": "use a positive size up to max_side, with output_width",
-    "output_width": "use a positive size up to max_side, with output_height",
-    "n": "ask for 1 to max_n images",
-    "steps": "use 1 to max_steps steps",
-    "guidance": "use a number from 0 to 50",
-    "seed": "use an integer from 0 to 2**63-1, or leave it out for random seeds",
-    "priority": "use 'interactive' or 'bulk'",
-    "timeout_s": "use a positive number of seconds",
-    "prompt": "send a non-empty string",
-    "negative_prompt": "send a string or leave it out",
-}
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def describe_validation(errors: list[Any], allowed: list[str]) -> InvalidRequest:
-    """Turn pydantic's errors into one message naming field, value, bound and fix."""
-    messages: list[str] = []
-    first_field: str | None = None
-    for error in errors[:5]:
-        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
-        name = ".".join(loc)
-        kind = error.get("type", "")
-        if kind == "json_invalid":
-            detail = (error.get("ctx") or {}).get("error", "invalid JSON")
-            messages.append(f"the body is not valid JSON ({detail}); send a JSON object")
-            continue
-        first_field = first_field or name or None
-        if kind == "extra_forbidden":
-            messages.append(f"unknown field {name!r}; remove it (allowed: {', '.join(allowed)})")
-        elif kind == "missing":
-            messages.append(f"{name} is required; {_HINTS.get(name, 'add it')}")
-        elif not name:
-            messages.append(f"the body must be a JSON object: {error.get('msg')}")
-        else:
-            hint = _HINTS.get(name, "see GET /v1/info and /docs for valid values")
-            messages.append(f"{name} = {_short(error.get('input'))}: {error.get('msg')}; {hint}")
-    if len(errors) > 5:
-        messages.append(f"and {len(errors) - 5} more problems")
-    return InvalidRequest("; ".join(messages) or "invalid request", field=first_field)
 
 
 # -- routes ---------------------------------------------------------------------------------
@@ -681,21 +495,21 @@ def install(app: FastAPI, state: AppState) -> None:
         assert isinstance(exc, ApiError)
         if isinstance(exc, InvalidRequest):
             state.metrics.rejections.labels("invalid").inc()
-        return _error_response(exc)
+        return error_response(exc)
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         state.metrics.rejections.labels("invalid").inc()
         route = request.url.path.rsplit("/", 1)[-1]
         fields = allowed.get(route, allowed["generate"])
-        return _error_response(describe_validation(list(exc.errors()), fields))
+        return error_response(describe_validation(list(exc.errors()), fields))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 400 and exc.__cause__ is not None:
             # FastAPI's body reader: the body is not UTF-8 JSON it can parse.
             state.metrics.rejections.labels("invalid").inc()
-            return _error_response(InvalidRequest(_unparseable(exc.__cause__)), status=400)
+            return error_response(InvalidRequest(unparseable(exc.__cause__)), status=400)
         kinds = {404: "not_found", 405: "method_not_allowed"}
         body = {
             "error": {
