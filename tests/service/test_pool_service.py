@@ -278,3 +278,37 @@ def test_recipe_routes_without_recipes_are_404(service: Any, path: str) -> None:
     r = httpx.post(service.url + path, json=body)
     assert r.status_code == 404 and "GENAUG_RECIPES" in r.json()["error"]["message"]
     assert httpx.get(service.url + "/v1/recipes").json() == {"recipes": []}
+
+
+def test_pregenerate_in_process_resumes_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    recipes, db = write_recipe(tmp_path), tmp_path / "pool.db"
+    env = {**os.environ, "GENAUG_RECIPES": str(recipes), "GENAUG_POOL_PATH": str(db),
+           "GENAUG_MAX_BATCH_IMAGES": "2", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "genaug.cli", "pregenerate", "--recipe", "shapes",
+           "--per-label", "400"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not db.exists() or sum(_fill(db).values()) < 6:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "every finished batch is kept" in err
+    kept = _fill(db)
+    assert all(v % 2 == 0 for v in kept.values())  # whole batches of 2
+    with PoolStore(db, capacity_per_label=1000) as store:
+        assert store.integrity_check() == "ok"
+    # resumable: a second run counts what exists and adds only the rest
+    target = max(kept.values()) + 2
+    run = subprocess.run([*cmd[:-1], str(target)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert _fill(db) == {"circle": target, "square": target, "triangle": target}
+
+
+def _fill(db: Path) -> dict[str, int]:
+    with PoolStore(db, capacity_per_label=1000) as store:
+        pools = store.pools()
+        return store.fill(pools[0]) if pools else {}
