@@ -136,13 +136,14 @@ def child_env(threads: int) -> dict[str, str]:
 
 
 def tiny_model(*, batch_invariant: bool = True) -> Any:
-    """The tiny model as the service loads it; ``batch_invariant=False`` swaps in a truly
-    batched build of the same weights (load_model has no switch for it)."""
+    """The tiny model as the service loads it (torch threads untouched: see
+    :func:`pin_threads`); ``batch_invariant=False`` swaps in a truly batched build of the same
+    weights (load_model has no switch for it)."""
     import dataclasses
 
-    from genaug.service.model import load_model
+    from genaug.service.testing import load_tiny
 
-    model = load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
+    model = load_tiny(threads=None)
     if batch_invariant:
         return model
     from genaug.service.tiny import build_tiny_pipeline
@@ -165,20 +166,38 @@ def settings_args(settings: dict[str, Any]) -> list[str]:
     return out
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 180.0) -> None:
-    import httpx
+@contextlib.contextmanager
+def _child(
+    *,
+    threads: int,
+    batch_invariant: bool,
+    settings: dict[str, Any],
+    log_path: Path | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Start one service child on a free loopback port (not yet ready); yield URL and process.
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"service at {url} exited with {proc.returncode} before ready")
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"service at {url} did not become ready within {timeout:g} s")
+    The default pipeline runs through the real CLI (``python -m genaug.service``);
+    ``batch_invariant=False`` runs this module as the entry point instead (same app, a truly
+    batched tiny pipeline).
+    """
+    from genaug.demo import free_port, running_service
+
+    port = free_port()
+    entry: tuple[str, ...] = ("-m", "genaug.service")
+    args = settings_args(settings)
+    if not batch_invariant:
+        entry = (str(Path(__file__).resolve()),)
+        args = ["--batch-invariant", "false", *args]
+    with running_service(
+        port, extra_args=args, env=child_env(threads), log_path=log_path, entry=entry
+    ) as proc:
+        yield f"http://127.0.0.1:{port}", proc
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    from genaug.service.testing import wait_ready
+
+    wait_ready(url, timeout=180.0, alive=lambda: proc.poll() is None, poll_s=0.1)
 
 
 @contextlib.contextmanager
@@ -191,89 +210,30 @@ def service(
 ) -> Iterator[str]:
     """A genaug service in a child process on a free loopback port; yields its URL once ready.
 
-    The default pipeline runs through the real CLI (``python -m genaug.service``, via
-    :func:`genaug.demo.running_service`); ``batch_invariant=False`` runs this module as the
-    entry point instead (same app, a truly batched tiny pipeline).
+    ``batch_invariant=False`` serves a truly batched tiny pipeline (see :func:`_serve_main`).
     """
-    from genaug.demo import free_port, running_service
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = child_env(threads)
-    args = settings_args(settings)
-    if batch_invariant:
-        with running_service(port, extra_args=args, env=env, log_path=log_path) as proc:
-            wait_ready(url, proc)
-            yield url
-        return
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--port",
-        str(port),
-        "--batch-invariant",
-        "false",
-        *args,
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        wait_ready(url, proc)
+    with _child(
+        threads=threads, batch_invariant=batch_invariant, settings=settings, log_path=log_path
+    ) as (url, proc):
+        _wait_ready(url, proc)
         yield url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @contextlib.contextmanager
 def services(specs: dict[str, dict[str, Any]], *, threads: int) -> Iterator[dict[str, str]]:
     """Several services at once (started in parallel); yields name -> URL."""
     with contextlib.ExitStack() as stack:
-        # Enter the contexts lazily in two steps so the children start loading together.
-        from genaug.demo import free_port
-
-        procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+        started: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
         for name, spec in specs.items():
             spec = dict(spec)
             batch_invariant = spec.pop("batch_invariant", True)
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            if batch_invariant:
-                cmd = [sys.executable, "-m", "genaug.service", "--port", str(port)]
-            else:
-                cmd = [
-                    sys.executable,
-                    str(Path(__file__).resolve()),
-                    "--port",
-                    str(port),
-                    "--batch-invariant",
-                    "false",
-                ]
-            proc = subprocess.Popen(
-                [*cmd, *settings_args(spec)],
-                env=child_env(threads),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
+            started[name] = stack.enter_context(
+                _child(threads=threads, batch_invariant=batch_invariant, settings=spec)
             )
-            stack.callback(_stop, proc)
-            procs[name] = (url, proc)
-        for url, proc in procs.values():
-            wait_ready(url, proc)
-        yield {name: url for name, (url, _) in procs.items()}
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # Every child is loading by now; wait for them together.
+        for url, proc in started.values():
+            _wait_ready(url, proc)
+        yield {name: url for name, (url, _) in started.items()}
 
 
 # -- recipes -------------------------------------------------------------------------------
@@ -359,11 +319,12 @@ async def saturate(
 
 
 def _serve_main(argv: Sequence[str]) -> int:
-    import uvicorn
+    """Serve in this process until SIGTERM or SIGINT (the parent's :func:`service` stops it)."""
+    import threading
 
-    from genaug.service.app import create_app
     from genaug.service.runner import configure_logging
     from genaug.service.settings import Settings
+    from genaug.service.testing import start_service
 
     parser = argparse.ArgumentParser(description="genaug service with a bench-only pipeline")
     parser.add_argument("--batch-invariant", choices=["true", "false"], default="true")
@@ -374,14 +335,12 @@ def _serve_main(argv: Sequence[str]) -> int:
         overrides[flag.removeprefix("--").replace("-", "_")] = next(it)
     settings = Settings(**overrides)
     configure_logging(settings.log_level)
-    batch_invariant = known.batch_invariant == "true"
-    app = create_app(settings, loader=lambda _s: tiny_model(batch_invariant=batch_invariant))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=settings.host, port=settings.port, log_level="warning", access_log=False
-        )
-    )
-    server.run()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    model = tiny_model(batch_invariant=known.batch_invariant == "true")
+    with start_service(model, record=False, settings=settings, ready_timeout=180.0):
+        stop.wait()
     return 0
 
 

@@ -43,10 +43,13 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_service(
     port: int, *, extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
-    log_path: Path | None = None,
+    log_path: Path | None = None, entry: Sequence[str] = ("-m", "genaug.service"),
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python -m genaug.service`` as a child process; SIGTERM and wait on exit."""
-    cmd = [sys.executable, "-m", "genaug.service", "--port", str(port), *extra_args]
+    """Run ``python -m genaug.service`` as a child process; SIGTERM and wait on exit.
+
+    ``entry`` replaces ``-m genaug.service`` (a script that takes the same ``--port``).
+    """
+    cmd = [sys.executable, *entry, "--port", str(port), *extra_args]
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env or os.environ.copy())
     try:

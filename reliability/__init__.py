@@ -11,6 +11,7 @@ what was lost). ``python -m reliability`` runs them all and writes ``docs/reliab
                  slow and stalled clients
     hostile.py   schemathesis fuzzing, body size limits, malformed and extreme input
     security.py  API keys, secrets in logs, secure defaults, CORS, pickles, file paths
-    harness.py   in-process and child-process services, gates, log capture, /proc readers
+    harness.py   child-process services, log capture, /proc readers (in-process services:
+                 genaug.service.testing)
     run.py       the runner and the document
 """

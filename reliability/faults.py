@@ -23,7 +23,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from .harness import Live, LogCapture, child_service, inprocess
+from genaug.service.testing import LiveService, start_service
+
+from .harness import LogCapture, child_service
 from .result import CheckResult, ms, percentile
 
 RECIPE = """
@@ -211,7 +213,7 @@ class OOMPipeline:
         return getattr(self.inner, name)
 
 
-def _hold_and_send(live: Live, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+def _hold_and_send(live: LiveService, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
     """Hold the worker, queue ``bodies`` concurrently so they share batches, release."""
     assert live.worker is not None
     live.worker.gate.clear()
@@ -238,7 +240,7 @@ def check_generator_exception(model: Any) -> CheckResult:
     result = CheckResult("Faults", "generator_exception")
     started = time.monotonic()
     with LogCapture(["genaug.service.batcher"], level=logging.ERROR) as logs, \
-            inprocess(model, wrap=RaiseOnMarker, max_batch_images=8, max_wait_ms=20) as live:
+            start_service(model, wrap=RaiseOnMarker, max_batch_images=8, max_wait_ms=20) as live:
         failing = [{"prompt": "boom" if i == 0 else f"mate {i}", **SMALL, "seed": i}
                    for i in range(3)]
         other = [{"prompt": f"other {i}", "height": 64, "width": 64, "steps": 2, "seed": i}
@@ -286,7 +288,7 @@ def check_generator_oom(model: Any) -> CheckResult:
         return generator
 
     with LogCapture(["genaug.service"], level=logging.WARNING) as logs, \
-            inprocess(model, wrap=wrap, max_batch_images=8, max_wait_ms=20) as live:
+            start_service(model, wrap=wrap, max_batch_images=8, max_wait_ms=20) as live:
         pipe = holder["pipe"]
         from genaug.client.wire import decode_batch
 
@@ -339,7 +341,7 @@ def check_disconnects(model: Any, *, count: int = 100, rounds: int = 1) -> Check
     result = CheckResult("Faults", "disconnects")
     started = time.monotonic()
     metric, labels = "genaug_dropped_before_pipeline_total", 'reason="disconnected"'
-    with inprocess(model, max_batch_images=8, max_wait_ms=0, max_queue_images=4096) as live:
+    with start_service(model, max_batch_images=8, max_wait_ms=0, max_queue_images=4096) as live:
         assert live.worker is not None
         url = live.url
         warm = 50
@@ -388,7 +390,9 @@ def check_disconnects(model: Any, *, count: int = 100, rounds: int = 1) -> Check
     return result
 
 
-def _wait_metric(live: Live, name: str, labels: str, target: float, timeout: float = 30) -> float:
+def _wait_metric(
+    live: LiveService, name: str, labels: str, target: float, timeout: float = 30
+) -> float:
     deadline = time.monotonic() + timeout
     value = live.metric(name, labels)
     while value < target and time.monotonic() < deadline:
@@ -397,7 +401,7 @@ def _wait_metric(live: Live, name: str, labels: str, target: float, timeout: flo
     return value
 
 
-async def _disconnecting(url: str, count: int, *, prefix: str, hold: Live) -> None:
+async def _disconnecting(url: str, count: int, *, prefix: str, hold: LiveService) -> None:
     """Hold the worker on a blocker, send ``count`` requests that time out client-side (the
     client closes its connection), wait until the service has dropped them, release."""
     assert hold.worker is not None
@@ -436,8 +440,8 @@ def check_slow_clients(model: Any, *, slow: int = 4, stalled_readers: int = 2,
     close to a run without them."""
     result = CheckResult("Faults", "slow_clients")
     started = time.monotonic()
-    with inprocess(model, gate=False, max_batch_images=8, max_wait_ms=10,
-                   max_queue_images=1024, max_n=64) as live:
+    with start_service(model, record=False, max_batch_images=8, max_wait_ms=10,
+                       max_queue_images=1024, max_n=64) as live:
         url = live.url
         baseline = _normal_traffic(url, seconds=seconds / 2)
         sockets: list[socket.socket] = []

@@ -1,10 +1,10 @@
 """Real services for the checks: uvicorn on 127.0.0.1, in a thread or in a child process.
 
-The in-process form shares one tiny pipeline between services and lets a check wrap the real
-generator (a gate that holds the worker, fault injectors); it mirrors ``start_service`` of
-``tests/conftest.py``, which the runner cannot import. The child-process form
-(:func:`child_service`) is the deployed shape: ``python -m genaug.service``, SIGKILL-able,
-with its own RSS.
+The in-process form is :func:`genaug.service.testing.start_service`: it shares one tiny
+pipeline between services and lets a check wrap the real generator (a gate that holds the
+worker, fault injectors). The child-process form (:func:`child_service`) is the deployed
+shape: ``python -m genaug.service``, SIGKILL-able, with its own RSS. Log capture and the
+/proc readers are here too.
 
 Every wait here is bounded; every start has a stop.
 """
@@ -16,54 +16,14 @@ import logging
 import os
 import signal
 import subprocess
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
+from genaug.service.testing import LOOPBACK, wait_ready
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-LOOPBACK = "127.0.0.1"
-
-
-def load_tiny() -> Any:
-    """The embedded tiny SDXL pipeline on the CPU (one torch thread: the machine is shared)."""
-    import torch
-
-    from genaug.service.model import load_model
-
-    torch.set_num_threads(1)
-    return load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
-
-
-class GateWorker:
-    """Wraps the worker: records every pipeline call; clear ``gate`` to hold the next one."""
-
-    def __init__(self, inner: Any, *, gate_timeout_s: float = 60.0) -> None:
-        self.inner = inner
-        self.calls: list[tuple[Any, list[Any]]] = []
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-        self.lock = threading.Lock()
-        self.gate_timeout_s = gate_timeout_s
-
-    def run(self, key: Any, items: Sequence[Any]) -> Any:
-        self.entered.set()
-        self.gate.wait(timeout=self.gate_timeout_s)
-        with self.lock:
-            self.calls.append((key, list(items)))
-        return self.inner.run(key, items)
-
-    @property
-    def prompts(self) -> list[str]:
-        with self.lock:
-            return [item.prompt for _, items in self.calls for item in items]
 
 
 class LogCapture(logging.Handler):
@@ -101,148 +61,6 @@ class LogCapture(logging.Handler):
             logger = logging.getLogger(name)
             logger.removeHandler(self)
             logger.setLevel(self._levels.get(name, logging.NOTSET))
-
-
-@dataclass
-class Live:
-    """A running in-process service."""
-
-    url: str
-    app: Any
-    worker: GateWorker | None
-    server: Any
-    thread: threading.Thread
-    settings: Any
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def headers(self) -> dict[str, str]:
-        keys = self.settings.api_keys
-        return {"Authorization": f"Bearer {keys[0].get_secret_value()}"} if keys else {}
-
-    def metric(self, name: str, labels: str = "") -> float:
-        return read_metric(self.url, name, labels, headers=self.headers())
-
-    @property
-    def state(self) -> Any:
-        """The app's AppState (batcher, pools), for white-box assertions."""
-        return self.extra["state"]
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-
-def read_metric(url: str, name: str, labels: str = "", *, headers: dict[str, str] | None = None,
-                timeout: float = 5.0) -> float:
-    """One sample from ``/metrics``; 0 when absent."""
-    text = httpx.get(url + "/metrics", headers=headers or {}, timeout=timeout).text
-    target = f"{name}{{{labels}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(target + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def free_port() -> int:
-    from genaug.demo import free_port as _free_port
-
-    return _free_port()
-
-
-def wait_ready(url: str, timeout: float, *, proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"service at {url} exited with {proc.returncode} before ready")
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"service at {url} did not become ready within {timeout} s")
-
-
-def start_inprocess(
-    model: Any,
-    *,
-    wrap: Callable[[Any], Any] | None = None,
-    gate: bool = True,
-    settings: Any = None,
-    uvicorn_log_level: str = "warning",
-    ready_timeout: float = 60,
-    **settings_kwargs: Any,
-) -> Live:
-    """``create_app(Settings(**settings_kwargs))`` under uvicorn on a free loopback port."""
-    import uvicorn
-
-    from genaug.service.app import create_app
-    from genaug.service.settings import Settings
-
-    if settings is None:
-        settings_kwargs.setdefault("port", free_port())
-        settings = Settings(**settings_kwargs)
-    holder: dict[str, Any] = {}
-
-    def wrap_worker(generator: Any) -> Any:
-        holder["generator"] = generator
-        inner = wrap(generator) if wrap else generator
-        holder["wrapped"] = inner
-        if gate:
-            holder["worker"] = GateWorker(inner)
-            return holder["worker"]
-        return inner
-
-    app = create_app(settings, loader=lambda _s: model, wrap_worker=wrap_worker)
-    config = uvicorn.Config(app, host=LOOPBACK, port=settings.port, log_level=uvicorn_log_level,
-                            access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{settings.port}", daemon=True)
-    thread.start()
-    url = f"http://{LOOPBACK}:{settings.port}"
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            try:
-                r = httpx.get(url + "/readyz", timeout=2)
-                if r.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        else:
-            raise RuntimeError(f"in-process service at {url} did not become ready")
-    except BaseException:
-        server.should_exit = True
-        thread.join(timeout=30)
-        raise
-    live = Live(url, app, holder.get("worker"), server, thread, settings)
-    live.extra.update(holder)
-    # The lifespan hands its AppState to requests; the routes module keeps it on the router
-    # closure only, so find it through the middleware stack's GuardMiddleware.
-    live.extra["state"] = _find_state(app)
-    return live
-
-
-def _find_state(app: Any) -> Any:
-    stack = getattr(app, "middleware_stack", None)
-    seen = 0
-    while stack is not None and seen < 20:
-        state = getattr(stack, "state", None)
-        if state is not None and hasattr(state, "batcher"):
-            return state
-        stack = getattr(stack, "app", None)
-        seen += 1
-    return None
-
-
-@contextlib.contextmanager
-def inprocess(model: Any, **kwargs: Any) -> Iterator[Live]:
-    live = start_inprocess(model, **kwargs)
-    try:
-        yield live
-    finally:
-        live.stop()
 
 
 # -- child processes ------------------------------------------------------------------------
@@ -288,13 +106,13 @@ def child_service(
 ) -> Iterator[Child]:
     """``python -m genaug.service --port P *args`` until the block ends (SIGTERM, then SIGKILL
     after 30 s); waits for ``/readyz``."""
-    from genaug.demo import running_service
+    from genaug.demo import free_port, running_service
 
     port = port or free_port()
     with running_service(port, extra_args=list(args), env=env or child_env(),
                          log_path=log_path) as proc:
         child = Child(proc, f"http://{LOOPBACK}:{port}", port, log_path)
-        wait_ready(child.url, ready_timeout, proc=proc)
+        wait_ready(child.url, timeout=ready_timeout, alive=lambda: proc.poll() is None)
         yield child
 
 

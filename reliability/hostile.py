@@ -19,8 +19,9 @@ from typing import Any
 
 import httpx
 
+from genaug.service.testing import start_service
+
 from .faults import RECIPE
-from .harness import inprocess
 from .result import CheckResult
 
 FUZZ_LIMITS: dict[str, Any] = dict(max_n=2, max_side=64, max_steps=2, max_timeout_s=2.0,
@@ -54,8 +55,8 @@ def check_fuzz(model: Any, *, examples: int = 25, workdir: Path | None = None) -
     per_op: dict[str, int] = {}
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         (Path(tmp) / "recipes.yaml").write_text(RECIPE)
-        with inprocess(model, gate=False, recipes=Path(tmp) / "recipes.yaml",
-                       pool_path=Path(tmp) / "pool.db", **FUZZ_LIMITS) as live:
+        with start_service(model, record=False, recipes=Path(tmp) / "recipes.yaml",
+                           pool_path=Path(tmp) / "pool.db", **FUZZ_LIMITS) as live:
             schema = schemathesis.openapi.from_url(live.url + "/openapi.json")
             operations = [r.ok() for r in schema.get_all_operations()]  # type: ignore[union-attr]
             for op in operations:
@@ -175,7 +176,7 @@ def check_size_limits(model: Any) -> CheckResult:
     100000 levels is refused by size by default."""
     result = CheckResult("Hostile input", "size_limits")
     started = time.monotonic()
-    with inprocess(model, gate=False) as live:
+    with start_service(model, record=False) as live:
         port = live.settings.port
         limit = live.settings.max_body_bytes
         # 1. Content-Length: 1 GB, no body sent at all: the answer must not wait for it.
@@ -266,9 +267,9 @@ def check_malformed(model: Any, *, workdir: Path | None = None) -> CheckResult:
     answers: dict[str, tuple[int, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         (Path(tmp) / "recipes.yaml").write_text(RECIPE)
-        with inprocess(model, gate=False, max_body_bytes=1 << 20,
-                       recipes=Path(tmp) / "recipes.yaml", pool_path=Path(tmp) / "pool.db",
-                       pool_capacity_per_label=4) as live:
+        with start_service(model, record=False, max_body_bytes=1 << 20,
+                           recipes=Path(tmp) / "recipes.yaml", pool_path=Path(tmp) / "pool.db",
+                           pool_capacity_per_label=4) as live:
             for case, body, _ in MALFORMED:
                 path = "/v1/generate"
                 if case.startswith("sample:"):

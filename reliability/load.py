@@ -18,7 +18,9 @@ from typing import Any
 
 import httpx
 
-from .harness import child_service, listen_addresses, read_metric, rss_bytes
+from genaug.service.testing import read_metric
+
+from .harness import child_service, listen_addresses, rss_bytes
 from .result import CheckResult, Table, ms, percentile
 
 RECIPE = """

@@ -80,7 +80,7 @@ def checks(sizes: Sizes) -> list[tuple[str, str, Callable[[Any], CheckResult]]]:
 
 
 def run(sizes: Sizes, only: set[str] | None = None) -> list[CheckResult]:
-    from .harness import load_tiny
+    from genaug.service.testing import load_tiny
 
     model = load_tiny()
     results: list[CheckResult] = []

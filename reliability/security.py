@@ -26,8 +26,11 @@ from typing import Any
 
 import httpx
 
+from genaug.demo import free_port
+from genaug.service.testing import start_service
+
 from .faults import RECIPE
-from .harness import LogCapture, child_env, free_port, inprocess, listen_addresses
+from .harness import LogCapture, child_env, listen_addresses
 from .result import CheckResult
 
 OPEN = {"/healthz", "/readyz"}
@@ -49,9 +52,9 @@ def check_auth(model: Any, *, timing_requests: int = 200, workdir: Path | None =
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         (Path(tmp) / "recipes.yaml").write_text(RECIPE)
         with LogCapture(["genaug", "uvicorn", "uvicorn.error", "fastapi"]) as logs, \
-                inprocess(model, gate=False, api_keys=[key, other], uvicorn_log_level="debug",
-                          recipes=Path(tmp) / "recipes.yaml", pool_path=Path(tmp) / "pool.db",
-                          pool_capacity_per_label=2) as live:
+                start_service(model, record=False, api_keys=[key, other], log_level="debug",
+                              recipes=Path(tmp) / "recipes.yaml", pool_path=Path(tmp) / "pool.db",
+                              pool_capacity_per_label=2) as live:
             good = {"Authorization": f"Bearer {key}"}
             spec = httpx.get(live.url + "/openapi.json", headers=good, timeout=10).json()
             operations = [(m.upper(), p) for p, item in spec["paths"].items() for m in item]
@@ -275,14 +278,14 @@ def check_secure_defaults(model: Any, *, workdir: Path | None = None) -> CheckRe
 
         # CORS: none unless configured; present for the configured origin only.
         preflight = {"Origin": "http://evil.test", "Access-Control-Request-Method": "POST"}
-        with inprocess(model, gate=False) as live:
+        with start_service(model, record=False) as live:
             r1 = httpx.options(live.url + "/v1/generate", headers=preflight)
             r2 = httpx.get(live.url + "/healthz", headers={"Origin": "http://evil.test"})
             none = not any(h.lower().startswith("access-control-") for h in
                            [*r1.headers, *r2.headers])
         with _env(**genaug_env, GENAUG_CORS_ORIGINS="http://app.test"):
             configured = Settings(port=free_port())
-        with inprocess(model, gate=False, settings=configured) as live:
+        with start_service(model, record=False, settings=configured) as live:
             ok_pre = httpx.options(live.url + "/v1/generate", headers={
                 **preflight, "Origin": "http://app.test"})
             bad_pre = httpx.options(live.url + "/v1/generate", headers=preflight)
@@ -298,8 +301,8 @@ def check_secure_defaults(model: Any, *, workdir: Path | None = None) -> CheckRe
         # File paths only from settings.
         (tmpdir / "recipes.yaml").write_text(RECIPE)
         (tmpdir / "secret.txt").write_text("TOP-SECRET-CONTENT")
-        with inprocess(model, gate=False, recipes=tmpdir / "recipes.yaml",
-                       pool_path=tmpdir / "pool.db", pool_capacity_per_label=2) as live:
+        with start_service(model, record=False, recipes=tmpdir / "recipes.yaml",
+                           pool_path=tmpdir / "pool.db", pool_capacity_per_label=2) as live:
             attempts = [
                 ("GET", "/v1/recipes/..%2Fsecret.txt"),
                 ("GET", "/v1/recipes/..%2F..%2F..%2F..%2Fetc%2Fpasswd"),

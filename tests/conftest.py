@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from genaug.service.model import LoadedModel
 from genaug.service.testing import LiveService, load_tiny, start_service
+
+if TYPE_CHECKING:
+    from genaug.service.model import LoadedModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

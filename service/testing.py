@@ -1,0 +1,249 @@
+"""Run a genaug service inside your process, for tests and benchmarks.
+
+:func:`start_service` serves ``create_app`` under uvicorn in a daemon thread on 127.0.0.1
+and returns once ``/readyz`` says 200. Every service started this way can share one model
+(:func:`load_tiny` builds the embedded tiny pipeline on the CPU, no download), and the real
+generator is wrapped in a :class:`GateWorker` that records each pipeline call and can hold
+the next one, which is how a test fills the queue deterministically::
+
+    from genaug.service.testing import load_tiny, start_service
+
+    model = load_tiny()
+    with start_service(model, max_batch_images=8) as live:
+        live.worker.gate.clear()  # the next pipeline call waits here
+        ...  # send requests; they queue behind the held call
+        live.worker.gate.set()
+        assert live.metric("genaug_queue_images") == 0
+
+The deployed shape is a child process (``python -m genaug.service``, see
+:func:`genaug.demo.running_service`); :func:`wait_ready` waits for either kind. The service
+itself never imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from .app import AppState
+    from .batcher import GroupKey, Item, Outcome, Worker
+    from .generator import Generator
+    from .model import LoadedModel
+    from .settings import Settings
+
+LOOPBACK = "127.0.0.1"
+
+
+def load_tiny(threads: int | None = 1) -> LoadedModel:
+    """The embedded tiny SDXL pipeline on the CPU, as the service loads it by default.
+
+    ``threads`` sets torch's intra-op thread count (one by default: tests share the machine
+    with the client and the event loops); ``None`` leaves it alone.
+    """
+    import torch
+
+    from .model import load_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
+
+
+class GateWorker:
+    """Wraps the worker: records every pipeline call; clear ``gate`` to hold the next one.
+
+    ``gate`` is set (open) by default. ``entered`` is set as soon as a call reaches the gate,
+    so a test can clear the gate, send one request, wait on ``entered`` and know the worker
+    is held; ``gate_timeout_s`` bounds the hold so a forgotten gate cannot hang a run::
+
+        worker = live.worker
+        worker.gate.clear()
+        ...  # send a request, then:
+        assert worker.entered.wait(10)
+        worker.gate.set()
+        assert worker.prompts == ["a prompt"]
+    """
+
+    def __init__(self, inner: Worker, *, gate_timeout_s: float = 60.0) -> None:
+        self.inner = inner
+        self.calls: list[tuple[GroupKey, list[Item]]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.gate_timeout_s = gate_timeout_s
+        self._lock = threading.Lock()
+
+    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
+        self.entered.set()
+        self.gate.wait(timeout=self.gate_timeout_s)
+        with self._lock:
+            self.calls.append((key, list(items)))
+        return self.inner.run(key, items)
+
+    @property
+    def prompts(self) -> list[str]:
+        """The prompt of every image the pipeline was called for, in call order."""
+        with self._lock:
+            return [item.prompt for _, items in self.calls for item in items]
+
+
+def wait_ready(
+    url: str,
+    *,
+    timeout: float = 60.0,
+    alive: Callable[[], bool] | None = None,
+    poll_s: float = 0.05,
+) -> None:
+    """Poll ``url/readyz`` until it answers 200.
+
+    ``alive`` says whether the server can still become ready (its thread runs, its process
+    has not exited); when it turns false the wait ends at once. Raises ``RuntimeError``.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            raise RuntimeError(f"service at {url} stopped before it became ready")
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(poll_s)
+    raise RuntimeError(f"service at {url} did not become ready within {timeout:g} s")
+
+
+def read_metric(
+    url: str,
+    name: str,
+    labels: str = "",
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+) -> float:
+    """One sample from ``url/metrics``, e.g. ``read_metric(url,
+    "genaug_dropped_before_pipeline_total", 'reason="disconnected"')``; 0 when absent."""
+    text = httpx.get(url + "/metrics", headers=headers or {}, timeout=timeout).text
+    target = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(target + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@dataclass
+class LiveService:
+    """A service running in a thread of this process; made by :func:`start_service`.
+
+    ``worker`` is the :class:`GateWorker` around the generator (``None`` with
+    ``record=False``); ``state`` is the app's ``AppState`` (batcher, pools) for white-box
+    assertions. ``stop()`` (or leaving the ``with`` block) shuts uvicorn down gracefully::
+
+        with start_service(model, api_keys=["k"]) as live:
+            httpx.get(live.url + "/v1/recipes", headers=live.headers())
+    """
+
+    url: str
+    app: FastAPI
+    worker: GateWorker | None
+    settings: Settings
+    state: AppState
+    server: uvicorn.Server = field(repr=False)
+    thread: threading.Thread = field(repr=False)
+
+    def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header for the first configured API key; ``{}`` without keys."""
+        keys = self.settings.api_keys
+        return {"Authorization": f"Bearer {keys[0].get_secret_value()}"} if keys else {}
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample from ``/metrics`` (see :func:`read_metric`); 0 when absent."""
+        return read_metric(self.url, name, labels, headers=self.headers())
+
+    def stop(self) -> None:
+        """Ask uvicorn to shut down (lifespan included) and wait for its thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def __enter__(self) -> LiveService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_service(
+    model: LoadedModel,
+    *,
+    wrap: Callable[[Generator], Worker] | None = None,
+    record: bool = True,
+    settings: Settings | None = None,
+    log_level: str = "warning",
+    ready_timeout: float = 60.0,
+    **settings_kwargs: Any,
+) -> LiveService:
+    """Serve ``create_app(Settings(**settings_kwargs))`` with ``model`` on 127.0.0.1.
+
+    The port is a free one unless ``port=`` is given. ``wrap`` wraps the real generator
+    (fault injection); with ``record`` a :class:`GateWorker` wraps the result. ``settings``
+    replaces ``settings_kwargs`` when a test built its own (from the environment, say).
+    ``log_level`` is uvicorn's. Returns once ``/readyz`` is 200; raises ``RuntimeError``
+    (with the server stopped) when it is not within ``ready_timeout`` seconds.
+    """
+    import uvicorn
+
+    from genaug.demo import free_port
+
+    from .app import create_app
+    from .settings import Settings
+
+    if settings is None:
+        settings_kwargs.setdefault("port", free_port())
+        settings = Settings(**settings_kwargs)
+    elif settings_kwargs:
+        raise TypeError(f"pass settings or settings fields, not both: {sorted(settings_kwargs)}")
+    gate: list[GateWorker] = []
+
+    def wrap_worker(generator: Generator) -> Worker:
+        inner: Worker = wrap(generator) if wrap else generator
+        if not record:
+            return inner
+        gate.append(GateWorker(inner))
+        return gate[0]
+
+    app = create_app(settings, loader=lambda _s: model, wrap_worker=wrap_worker)
+    states: list[AppState] = []
+    app_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        # The app hands its AppState to requests only; keep it for white-box checks.
+        async with app_lifespan(app_) as lifespan_state:
+            assert lifespan_state is not None, "create_app's lifespan yields its state"
+            states.append(lifespan_state["genaug"])
+            yield lifespan_state
+
+    app.router.lifespan_context = lifespan
+    config = uvicorn.Config(
+        app, host=LOOPBACK, port=settings.port, log_level=log_level, access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{settings.port}", daemon=True)
+    thread.start()
+    url = f"http://{LOOPBACK}:{settings.port}"
+    try:
+        wait_ready(url, timeout=ready_timeout, alive=thread.is_alive)
+    except BaseException:
+        server.should_exit = True
+        thread.join(timeout=30)
+        raise
+    return LiveService(url, app, gate[0] if gate else None, settings, states[0], server, thread)
