@@ -8,9 +8,7 @@ returns the JSON it prints.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _tf_env import tf_child_env
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "_tf_child.py"
@@ -28,18 +27,7 @@ TfChild = Callable[[str, float], dict[str, Any]]
 
 
 def _run_tf_child(scenario: str, timeout: float) -> dict[str, Any]:
-    if importlib.util.find_spec("tensorflow") is None:  # checks without importing it here
-        pytest.skip("tensorflow is not installed (pip install 'genaug[trainer]')")
-    env = {
-        **os.environ,
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "CUDA_VISIBLE_DEVICES": "",
-        "KERAS_BACKEND": "tensorflow",
-        "PYTHONUNBUFFERED": "1",
-        # 2 shared cores: keep TensorFlow's thread pools small.
-        "TF_NUM_INTEROP_THREADS": "2",
-        "TF_NUM_INTRAOP_THREADS": "2",
-    }
+    env = tf_child_env()
     t0 = time.monotonic()
     try:
         proc = subprocess.run(

@@ -10,15 +10,14 @@ trainer process never imports torch.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _tf_env import tf_child_env
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "_train_child.py"
@@ -29,17 +28,7 @@ ERRORS_TIMEOUT_S = 90
 
 
 def _run(scenario: str, workdir: Path, timeout: float) -> dict[str, Any]:
-    if importlib.util.find_spec("tensorflow") is None:  # checks without importing it here
-        pytest.skip("tensorflow is not installed (pip install 'genaug[trainer]')")
-    env = {
-        **os.environ,
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "CUDA_VISIBLE_DEVICES": "",
-        "KERAS_BACKEND": "tensorflow",
-        "PYTHONUNBUFFERED": "1",
-        "TF_NUM_INTEROP_THREADS": "2",
-        "TF_NUM_INTRAOP_THREADS": "2",
-    }
+    env = tf_child_env()
     try:
         proc = subprocess.run(
             [sys.executable, str(CHILD), scenario, str(workdir)],
