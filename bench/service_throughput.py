@@ -2,7 +2,7 @@
 
 Service: ``python -m genaug.service`` in a child process, ``max_batch_images=B``; ``clients``
 coroutines of one AsyncClient each ask for ``n=B`` images back to back, so a full batch always
-waits. Direct: ``Generator(load_model(...)).run(key, items)`` in this process at batch size B.
+waits. Direct: ``PipelineWorker(load_model(...)).run(key, items)`` in this process at batch size B.
 Both use the same torch thread count (``--threads``, default 1; see ``_common``). Rounds
 alternate direct / service; the ratio is taken per round, then the median.
 
@@ -47,18 +47,22 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     batches_per_round = 2 if args.quick else 3
 
     from genaug.client import AsyncClient
-    from genaug.service.batcher import GroupKey, Item
-    from genaug.service.generator import Generator
+    from genaug.service.generator import PipelineWorker
+    from genaug.service.work import GroupKey, Item
 
     pin_threads(args.threads)
-    generator = Generator(tiny_model())
-    key = GroupKey(size, size, steps, 5.0, size, size, negative=False)
-    generator.warmup(key)
+    generator = PipelineWorker(tiny_model())
+    key = GroupKey(height=size, width=size, steps=steps)
+    generator.warmup(key, 5.0)
 
     def direct() -> float:
         started = time.perf_counter()
         for b in range(batches_per_round):
-            items = [Item("depth image of a wound", "", 1000 * b + i) for i in range(batch)]
+            items = [
+                Item("depth image of a wound", seed=1000 * b + i, guidance=5.0,
+                     output_height=size, output_width=size)
+                for i in range(batch)
+            ]
             generator.run(key, items)
         return batches_per_round * batch / (time.perf_counter() - started)
 
@@ -92,7 +96,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ratios = [s / d for s, d in zip(values["service"], values["direct"], strict=True)]
     ratio = median(ratios)
     rows = [
-        ["direct (in-process Generator.run)", median(values["direct"]), "1.00", ""],
+        ["direct (in-process PipelineWorker.run)", median(values["direct"]), "1.00", ""],
         [
             f"service ({clients} async clients, n={batch})",
             median(values["service"]),

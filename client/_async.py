@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from ._base import PROBE_TIMEOUT_S, Base, Call, Endpoint, GenerateResult, SampleResult
+from ._base import PROBE_TIMEOUT_S, BaseClient, Call, Endpoint, GenerateResult, SampleResult
 from .errors import GenaugError, TransportError, UnavailableError
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ class AsyncClient:
         timeout: float = 60.0,
         retry_deadline: float = 30.0,
     ) -> None:
-        self._base = Base(
+        self._base = BaseClient(
             url, api_key=api_key, client_id=client_id, timeout=timeout,
             retry_deadline=retry_deadline,
         )

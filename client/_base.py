@@ -156,7 +156,7 @@ class RetryState:
         return delay
 
 
-class Base:
+class BaseClient:
     """Shared, I/O-free state of a client."""
 
     def __init__(

@@ -50,17 +50,17 @@ class LogCapture(logging.Handler):
 
     def __enter__(self) -> LogCapture:
         for name in self.names:
-            logger = logging.getLogger(name)
-            self._levels[name] = logger.level
-            logger.setLevel(min(self.level, logger.getEffectiveLevel()))
-            logger.addHandler(self)
+            target = logging.getLogger(name)
+            self._levels[name] = target.level
+            target.setLevel(min(self.level, target.getEffectiveLevel()))
+            target.addHandler(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for name in self.names:
-            logger = logging.getLogger(name)
-            logger.removeHandler(self)
-            logger.setLevel(self._levels.get(name, logging.NOTSET))
+            target = logging.getLogger(name)
+            target.removeHandler(self)
+            target.setLevel(self._levels.get(name, logging.NOTSET))
 
 
 # -- child processes ------------------------------------------------------------------------

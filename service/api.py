@@ -32,11 +32,11 @@ from genaug.client.wire import (
 )
 
 from .app import AppState
-from .batcher import Batcher, GroupKey, Item, Job
+from .batcher import Batcher, Job
 from .errors import (
     ApiError,
-    DeadlineExceeded,
-    InvalidRequest,
+    DeadlineExceededError,
+    InvalidRequestError,
     describe_validation,
     error_response,
     unparseable,
@@ -60,6 +60,7 @@ from .schemas import (
     StatusResponse,
     check_limits,
 )
+from .work import GroupKey, Item
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def client_identity(request: Request, state: StateDep) -> str:
     """Who is asking, for round-robin fairness: the API key's id and/or ``X-Client-Id``."""
     given = request.headers.get("x-client-id")
     if given is not None and not _CLIENT_ID.match(given):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"X-Client-Id {given[:80]!r} is not 1-64 characters of letters, digits and "
             "'._:@/-'; send a short name such as 'trainer-a'",
             field="X-Client-Id",
@@ -189,21 +190,26 @@ def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[It
     size, steps, guidance = state.defaults()
     height = req.height or size
     width = req.width or size
-    key = GroupKey(
-        height=height,
-        width=width,
-        steps=req.steps or steps,
-        guidance=req.guidance if req.guidance is not None else guidance,
-        output_height=req.output_height or height,
-        output_width=req.output_width or width,
-        negative=req.negative_prompt is not None,
-    )
+    key = GroupKey(height=height, width=width, steps=req.steps or steps)
     if req.seed is not None:
         seeds = [req.seed + i for i in range(req.n)]
     else:
         seeds = [int(s) for s in np.random.default_rng().integers(0, 2**63 - 1, size=req.n)]
-    negative = req.negative_prompt or ""
-    return key, [Item(req.prompt, negative, seed) for seed in seeds]
+    item_guidance = req.guidance if req.guidance is not None else guidance
+    output_height = req.output_height or height
+    output_width = req.output_width or width
+    items = [
+        Item(
+            req.prompt,
+            seed=seed,
+            guidance=item_guidance,
+            output_height=output_height,
+            output_width=output_width,
+            negative_prompt=req.negative_prompt,
+        )
+        for seed in seeds
+    ]
+    return key, items
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -232,7 +238,7 @@ async def wait_for_job(job: Job, batcher: Batcher, request: Request) -> np.ndarr
         batcher.forget(job, "disconnected")
         return None
     batcher.forget(job, "expired")
-    raise DeadlineExceeded(
+    raise DeadlineExceededError(
         f"request {job.id} did not finish within its timeout_s; raise timeout_s, ask for "
         "fewer images, or retry when the queue is shorter"
     )
@@ -279,9 +285,9 @@ async def generate(
                 "height": key.height,
                 "width": key.width,
                 "steps": key.steps,
-                "guidance": key.guidance,
-                "output_height": key.output_height,
-                "output_width": key.output_width,
+                "guidance": items[0].guidance,
+                "output_height": items[0].output_height,
+                "output_width": items[0].output_width,
             },
             "model_hash": state.model.weights_hash if state.model else "",
             "genaug_version": __version__,
@@ -435,12 +441,12 @@ async def sample(name: str, body: SampleRequest, state: StateDep) -> Response:
     pools = _pools_for(state, name)
     limit = state.settings.max_sample_n
     if body.n > limit:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"n {body.n} exceeds max_sample_n {limit}; sample in several calls or set "
             "GENAUG_MAX_SAMPLE_N", field="n",
         )
     if body.wait_s > state.settings.max_timeout_s:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"wait_s {body.wait_s} exceeds max_timeout_s {state.settings.max_timeout_s}; wait "
             "less or set GENAUG_MAX_TIMEOUT_S", field="wait_s",
         )
@@ -493,7 +499,7 @@ def install(app: FastAPI, state: AppState) -> None:
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        if isinstance(exc, InvalidRequest):
+        if isinstance(exc, InvalidRequestError):
             state.metrics.rejections.labels("invalid").inc()
         return error_response(exc)
 
@@ -509,7 +515,7 @@ def install(app: FastAPI, state: AppState) -> None:
         if exc.status_code == 400 and exc.__cause__ is not None:
             # FastAPI's body reader: the body is not UTF-8 JSON it can parse.
             state.metrics.rejections.labels("invalid").inc()
-            return error_response(InvalidRequest(unparseable(exc.__cause__)), status=400)
+            return error_response(InvalidRequestError(unparseable(exc.__cause__)), status=400)
         kinds = {404: "not_found", 405: "method_not_allowed"}
         body = {
             "error": {

@@ -32,22 +32,23 @@ from fastapi_offline import FastAPIOffline
 
 from genaug import __version__
 
-from .batcher import Batcher, GroupKey, Worker
-from .errors import NotReady
+from .batcher import Batcher
+from .errors import NotReadyError
 from .metrics import Metrics
 from .model import LoadedModel, ModelLoadError, load_model, resolve_device, resolve_dtype
 from .pool import PoolStore
 from .pregen import PoolManager, pool_model_hash
 from .recipes import Recipe, load_recipes
 from .settings import Settings
+from .work import GroupKey, Worker
 
 if TYPE_CHECKING:
-    from .generator import Generator
+    from .generator import PipelineWorker
 
 log = logging.getLogger(__name__)
 
 ModelLoader = Callable[[Settings], LoadedModel]
-WorkerWrapper = Callable[["Generator"], Worker]  # tests wrap the generator to inject faults
+WorkerWrapper = Callable[["PipelineWorker"], Worker]  # tests wrap the generator to inject faults
 
 
 def default_loader(settings: Settings) -> LoadedModel:
@@ -86,9 +87,9 @@ class AppState:
 
     def require_batcher(self) -> Batcher:
         if self.load_error is not None:
-            raise NotReady(f"the model failed to load: {self.load_error}")
+            raise NotReadyError(f"the model failed to load: {self.load_error}")
         if not self.ready or self.batcher is None:
-            raise NotReady(
+            raise NotReadyError(
                 "the model is loading or warming up; retry shortly (GET /readyz turns 200 "
                 "when ready)",
                 headers={"Retry-After": "2"},
@@ -98,7 +99,7 @@ class AppState:
     def require_pools(self) -> PoolManager:
         self.require_batcher()
         if self.pools is None:
-            raise NotReady("the recipe pools are not open yet; retry shortly")
+            raise NotReadyError("the recipe pools are not open yet; retry shortly")
         return self.pools
 
 
@@ -137,12 +138,12 @@ def create_app(
     load = loader or default_loader
 
     async def load_and_warm() -> None:
-        from .generator import Generator
+        from .generator import PipelineWorker
 
         try:
             model = await asyncio.to_thread(load, settings)
             state.model = model
-            generator = Generator(model, state.metrics)
+            generator = PipelineWorker(model, state.metrics)
             worker: Worker = wrap_worker(generator) if wrap_worker else generator
             if state.store is not None:
                 state.pools = PoolManager(
@@ -165,9 +166,9 @@ def create_app(
             state.batcher = batcher
             if settings.warmup:
                 size, steps, guidance = state.defaults()
-                key = GroupKey(size, size, steps, guidance, size, size, negative=False)
+                key = GroupKey(height=size, width=size, steps=steps)
                 started = time.monotonic()
-                await batcher.run_in_worker(lambda: generator.warmup(key))
+                await batcher.run_in_worker(lambda: generator.warmup(key, guidance))
                 log.info("warm-up done in %.2f s", time.monotonic() - started)
             state.ready = True
             log.info(

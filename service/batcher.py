@@ -17,7 +17,7 @@ Scheduling, in order:
    the queue and closes at ``max_batch_images`` or when its oldest image has waited
    ``max_wait_ms``. A request larger than a batch is split and reassembled.
 4. **Admission.** Over ``max_queue_images`` waiting images a request is refused
-   (:class:`QueueFull`, 429 with ``Retry-After``). A request whose deadline passed or whose
+   (:class:`QueueFullError`, 429 with ``Retry-After``). A request whose deadline passed or whose
    client went away is dropped before any more of its images reach the pipeline.
 
 Example::
@@ -39,15 +39,16 @@ import math
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from .errors import DeadlineExceeded, GenerationFailed, QueueFull, ShuttingDown
+from .errors import DeadlineExceededError, GenerationFailedError, QueueFullError, ShuttingDownError
 from .metrics import Metrics
+from .work import GroupKey, IdleSource, IdleWork, Item, Outcome, Worker
 
 log = logging.getLogger(__name__)
 
@@ -57,68 +58,7 @@ HISTORY_S = 600.0
 RECENT_IMAGES = 16
 RECENT_SIDE = 128
 PRIORITIES: tuple[Priority, ...] = ("interactive", "bulk")
-
-
-@dataclass(frozen=True)
-class GroupKey:
-    """Pipeline arguments that must be equal for every image of one pipeline call.
-
-    ``negative`` is part of the key because SDXL encodes "no negative prompt" as zeros but
-    an empty one as text: mixing the two in one call would make an image depend on its
-    batch mates.
-    """
-
-    height: int
-    width: int
-    steps: int
-    guidance: float
-    output_height: int
-    output_width: int
-    negative: bool
-
-
-@dataclass(frozen=True)
-class Item:
-    """One image to make."""
-
-    prompt: str
-    negative_prompt: str
-    seed: int
-
-
-@dataclass
-class Outcome:
-    """What the worker made of one batch: images for all items, and the ones that failed.
-
-    ``errors`` maps an item's index to a message; those items' rows in ``images`` are
-    undefined and never served.
-    """
-
-    images: np.ndarray
-    errors: dict[int, str] = field(default_factory=dict)
-
-
-class Worker(Protocol):
-    """The one thing that calls the pipeline. Runs in the batcher's worker thread."""
-
-    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome: ...
-
-
-@dataclass
-class IdleWork:
-    """A batch the worker may run when no request waits (pool pre-generation)."""
-
-    key: GroupKey
-    items: list[Item]
-    # Called with the outcome in the batcher's store thread (in order), while the worker
-    # already makes the next batch.
-    on_done: Callable[[Outcome], None]
-
-
-class IdleSource(Protocol):
-    """Supplies background batches; ``None`` when there is nothing to do (never spin)."""
-
-    def next_idle_batch(self, max_images: int) -> IdleWork | None: ...
+SHUTTING_DOWN = "the service is shutting down; retry on a replica"
 
 
 @dataclass
@@ -184,7 +124,7 @@ class Job:
             self._future.cancel()
 
     async def result(self) -> np.ndarray:
-        """The images, ``uint8 [n, h, w, 3]``, once every part has been generated."""
+        """The images, ``uint8 [n, h, w, c]``, once every part has been generated."""
         return await asyncio.shield(self._future)
 
     def _fail(self, error: BaseException) -> None:
@@ -193,12 +133,13 @@ class Job:
             # The exception is delivered through result(); don't warn if nobody awaits it.
             self._future.exception()
 
-    def _deliver(self, start: int, images: np.ndarray) -> None:
+    def _deliver(self, start: int, images: list[np.ndarray]) -> None:
         if self._future.done():
             return
         if self.images is None:
-            self.images = np.empty((self.n, *images.shape[1:]), dtype=np.uint8)
-        self.images[start : start + len(images)] = images
+            self.images = np.empty((self.n, *images[0].shape), dtype=np.uint8)
+        for offset, image in enumerate(images):
+            self.images[start + offset] = image
         self.done_count += len(images)
         if self.done_count == self.n:
             self._future.set_result(self.images)
@@ -287,7 +228,7 @@ class Batcher:
         for queues in self._queues.values():
             for fifo in queues.values():
                 for job in fifo:
-                    job._fail(ShuttingDown("the service is shutting down; retry on a replica"))
+                    job._fail(ShuttingDownError(SHUTTING_DOWN))
             queues.clear()
         self._queued_images = 0
         self._update_gauges()
@@ -337,16 +278,16 @@ class Batcher:
         priority: Priority,
         timeout_s: float,
     ) -> Job:
-        """Admit a request or raise :class:`QueueFull`. Never blocks."""
+        """Admit a request or raise :class:`QueueFullError`. Never blocks."""
         if self._stopping:
-            raise ShuttingDown("the service is shutting down; retry on a replica")
+            raise ShuttingDownError(SHUTTING_DOWN)
         n = len(items)
         stats = self.clients.setdefault(client, ClientStats())
         if self._queued_images + n > self.max_queue_images:
             self.metrics.rejections.labels("queue_full").inc()
             stats.rejected += 1
             retry = self.retry_after_s()
-            raise QueueFull(
+            raise QueueFullError(
                 f"queue holds {self._queued_images} images; {n} more would exceed "
                 f"max_queue_images {self.max_queue_images}; retry after {retry} s, ask for "
                 "fewer images, or set GENAUG_MAX_QUEUE_IMAGES",
@@ -403,7 +344,7 @@ class Batcher:
                             self.clients.setdefault(job.client, ClientStats()).dropped += 1
                         job.next_index = job.n
                         job._fail(
-                            DeadlineExceeded(
+                            DeadlineExceededError(
                                 f"request {job.id} waited past its deadline; raise timeout_s "
                                 "or send fewer images at once"
                             )
@@ -519,10 +460,12 @@ class Batcher:
             outcome: Outcome = await loop.run_in_executor(
                 self._executor, self.worker.run, work.key, work.items
             )
-        except Exception:
+        except Exception as exc:
             error_id = uuid.uuid4().hex[:12]
             log.exception("pre-generation batch failed (error id %s)", error_id)
             self.metrics.batch_failures.labels("exception").inc()
+            if work.on_failed is not None:
+                work.on_failed(exc)
             return
         finally:
             self.busy = False
@@ -548,7 +491,7 @@ class Batcher:
         except asyncio.CancelledError:
             # stop() during this batch: its callers hear now, not at their deadlines.
             for part in batch.parts:
-                part.job._fail(ShuttingDown("the service is shutting down; retry on a replica"))
+                part.job._fail(ShuttingDownError(SHUTTING_DOWN))
             raise
         except Exception as exc:
             error_id = uuid.uuid4().hex[:12]
@@ -562,7 +505,7 @@ class Batcher:
             for part in batch.parts:
                 self.clients.setdefault(part.job.client, ClientStats()).failed += 1
                 part.job._fail(
-                    GenerationFailed(
+                    GenerationFailedError(
                         f"generation failed for this request's batch ({type(exc).__name__}); "
                         f"error id {error_id} is in the service log; retrying may succeed",
                         error_id=error_id,
@@ -590,7 +533,7 @@ class Batcher:
                     outcome.errors[failed[0]],
                 )
                 part.job._fail(
-                    GenerationFailed(
+                    GenerationFailedError(
                         f"{len(failed)} of this request's images could not be generated: "
                         f"{outcome.errors[failed[0]]} (error id {error_id})",
                         error_id=error_id,
@@ -617,8 +560,7 @@ class Batcher:
 
     def _remember(self, outcome: Outcome) -> None:
         """Keep the latest servable images for the status page (never failed ones)."""
-        good = [i for i in range(len(outcome.images)) if i not in outcome.errors]
-        for i in good[-RECENT_IMAGES:]:
+        for i in outcome.good()[-RECENT_IMAGES:]:
             image = outcome.images[i]
             step = max(1, -(-max(image.shape[:2]) // RECENT_SIDE))  # thumbnails, not 1024² PNGs
             self.recent.append(np.ascontiguousarray(image[::step, ::step]))

@@ -41,49 +41,49 @@ class ApiError(Exception):
         return {"error": error}
 
 
-class InvalidRequest(ApiError):
+class InvalidRequestError(ApiError):
     status = 422
     error_type = "invalid_request"
 
 
-class Unauthorized(ApiError):
+class UnauthorizedError(ApiError):
     status = 401
     error_type = "unauthorized"
 
 
-class NotFound(ApiError):
+class NotFoundError(ApiError):
     status = 404
     error_type = "not_found"
 
 
-class BodyTooLarge(ApiError):
+class BodyTooLargeError(ApiError):
     status = 413
     error_type = "body_too_large"
 
 
-class QueueFull(ApiError):
+class QueueFullError(ApiError):
     status = 429
     error_type = "queue_full"
 
 
-class NotReady(ApiError):
+class NotReadyError(ApiError):
     status = 503
     error_type = "not_ready"
 
 
-class GenerationFailed(ApiError):
+class GenerationFailedError(ApiError):
     """The pipeline failed for this request's batch; ``error_id`` is also in the log."""
 
     status = 503
     error_type = "generation_failed"
 
 
-class ShuttingDown(ApiError):
+class ShuttingDownError(ApiError):
     status = 503
     error_type = "shutting_down"
 
 
-class DeadlineExceeded(ApiError):
+class DeadlineExceededError(ApiError):
     status = 504
     error_type = "deadline_exceeded"
 
@@ -128,7 +128,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def describe_validation(errors: list[Any], allowed: list[str]) -> InvalidRequest:
+def describe_validation(errors: list[Any], allowed: list[str]) -> InvalidRequestError:
     """Turn pydantic's errors into one message naming field, value, bound and fix."""
     messages: list[str] = []
     first_field: str | None = None
@@ -152,4 +152,4 @@ def describe_validation(errors: list[Any], allowed: list[str]) -> InvalidRequest
             messages.append(f"{name} = {_short(error.get('input'))}: {error.get('msg')}; {hint}")
     if len(errors) > 5:
         messages.append(f"and {len(errors) - 5} more problems")
-    return InvalidRequest("; ".join(messages) or "invalid request", field=first_field)
+    return InvalidRequestError("; ".join(messages) or "invalid request", field=first_field)

@@ -1,6 +1,6 @@
 """The diffusers side: turns one batch of items into uint8 images. Nothing else touches torch.
 
-:class:`Generator` is the batcher's :class:`~genaug.service.batcher.Worker`. It is called from
+:class:`PipelineWorker` is the batcher's :class:`~genaug.service.work.Worker`. It is called from
 one thread only, and it is where the per-image guarantees are kept:
 
 - **Seeds.** Each image gets its own ``torch.Generator``, so image ``i`` depends on its seed
@@ -11,7 +11,10 @@ one thread only, and it is where the per-image guarantees are kept:
   non-finite latents fail only their own items. No such image is ever served.
 - **Out of memory.** The batch is halved and retried; only an image that cannot run alone
   fails.
-- **Output size.** Antialiased resize on the device, then uint8 NHWC on the host.
+- **Per-image arguments.** Guidance and the presence of a negative prompt may differ within
+  a batch: images that share them share one pipeline call (a batch is split into at most
+  that many calls). Output size and channels (RGB or luminance) are applied per image.
+- **Output size.** Antialiased resize on the device, then uint8 HWC on the host.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batcher import GroupKey, Item, Outcome
 from .metrics import Metrics
 from .model import LoadedModel
+from .work import GroupKey, Item, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +40,17 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-class Generator:
+class PipelineWorker:
     """Runs batches on one loaded SDXL pipeline.
 
     Example::
 
-        gen = Generator(load_model(source=None, unet_weights=None, device="cpu", dtype="auto"))
-        key = GroupKey(64, 64, 4, 5.0, 64, 64, negative=False)
-        out = gen.run(key, [Item("a red circle", "", seed=1)])
-        out.images.shape  # (1, 64, 64, 3)
+        worker = PipelineWorker(load_model(source=None, unet_weights=None, device="cpu",
+                                           dtype="auto"))
+        key = GroupKey(height=64, width=64, steps=4)
+        item = Item("a red circle", seed=1, guidance=5.0, output_height=64, output_width=64)
+        out = worker.run(key, [item])
+        out.images[0].shape  # (64, 64, 3)
     """
 
     def __init__(self, model: LoadedModel, metrics: Metrics | None = None) -> None:
@@ -74,6 +79,7 @@ class Generator:
     # -- internals ---------------------------------------------------------------------------
 
     def _run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
+        _check_supported(key)
         try:
             latents = self._denoise(key, items)
         except Exception as exc:
@@ -82,7 +88,7 @@ class Generator:
             if len(items) == 1:
                 log.error("out of memory generating one %dx%d image", key.height, key.width)
                 return Outcome(
-                    images=np.zeros((1, key.output_height, key.output_width, 3), np.uint8),
+                    images=[np.zeros(items[0].output_shape, np.uint8)],
                     errors={
                         0: f"out of memory for one {key.height}x{key.width} image on "
                         f"{self.device}; request a smaller size or free device memory"
@@ -98,17 +104,33 @@ class Generator:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return _concat(self._run(key, items[:half]), self._run(key, items[half:]), half)
-        return self._decode(key, latents)
+        return self._decode(items, latents)
 
     def _denoise(self, key: GroupKey, items: Sequence[Item]) -> torch.Tensor:
+        """Latents of every item, in order: one pipeline call per (guidance, negative prompt
+        given or not) among them, since the pipeline takes one guidance scale per call."""
+        latents: list[torch.Tensor | None] = [None] * len(items)
+        groups: dict[tuple[float, bool], list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault((item.guidance, item.negative_prompt is not None), []).append(i)
+        for (guidance, negative), indices in groups.items():
+            part = [items[i] for i in indices]
+            out = self._pipeline_call(key, part, guidance=guidance, negative=negative)
+            for i, row in zip(indices, out, strict=True):
+                latents[i] = row
+        return torch.stack([row for row in latents if row is not None])
+
+    def _pipeline_call(
+        self, key: GroupKey, items: Sequence[Item], *, guidance: float, negative: bool
+    ) -> torch.Tensor:
         generators = [torch.Generator(device=self.device).manual_seed(item.seed) for item in items]
         output = self.pipe(
             prompt=[item.prompt for item in items],
-            negative_prompt=[item.negative_prompt for item in items] if key.negative else None,
+            negative_prompt=[item.negative_prompt or "" for item in items] if negative else None,
             height=key.height,
             width=key.width,
             num_inference_steps=key.steps,
-            guidance_scale=key.guidance,
+            guidance_scale=guidance,
             generator=generators,
             output_type="latent",
             return_dict=True,
@@ -142,7 +164,7 @@ class Generator:
             self.pipe.vae.to(dtype=torch.float32)
         self.vae_upcast = True
 
-    def _decode(self, key: GroupKey, latents: torch.Tensor) -> Outcome:
+    def _decode(self, items: Sequence[Item], latents: torch.Tensor) -> Outcome:
         n = latents.shape[0]
         errors: dict[int, str] = {}
         finite_latents = torch.isfinite(latents.flatten(1)).all(dim=1)
@@ -163,25 +185,51 @@ class Generator:
                 self.metrics.nonfinite_images.inc(len(errors))
             pixels = torch.nan_to_num(pixels, nan=0.0, posinf=0.0, neginf=0.0)
         images = (pixels / 2 + 0.5).clamp(0, 1)
-        if (key.output_height, key.output_width) != (key.height, key.width):
-            images = F.interpolate(
-                images,
-                size=(key.output_height, key.output_width),
-                mode="bilinear",
-                antialias=True,
-                align_corners=False,
-            ).clamp(0, 1)
-        as_uint8 = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
-        out = as_uint8.cpu().numpy()
-        assert out.shape[0] == n
+        out = [_finish(images[i : i + 1], item) for i, item in enumerate(items)]
+        assert len(out) == n
         return Outcome(images=out, errors=errors)
 
-    def warmup(self, key: GroupKey) -> None:
+    def warmup(self, key: GroupKey, guidance: float) -> None:
         """One small batch so the first request does not pay for lazy initialisation."""
-        self.run(key, [Item("warm-up", "", 0)])
+        item = Item("warm-up", seed=0, guidance=guidance, output_height=key.height,
+                    output_width=key.width)
+        self.run(key, [item])
+
+
+# RGB -> luminance weights (ITU-R BT.601, as PIL's "L" mode), for one-channel outputs.
+_LUMA = (0.299, 0.587, 0.114)
+
+
+def _finish(image: torch.Tensor, item: Item) -> np.ndarray:
+    """One image in [0, 1], ``[1, 3, h, w]`` -> uint8 ``item.output_shape`` on the host."""
+    if tuple(image.shape[2:]) != (item.output_height, item.output_width):
+        image = F.interpolate(
+            image,
+            size=(item.output_height, item.output_width),
+            mode="bilinear",
+            antialias=True,
+            align_corners=False,
+        ).clamp(0, 1)
+    if item.channels == 1:
+        weights = torch.tensor(_LUMA, dtype=image.dtype, device=image.device).view(1, 3, 1, 1)
+        image = (image * weights).sum(dim=1, keepdim=True)
+    as_uint8 = (image[0] * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
+    out: np.ndarray = as_uint8.cpu().numpy()
+    return out
+
+
+def _check_supported(key: GroupKey) -> None:
+    unsupported = {
+        "mode": key.mode != "text",
+        "adapter": key.adapter is not None,
+        "scheduler": key.scheduler != "default",
+    }
+    missing = [name for name, flag in unsupported.items() if flag]
+    if missing:
+        raise ValueError(f"this worker does not support {', '.join(missing)} yet: {key}")
 
 
 def _concat(a: Outcome, b: Outcome, offset: int) -> Outcome:
     errors = dict(a.errors)
     errors.update({i + offset: msg for i, msg in b.errors.items()})
-    return Outcome(images=np.concatenate([a.images, b.images]), errors=errors)
+    return Outcome(images=[*a.images, *b.images], errors=errors)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, BodyTooLarge, Unauthorized, error_response
+from .errors import ApiError, BodyTooLargeError, UnauthorizedError, error_response
 
 if TYPE_CHECKING:
     from .app import AppState
@@ -46,7 +46,7 @@ def authenticate(state: AppState, headers: Any) -> str | None:
     given = presented_key(headers)
     if given is None:
         state.metrics.rejections.labels("auth").inc()
-        raise Unauthorized(
+        raise UnauthorizedError(
             "this service requires an API key: send 'Authorization: Bearer <key>' or "
             "'X-API-Key: <key>' (the service's keys are set by GENAUG_API_KEYS; clients "
             "read GENAUG_API_KEY)"
@@ -59,7 +59,7 @@ def authenticate(state: AppState, headers: Any) -> str | None:
             matched = key_id(secret)
     if matched is None:
         state.metrics.rejections.labels("auth").inc()
-        raise Unauthorized(
+        raise UnauthorizedError(
             "the API key sent is not one of this service's keys (GENAUG_API_KEYS); check "
             "GENAUG_API_KEY on the client"
         )
@@ -94,7 +94,7 @@ class GuardMiddleware:
             if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
                 receive = await _buffered(receive, limit)
         except ApiError as exc:
-            if isinstance(exc, BodyTooLarge):
+            if isinstance(exc, BodyTooLargeError):
                 self.state.metrics.rejections.labels("body_too_large").inc()
             await error_response(exc)(scope, receive, send)
             return
@@ -128,8 +128,8 @@ async def _buffered(receive: Receive, limit: int) -> Receive:
     return replaying
 
 
-def _body_too_large(size: int, limit: int) -> BodyTooLarge:
-    return BodyTooLarge(
+def _body_too_large(size: int, limit: int) -> BodyTooLargeError:
+    return BodyTooLargeError(
         f"request body of {size} bytes exceeds max_body_bytes {limit}; send a smaller body "
         "(prompts are limited by GENAUG_MAX_PROMPT_CHARS) or set GENAUG_MAX_BODY_BYTES"
     )

@@ -45,7 +45,7 @@ __all__ = [
     "resolve_dtype",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -237,7 +237,7 @@ def load_model(
         ) from exc
     pipeline.set_progress_bar_config(disable=True)
     weights_hash = hasher.hexdigest()
-    logger.info(
+    log.info(
         "loaded %s model from %s on %s as %s (weights %s)",
         kind,
         source_name,

@@ -49,7 +49,7 @@ import numpy.typing as npt
 
 __all__ = ["LabelStats", "PoolError", "PoolSample", "PoolStore", "choose_label"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 _CHUNK = 500  # ids per "IN (...)" clause: far below SQLITE_MAX_VARIABLE_NUMBER
@@ -249,7 +249,7 @@ class PoolStore:
             try:
                 conn.close()
             except sqlite3.Error:  # pragma: no cover - best effort at shutdown
-                logger.warning("error closing pool connection to %s", self.path, exc_info=True)
+                log.warning("error closing pool connection to %s", self.path, exc_info=True)
 
     def __enter__(self) -> PoolStore:
         return self
@@ -307,7 +307,7 @@ class PoolStore:
             )
             evicted = self._evict(conn, pool_id, label)
         if evicted:
-            logger.debug("pool %s label %s: evicted %d most-served", pool_id, label, evicted)
+            log.debug("pool %s label %s: evicted %d most-served", pool_id, label, evicted)
         return evicted
 
     def _evict(self, conn: sqlite3.Connection, pool_id: str, label: str) -> int:

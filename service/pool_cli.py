@@ -77,7 +77,7 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
 
 
 def _pregenerate_local(args: argparse.Namespace) -> int:
-    from .generator import Generator
+    from .generator import PipelineWorker
     from .model import load_model
     from .pool import PoolStore
     from .pregen import PoolManager, pool_model_hash
@@ -99,7 +99,7 @@ def _pregenerate_local(args: argparse.Namespace) -> int:
     model = load_model(source=settings.model, unet_weights=settings.unet_weights,
                        device=settings.device, dtype=settings.dtype,
                        single_file_config=settings.single_file_config)
-    generator = Generator(model)
+    generator = PipelineWorker(model)
     store = PoolStore(args.pool_path or settings.pool_path, capacity_per_label=capacity)
     recipe = recipes[args.recipe]
     manager = PoolManager({args.recipe: recipe}, store, model_hash=pool_model_hash(model),

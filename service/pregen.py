@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from .batcher import Batcher, GroupKey, IdleWork, Item, Outcome
-from .errors import InvalidRequest, NotFound
+from .batcher import Batcher
+from .errors import InvalidRequestError, NotFoundError
 from .model import LoadedModel
 from .pool import PoolSample, PoolStore, choose_label
 from .recipes import Recipe, pool_id
+from .work import GroupKey, IdleWork, Item, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class PoolManager:
         wanted = [labels] if isinstance(labels, str) else list(labels)
         unknown = [label for label in wanted if label not in recipe.labels]
         if unknown or not wanted:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"labels {wanted!r}: recipe {recipe.name!r} has no label "
                 f"{', '.join(map(repr, unknown)) or '(empty list)'}; use some of "
                 f"{recipe.label_names} or leave labels out for all",
@@ -158,29 +159,30 @@ class PoolManager:
         with self._lock:
             self._unstored[(name, label)] = self._unstored.get((name, label), 0) + count
         plan = recipe.plan_batch(label, start, count)
-        spec = recipe.labels[label]
         out_h, out_w = recipe.output_size
-        key = GroupKey(
-            height=recipe.height,
-            width=recipe.width,
-            steps=recipe.steps,
-            guidance=recipe.guidance,
-            output_height=out_h,
-            output_width=out_w,
-            negative=spec.negative_prompt is not None,
-        )
-        items = [Item(p.prompt, p.negative_prompt or "", p.seed) for p in plan]
+        key = GroupKey(height=recipe.height, width=recipe.width, steps=recipe.steps)
+        items = [
+            Item(
+                p.prompt,
+                seed=p.seed,
+                guidance=recipe.guidance,
+                output_height=out_h,
+                output_width=out_w,
+                negative_prompt=p.negative_prompt,
+            )
+            for p in plan
+        ]
 
         def on_done(outcome: Outcome) -> None:
-            ok = [i for i in range(len(items)) if i not in outcome.errors]
+            ok = outcome.good()
             if outcome.errors:
                 log.warning("pre-generation: %d of %d images of %s/%s failed: %s",
                             len(outcome.errors), len(items), name, label,
                             next(iter(outcome.errors.values())))
             try:
                 self.store.add(
-                    pid, label, outcome.images[ok], [items[i].seed for i in ok],
-                    model_hash=self.model_hash,
+                    pid, label, stack_images([outcome.images[i] for i in ok], out_h, out_w),
+                    [items[i].seed for i in ok], model_hash=self.model_hash,
                 )
             finally:
                 with self._lock:
@@ -206,7 +208,7 @@ class PoolManager:
         """Fill ``name``'s labels to at least ``per_label`` images (``genaug pregenerate``)."""
         capacity = self.store.capacity_per_label
         if per_label > capacity:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"per_label {per_label} exceeds the pool capacity per label {capacity}; ask "
                 "for fewer or set GENAUG_POOL_CAPACITY_PER_LABEL",
                 field="per_label",
@@ -299,9 +301,9 @@ class PoolManager:
         }
 
 
-def unknown_recipe(name: str, recipes: dict[str, Recipe]) -> NotFound:
+def unknown_recipe(name: str, recipes: dict[str, Recipe]) -> NotFoundError:
     known = ", ".join(sorted(recipes)) or "none (set GENAUG_RECIPES)"
-    return NotFound(f"no recipe named {name[:80]!r}; this service has: {known}")
+    return NotFoundError(f"no recipe named {name[:80]!r}; this service has: {known}")
 
 
 def pool_model_hash(model: LoadedModel) -> str:
@@ -312,3 +314,12 @@ def pool_model_hash(model: LoadedModel) -> str:
 def empty_images(recipe: Recipe) -> np.ndarray:
     h, w = recipe.output_size
     return np.zeros((0, h, w, 3), np.uint8)
+
+
+def stack_images(
+    images: list[np.ndarray], height: int, width: int, channels: int = 3
+) -> np.ndarray:
+    """``images`` as one uint8 ``[n, height, width, channels]`` array (also when empty)."""
+    if not images:
+        return np.zeros((0, height, width, channels), np.uint8)
+    return np.stack(images)

@@ -64,7 +64,7 @@ __all__ = [
     "pool_id",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning of a spec or of :meth:`Recipe.plan` changes, so pools made
 #: under the old meaning are never continued under the new one.
@@ -460,5 +460,5 @@ def load_recipes(path: Path) -> dict[str, Recipe]:
     except (OSError, UnicodeDecodeError) as exc:
         raise RecipeError(path, [f"{path}: cannot read the file: {exc}"]) from None
     recipes = parse_recipes(text, path=path, fmt="json" if suffix == ".json" else "yaml")
-    logger.info("loaded %d recipe(s) from %s: %s", len(recipes), path, ", ".join(recipes))
+    log.info("loaded %d recipe(s) from %s: %s", len(recipes), path, ", ".join(recipes))
     return recipes

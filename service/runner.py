@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-log = logging.getLogger("genaug.service")
+log = logging.getLogger(__name__)
 
 
 def configure_logging(level: str) -> None:

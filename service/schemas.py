@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import InvalidRequest
+from .errors import InvalidRequestError
 from .settings import Settings
 
 Priority = Literal["interactive", "bulk"]
@@ -68,21 +68,21 @@ class GenerateRequest(BaseModel):
 
 
 def check_limits(req: GenerateRequest, settings: Settings) -> None:
-    """Raise :class:`InvalidRequest` when ``req`` exceeds a bound the operator configured."""
+    """Raise :class:`InvalidRequestError` when ``req`` exceeds a bound the operator configured."""
     if len(req.prompt) > settings.max_prompt_chars:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"prompt has {len(req.prompt)} characters, over max_prompt_chars "
             f"{settings.max_prompt_chars}; shorten it or set GENAUG_MAX_PROMPT_CHARS",
             field="prompt",
         )
     if req.negative_prompt is not None and len(req.negative_prompt) > settings.max_prompt_chars:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"negative_prompt has {len(req.negative_prompt)} characters, over max_prompt_chars "
             f"{settings.max_prompt_chars}; shorten it or set GENAUG_MAX_PROMPT_CHARS",
             field="negative_prompt",
         )
     if req.n > settings.max_n:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"n {req.n} exceeds max_n {settings.max_n}; request at most {settings.max_n} "
             "images per call (the client can loop) or set GENAUG_MAX_N",
             field="n",
@@ -90,25 +90,25 @@ def check_limits(req: GenerateRequest, settings: Settings) -> None:
     for name in ("height", "width", "output_height", "output_width"):
         value = getattr(req, name)
         if value is not None and value > settings.max_side:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"{name} {value} exceeds max_side {settings.max_side}; "
                 "set GENAUG_MAX_SIDE or request a smaller size",
                 field=name,
             )
     if req.steps is not None and req.steps > settings.max_steps:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"steps {req.steps} exceeds max_steps {settings.max_steps}; "
             "set GENAUG_MAX_STEPS or request fewer steps",
             field="steps",
         )
     if req.timeout_s is not None and req.timeout_s > settings.max_timeout_s:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"timeout_s {req.timeout_s} exceeds max_timeout_s {settings.max_timeout_s}; "
             "set GENAUG_MAX_TIMEOUT_S or wait less",
             field="timeout_s",
         )
     if req.seed is not None and req.seed + req.n - 1 > SEED_MAX:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"seed {req.seed} + n {req.n} - 1 exceeds the largest seed {SEED_MAX}; "
             "use a smaller seed",
             field="seed",

@@ -36,10 +36,10 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from .app import AppState
-    from .batcher import GroupKey, Item, Outcome, Worker
-    from .generator import Generator
+    from .generator import PipelineWorker
     from .model import LoadedModel
     from .settings import Settings
+    from .work import GroupKey, Item, Outcome, Worker
 
 LOOPBACK = "127.0.0.1"
 
@@ -184,7 +184,7 @@ class LiveService:
 def start_service(
     model: LoadedModel,
     *,
-    wrap: Callable[[Generator], Worker] | None = None,
+    wrap: Callable[[PipelineWorker], Worker] | None = None,
     record: bool = True,
     settings: Settings | None = None,
     log_level: str = "warning",
@@ -213,7 +213,7 @@ def start_service(
         raise TypeError(f"pass settings or settings fields, not both: {sorted(settings_kwargs)}")
     gate: list[GateWorker] = []
 
-    def wrap_worker(generator: Generator) -> Worker:
+    def wrap_worker(generator: PipelineWorker) -> Worker:
         inner: Worker = wrap(generator) if wrap else generator
         if not record:
             return inner

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TINY_IMAGE_SIZE", "build_tiny_pipeline", "tiny_tokenizer_dir"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 #: Default (and intended) generation size of the tiny pipeline: 64x64 pixels, 8x8 latents.
 TINY_IMAGE_SIZE = 64
@@ -196,7 +196,7 @@ def build_tiny_pipeline(
             module.forward = _per_sample(module.forward)
         pipeline.vae.decode = _per_sample(pipeline.vae.decode)
     pipeline.set_progress_bar_config(disable=True)
-    logger.debug("built tiny SDXL pipeline (seed=%d, batch_invariant=%s)", seed, batch_invariant)
+    log.debug("built tiny SDXL pipeline (seed=%d, batch_invariant=%s)", seed, batch_invariant)
     result: StableDiffusionXLPipeline = pipeline
     return result
 

@@ -43,7 +43,7 @@ __all__ = [
     "tracing_counts",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 PYTHON_OP_TYPES: dict[str, str] = {
     "PyFunc": "calls Python (tf.numpy_function / tf.compat.v1.py_func)",
@@ -352,6 +352,6 @@ def assert_no_python_ops(
         findings += python_ops_in_model(model, dataset=dataset, steps=steps)
     if findings:
         raise PythonInGraphError(findings)
-    logger.debug(
+    log.debug(
         "audit: no Python ops found (dataset=%s, model=%s)", dataset is not None, model is not None
     )

@@ -39,7 +39,7 @@ __all__ = [
     "scan_image_folder",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 """What ``tf.keras.utils.image_dataset_from_directory`` loads (case-insensitive)."""
@@ -144,7 +144,7 @@ def scan_image_folder(root: Path | str, *, global_batch: int = 1) -> FolderScan:
             f"{LAYOUT}; remove the empty folder(s) or add images."
         )
     if len(class_dirs) < 2:
-        logger.warning("only one class (%s) in %s: the classifier has nothing to tell apart",
+        log.warning("only one class (%s) in %s: the classifier has nothing to tell apart",
                        class_dirs[0].name, root)
     scan = FolderScan(root, tuple(d.name for d in class_dirs), counts)
     if total < global_batch:
@@ -253,6 +253,6 @@ def make_demo_dataset(
         rng = np.random.default_rng([seed, c])
         for i in range(per_class):
             (folder / f"{label}_{i:04d}.png").write_bytes(_png_bytes(demo_image(label, rng, size)))
-    logger.info("wrote %d demo images (%s, %dx%d) to %s", per_class * len(DEMO_CLASSES),
+    log.info("wrote %d demo images (%s, %dx%d) to %s", per_class * len(DEMO_CLASSES),
                 "/".join(DEMO_CLASSES), size, size, root)
     return root

@@ -27,7 +27,7 @@ from pathlib import Path
 
 __all__ = ["DEMO_RECIPE", "default_recipes_path", "run_full_demo", "wait_for_pool"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 DEMO_RECIPE = "wound-phases"
 """The recipe in ``recipes/wound_phases.yaml``; its labels I/P/R are the demo set's classes."""

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 __all__ = ["DeviceError", "configure_devices"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 class DeviceError(RuntimeError):
@@ -67,7 +67,7 @@ def configure_devices(
                 tf.config.experimental.set_memory_growth(device, True)
             return [f"/gpu:{i}" for i in range(len(chosen))]
         if physical_gpus:
-            logger.warning(
+            log.warning(
                 "TensorFlow sees %d GPU(s) but --gpus was not given: training on the CPU and "
                 "leaving every GPU alone (the service may own one)", len(physical_gpus)
             )

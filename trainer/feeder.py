@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FeederStats", "ReservoirFeeder"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 class _ReservoirLike(Protocol):
@@ -202,7 +202,7 @@ class ReservoirFeeder:
                 loop.call_soon_threadsafe(task.cancel)
         thread.join(timeout)
         if thread.is_alive():
-            logger.warning("genaug feeder thread did not stop within %.1f s", timeout)
+            log.warning("genaug feeder thread did not stop within %.1f s", timeout)
         else:
             self._thread = None
 
@@ -248,7 +248,7 @@ class ReservoirFeeder:
                 if self.started_here:
                     feeder.stop()
                     self.started_here = False
-                logger.info("genaug feeder: %s", feeder.stats)
+                log.info("genaug feeder: %s", feeder.stats)
 
         return ReservoirFeederCallback()
 
@@ -258,7 +258,7 @@ class ReservoirFeeder:
         try:
             asyncio.run(self._main(ready))
         except BaseException:  # never let anything escape the thread
-            logger.exception("genaug feeder thread ended with an error")
+            log.exception("genaug feeder thread ended with an error")
         finally:
             ready.set()
             self._loop = None
@@ -312,7 +312,7 @@ class ReservoirFeeder:
             if asyncio.iscoroutine(result):
                 await asyncio.wait_for(result, timeout=5.0)
         except Exception:  # noqa: BLE001
-            logger.debug("closing the feeder's client failed", exc_info=True)
+            log.debug("closing the feeder's client failed", exc_info=True)
 
     def _backoff_delay(self, exc: BaseException | None = None) -> float:
         k = max(self._stats.consecutive_failures, 1)
@@ -337,7 +337,7 @@ class ReservoirFeeder:
                 }
             )
         if first:
-            logger.warning(
+            log.warning(
                 "genaug feeder: request failed (%s: %s); training continues on real images, "
                 "retrying with backoff up to %.1f s",
                 type(exc).__name__,
@@ -345,7 +345,7 @@ class ReservoirFeeder:
                 self.backoff_max_s,
             )
         else:
-            logger.debug("genaug feeder: still failing: %s: %s", type(exc).__name__, exc)
+            log.debug("genaug feeder: still failing: %s: %s", type(exc).__name__, exc)
 
     def _wanted_labels(self) -> list[str]:
         """Label names to request: the under-filled ones, least filled first; else all."""
@@ -401,6 +401,6 @@ class ReservoirFeeder:
                 }
             )
         if reconnected:
-            logger.info("genaug feeder: service reachable again")
+            log.info("genaug feeder: service reachable again")
         if dropped:
-            logger.debug("genaug feeder: dropped %d images with unmapped labels", dropped)
+            log.debug("genaug feeder: dropped %d images with unmapped labels", dropped)

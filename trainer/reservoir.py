@@ -46,7 +46,7 @@ import tensorflow as tf
 
 __all__ = ["SyntheticReservoir"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 MapFn = Callable[..., tuple[Any, ...]]
 

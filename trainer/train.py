@@ -72,7 +72,7 @@ __all__ = [
     "train",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 ModelBuilder = Callable[[int, tuple[int, int, int]], Any]
 
@@ -308,11 +308,11 @@ class Trainer:
                         "check --recipe (genaug serve --recipes FILE) or pass --prompt "
                         "LABEL=TEXT to generate instead"
                     ) from exc
-                logger.warning("service has no recipe %r (%s): generating from --prompt instead",
+                log.warning("service has no recipe %r (%s): generating from --prompt instead",
                                cfg.recipe, exc)
                 use_recipe = False
             except (TransportError, GenaugError) as exc:
-                logger.warning(
+                log.warning(
                     "service %s not reachable now (%s); assuming recipe labels equal the class "
                     "names %s. Training starts anyway; the feeder connects when it can",
                     cfg.service, exc, classes,
@@ -324,7 +324,7 @@ class Trainer:
                         f"uses {cfg.image_size}x{cfg.image_size}; set --image-size {size[0]} or "
                         "the recipe's output_height/output_width"
                     )
-                logger.info("recipe %r: labels %s, pool fill %s", cfg.recipe, labels, fill)
+                log.info("recipe %r: labels %s, pool fill %s", cfg.recipe, labels, fill)
         if not use_recipe:
             labels = list(cfg.prompts)
         recipe_name = f"recipe {cfg.recipe!r}" if use_recipe else "the --prompt labels"

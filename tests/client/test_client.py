@@ -29,7 +29,7 @@ from genaug.client import (
     TransportError,
     UnavailableError,
 )
-from genaug.client._base import Base, Endpoint, Endpoints, RetryState, decode_generate
+from genaug.client._base import BaseClient, Endpoint, Endpoints, RetryState, decode_generate
 from genaug.demo import free_port
 
 KINDS = ["sync", "async"]
@@ -297,12 +297,12 @@ def test_api_key_from_argument_and_environment(
 def test_client_id_and_key_headers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GENAUG_API_KEY", raising=False)
     options: dict[str, Any] = {"timeout": 1.0, "retry_deadline": 1.0}
-    base = Base("http://h:1", api_key="s3cret", client_id="trainer-a", **options)
+    base = BaseClient("http://h:1", api_key="s3cret", client_id="trainer-a", **options)
     headers = base.headers("image/png")
     assert headers["X-Client-Id"] == "trainer-a"
     assert headers["Authorization"] == "Bearer s3cret"
     assert headers["Accept"] == "image/png"
-    plain = Base("http://h:1", api_key=None, client_id=None, **options).headers()
+    plain = BaseClient("http://h:1", api_key=None, client_id=None, **options).headers()
     assert "X-Client-Id" not in plain and "Authorization" not in plain
 
 

@@ -16,14 +16,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from genaug.service.batcher import Batcher, GroupKey, IdleWork, Item, Job, Outcome
-from genaug.service.errors import DeadlineExceeded, GenerationFailed, QueueFull, ShuttingDown
+from genaug.service.batcher import Batcher, Job
+from genaug.service.errors import (
+    DeadlineExceededError,
+    GenerationFailedError,
+    QueueFullError,
+    ShuttingDownError,
+)
 from genaug.service.metrics import Metrics
+from genaug.service.work import GroupKey, IdleWork, Item, Outcome
 
-KEY = GroupKey(height=8, width=8, steps=1, guidance=1.0, output_height=4, output_width=6,
-               negative=False)
-OTHER_KEY = GroupKey(height=16, width=16, steps=1, guidance=1.0, output_height=2,
-                     output_width=2, negative=False)
+KEY = GroupKey(height=8, width=8, steps=1)
+OTHER_KEY = GroupKey(height=16, width=16, steps=1)
+# Output size per key in these tests (a request's images share one output size).
+OUTPUT = {KEY: (4, 6), OTHER_KEY: (2, 2)}
 
 
 def pixel(seed: int) -> int:
@@ -54,10 +60,9 @@ class StandInWorker:
             self.calls.append((key, list(items)))
         if any(it.prompt in self.raise_on for it in items):
             raise RuntimeError("stand-in pipeline exploded")
-        images = np.zeros((len(items), key.output_height, key.output_width, 3), np.uint8)
+        images = [np.full(item.output_shape, pixel(item.seed), np.uint8) for item in items]
         errors: dict[int, str] = {}
         for i, item in enumerate(items):
-            images[i] = pixel(item.seed)
             if item.prompt in self.fail_items:
                 errors[i] = f"non-finite image for seed {item.seed}"
         return Outcome(images=images, errors=errors)
@@ -72,8 +77,12 @@ class StandInWorker:
             return [[it.prompt for it in items] for _, items in self.calls]
 
 
-def items(prompt: str, n: int, first_seed: int = 0) -> list[Item]:
-    return [Item(prompt, "", first_seed + i) for i in range(n)]
+def items(prompt: str, n: int, first_seed: int = 0, key: GroupKey = KEY) -> list[Item]:
+    height, width = OUTPUT[key]
+    return [
+        Item(prompt, seed=first_seed + i, guidance=1.0, output_height=height, output_width=width)
+        for i in range(n)
+    ]
 
 
 def drive(
@@ -123,7 +132,7 @@ def sample(batcher: Batcher, name: str, **labels: str) -> float:
 
 def assert_painted(images: np.ndarray, seeds: Sequence[int]) -> None:
     assert images.dtype == np.uint8
-    assert images.shape == (len(seeds), KEY.output_height, KEY.output_width, 3)
+    assert images.shape == (len(seeds), *OUTPUT[KEY], 3)
     for i, seed in enumerate(seeds):
         assert (images[i] == pixel(seed)).all(), f"image {i} is not the one for seed {seed}"
 
@@ -187,7 +196,7 @@ def test_batches_never_mix_group_keys() -> None:
         jobs = []
         for i, key in enumerate([KEY, OTHER_KEY, KEY, OTHER_KEY]):
             name = "main" if key == KEY else "other"
-            jobs.append(batcher.submit(key, items(name, 2, 10 * i), client=f"c{i}",
+            jobs.append(batcher.submit(key, items(name, 2, 10 * i, key), client=f"c{i}",
                                        priority="interactive", timeout_s=30))
         worker.gate.set()
         results = await asyncio.gather(blocker.result(), *(j.result() for j in jobs))
@@ -197,7 +206,7 @@ def test_batches_never_mix_group_keys() -> None:
         # Equal keys were grouped: the two jobs of each key went in one call of 4.
         assert sorted(len(its) for _, its in worker.calls[1:]) == [4, 4]
         for job, images in zip(jobs, results[1:], strict=True):
-            assert images.shape[1:3] == (job.key.output_height, job.key.output_width)
+            assert images.shape[1:3] == OUTPUT[job.key]
 
     drive(test, max_batch_images=4)
 
@@ -249,7 +258,7 @@ def test_queue_full_has_retry_after_and_admits_again_after_drain() -> None:
         queued = batcher.submit(KEY, items("queued", 4), client="a", priority="bulk",
                                 timeout_s=30)
         assert batcher.queued_images == 4
-        with pytest.raises(QueueFull) as caught:
+        with pytest.raises(QueueFullError) as caught:
             batcher.submit(KEY, items("one too many", 1), client="b", priority="interactive",
                            timeout_s=30)
         error = caught.value
@@ -277,7 +286,7 @@ def test_expired_job_fails_with_deadline_exceeded_and_never_reaches_the_worker()
                               timeout_s=0.1)
         await asyncio.sleep(0.3)
         worker.gate.set()
-        with pytest.raises(DeadlineExceeded):
+        with pytest.raises(DeadlineExceededError):
             await late.result()
         await blocker.result()
         after = batcher.submit(KEY, items("after", 1), client="a", priority="interactive",
@@ -331,7 +340,7 @@ def test_worker_exception_fails_only_that_batch() -> None:
         await blocker.result()
         errors = []
         for job in (boom, mate):
-            with pytest.raises(GenerationFailed) as caught:
+            with pytest.raises(GenerationFailedError) as caught:
                 await job.result()
             errors.append(caught.value)
         assert worker.batch_prompts()[1] == ["boom", "mate"]
@@ -356,7 +365,7 @@ def test_outcome_error_fails_only_the_job_owning_the_item() -> None:
                               timeout_s=30)
         worker.gate.set()
         await blocker.result()
-        with pytest.raises(GenerationFailed) as caught:
+        with pytest.raises(GenerationFailedError) as caught:
             await bad.result()
         assert "non-finite image for seed 1" in caught.value.message
         assert caught.value.error_id and caught.value.error_id in caught.value.message
@@ -381,13 +390,13 @@ def test_stop_fails_pending_jobs_with_shutting_down() -> None:
                                   priority="bulk", timeout_s=30) for i in range(2)]
         stopping = asyncio.create_task(batcher.stop())
         for job in pending:
-            with pytest.raises(ShuttingDown):
+            with pytest.raises(ShuttingDownError):
                 await asyncio.wait_for(job.result(), timeout=5)
         worker.gate.set()  # stop() waits for the batch in flight: the pipeline can't be cut
         await asyncio.wait_for(stopping, timeout=10)
         assert batcher.queued_images == 0
         assert not any(p.startswith("p") for p in worker.prompts)
-        with pytest.raises(ShuttingDown):
+        with pytest.raises(ShuttingDownError):
             batcher.submit(KEY, items("too late", 1), client="a", priority="bulk",
                            timeout_s=30)
 
@@ -408,7 +417,7 @@ def test_stop_resolves_the_job_in_flight() -> None:
         await asyncio.wait_for(stopping, timeout=10)
         try:
             images = await asyncio.wait_for(in_flight.result(), timeout=2)
-        except ShuttingDown:
+        except ShuttingDownError:
             return  # failing it is as good as delivering it
         assert_painted(images, [9000])
 
@@ -447,7 +456,7 @@ def test_idle_source_runs_when_no_request_waits() -> None:
     async def test(batcher: Batcher, worker: StandInWorker) -> None:
         assert await asyncio.to_thread(source.done.wait, 5), "idle work never ran"
         (outcome,) = source.outcomes
-        assert_painted(outcome.images, [70, 71, 72])
+        assert_painted(np.stack(outcome.images), [70, 71, 72])
         assert worker.batch_prompts() == [["pool"] * 3]
         # on_done runs in the worker thread; the loop records the batch just after.
         for _ in range(100):

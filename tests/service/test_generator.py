@@ -8,16 +8,20 @@ import numpy as np
 import pytest
 import torch
 
-from genaug.service.batcher import GroupKey, Item
-from genaug.service.generator import Generator
+from genaug.service.generator import PipelineWorker
 from genaug.service.metrics import Metrics
 from genaug.service.model import load_model
+from genaug.service.work import GroupKey, Item
 
-KEY = GroupKey(64, 64, 2, 5.0, 64, 64, negative=False)
+KEY = GroupKey(height=64, width=64, steps=2)
 
 
-def items(n: int, base: int = 0) -> list[Item]:
-    return [Item(f"prompt {i}", "", base + i) for i in range(n)]
+def items(n: int, base: int = 0, *, size: tuple[int, int] = (64, 64), **kw: Any) -> list[Item]:
+    return [
+        Item(f"prompt {i}", seed=base + i, guidance=5.0, output_height=size[0],
+             output_width=size[1], **kw)
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,7 @@ def bf16_model() -> Any:
 
 
 def test_nonfinite_vae_output_upcasts_the_vae_and_is_never_served(bf16_model: Any) -> None:
-    gen = Generator(bf16_model, Metrics())
+    gen = PipelineWorker(bf16_model, Metrics())
     vae = gen.pipe.vae
     original = vae.decode
     poisoned: list[torch.dtype] = []
@@ -46,7 +50,7 @@ def test_nonfinite_vae_output_upcasts_the_vae_and_is_never_served(bf16_model: An
     assert poisoned == [torch.bfloat16]
     assert gen.vae_upcast and vae.dtype == torch.float32
     assert outcome.errors == {}
-    assert outcome.images.shape == (3, 64, 64, 3)
+    assert [image.shape for image in outcome.images] == [(64, 64, 3)] * 3
     # the regenerated image is the fp32-VAE decode of the same latents, not a black square
     assert outcome.images[1].std() > 0
     again = gen.run(KEY, items(3))
@@ -55,7 +59,7 @@ def test_nonfinite_vae_output_upcasts_the_vae_and_is_never_served(bf16_model: An
 
 def test_nonfinite_latents_fail_only_their_own_image(tiny_model: Any) -> None:
     metrics = Metrics()
-    gen = Generator(tiny_model, metrics)
+    gen = PipelineWorker(tiny_model, metrics)
     original = gen._denoise
 
     def denoise(key: GroupKey, batch: Any) -> torch.Tensor:
@@ -66,14 +70,14 @@ def test_nonfinite_latents_fail_only_their_own_image(tiny_model: Any) -> None:
     gen._denoise = denoise  # type: ignore[method-assign]
     outcome = gen.run(KEY, items(4))
     assert list(outcome.errors) == [2] and "NaN/Inf" in outcome.errors[2]
-    clean = Generator(tiny_model).run(KEY, items(4))
+    clean = PipelineWorker(tiny_model).run(KEY, items(4))
     for i in (0, 1, 3):
         np.testing.assert_array_equal(outcome.images[i], clean.images[i])
     assert metrics.nonfinite_images._value.get() == 1
 
 
 def test_out_of_memory_halves_the_batch_and_keeps_every_image(tiny_model: Any) -> None:
-    gen = Generator(tiny_model)
+    gen = PipelineWorker(tiny_model)
     original = gen._denoise
     sizes: list[int] = []
 
@@ -87,12 +91,12 @@ def test_out_of_memory_halves_the_batch_and_keeps_every_image(tiny_model: Any) -
     outcome = gen.run(KEY, items(8, base=50))
     assert sizes == [8, 4, 2, 2, 4, 2, 2]  # halves until each part fits
     assert outcome.errors == {}
-    clean = Generator(tiny_model).run(KEY, items(8, base=50))
-    np.testing.assert_array_equal(outcome.images, clean.images)
+    clean = PipelineWorker(tiny_model).run(KEY, items(8, base=50))
+    np.testing.assert_array_equal(np.stack(outcome.images), np.stack(clean.images))
 
 
 def test_an_image_that_cannot_fit_alone_fails_alone(tiny_model: Any) -> None:
-    gen = Generator(tiny_model)
+    gen = PipelineWorker(tiny_model)
     original = gen._denoise
 
     def denoise(key: GroupKey, batch: Any) -> torch.Tensor:
@@ -106,7 +110,7 @@ def test_an_image_that_cannot_fit_alone_fails_alone(tiny_model: Any) -> None:
 
 
 def test_other_errors_are_not_mistaken_for_out_of_memory(tiny_model: Any) -> None:
-    gen = Generator(tiny_model)
+    gen = PipelineWorker(tiny_model)
 
     def denoise(key: GroupKey, batch: Any) -> torch.Tensor:
         raise RuntimeError("index 21 is out of bounds for dimension 0 with size 21")
@@ -117,9 +121,26 @@ def test_other_errors_are_not_mistaken_for_out_of_memory(tiny_model: Any) -> Non
 
 
 def test_output_resize_is_antialiased_and_exact_in_size(tiny_model: Any) -> None:
-    key = GroupKey(64, 64, 2, 5.0, 17, 33, negative=False)
-    out = Generator(tiny_model).run(key, items(2))
-    assert out.images.shape == (2, 17, 33, 3) and out.images.dtype == np.uint8
+    out = PipelineWorker(tiny_model).run(KEY, items(2, size=(17, 33)))
+    assert all(image.shape == (17, 33, 3) and image.dtype == np.uint8 for image in out.images)
+
+
+def test_per_image_arguments_do_not_depend_on_batch_mates(tiny_model: Any) -> None:
+    """Guidance, negative prompt, output size and channels may differ inside one batch; each
+    image equals the same item generated alone."""
+    worker = PipelineWorker(tiny_model)
+    mixed = [
+        Item("a", seed=1, guidance=5.0, output_height=64, output_width=64),
+        Item("b", seed=2, guidance=1.5, output_height=32, output_width=48),
+        Item("c", seed=3, guidance=5.0, output_height=64, output_width=64, negative_prompt=""),
+        Item("d", seed=4, guidance=3.0, output_height=64, output_width=64, channels=1),
+    ]
+    together = worker.run(KEY, mixed)
+    assert together.errors == {}
+    for item, image in zip(mixed, together.images, strict=True):
+        assert image.shape == item.output_shape
+        alone = worker.run(KEY, [item]).images[0]
+        np.testing.assert_array_equal(image, alone)
 
 
 # -- on a CUDA device (skipped without one) --------------------------------------------------
@@ -132,14 +153,14 @@ def test_cuda_pinning_and_default_bf16() -> None:
     for module in (model.pipeline.unet, model.pipeline.vae, model.pipeline.text_encoder):
         param = next(module.parameters())
         assert param.device == torch.device("cuda:0") and param.dtype == torch.bfloat16
-    out = Generator(model).run(KEY, items(4))
-    assert out.errors == {} and out.images.shape == (4, 64, 64, 3)
+    out = PipelineWorker(model).run(KEY, items(4))
+    assert out.errors == {} and [image.shape for image in out.images] == [(64, 64, 3)] * 4
 
 
 @pytest.mark.gpu
 def test_cuda_fp16_vae_overflow_is_caught_and_upcast() -> None:
     model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="float16")
-    gen = Generator(model, Metrics())
+    gen = PipelineWorker(model, Metrics())
     with torch.no_grad():  # make the fp16 decoder overflow, as SDXL's fp16 VAE does
         conv = gen.pipe.vae.decoder.conv_in
         conv.weight.mul_(6e4)

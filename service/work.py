@@ -1,0 +1,130 @@
+"""What flows from the queue to the pipeline: a batch's shared key and its images.
+
+A leaf module (numpy only, no torch, no FastAPI), so the API, the queue, the pool planner and
+the pipeline worker all speak about work in the same terms without importing each other.
+
+- :class:`GroupKey` holds what must be equal for every image of one pipeline call, because
+  those images share one UNet call per step: generation size, steps, scheduler, LoRA adapter
+  and scale, and the mode (text-to-image or img2img with its strength).
+- :class:`Item` holds everything that may differ between batch mates: prompt, negative
+  prompt, seed, guidance, output size and channels, and for img2img the source image. An
+  image depends on its own item and the key, never on its batch mates.
+- A :class:`Worker` turns ``(key, items)`` into an :class:`Outcome`, in one thread.
+
+Example::
+
+    key = GroupKey(height=64, width=64, steps=4)
+    items = [Item("a red circle", seed=1, guidance=5.0, output_height=64, output_width=64)]
+    outcome = worker.run(key, items)
+    outcome.images[0].shape  # (64, 64, 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+Mode = Literal["text", "img2img"]
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """Pipeline arguments that must be equal for every image of one pipeline call.
+
+    ``strength`` only means something in ``img2img`` mode (the share of the denoising
+    schedule that is run, in (0, 1]); text-to-image keys keep the default 1.0.
+    ``scheduler`` is a name from :data:`SCHEDULERS`; ``"default"`` is what the model brings.
+    """
+
+    height: int
+    width: int
+    steps: int
+    scheduler: str = "default"
+    adapter: str | None = None
+    adapter_scale: float = 1.0
+    mode: Mode = "text"
+    strength: float = 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class Item:
+    """One image to make.
+
+    ``negative_prompt`` ``None`` and ``""`` differ: SDXL encodes "no negative prompt" as
+    zeros but an empty one as text. ``channels`` is 3 (RGB) or 1 (luminance, for depth-like
+    inputs). ``source`` is the img2img input, uint8 ``[key.height, key.width, 3]``, and
+    ``source_hash`` names it (kept with the output in the pool).
+    """
+
+    prompt: str
+    seed: int
+    guidance: float
+    output_height: int
+    output_width: int
+    negative_prompt: str | None = None
+    channels: int = 3
+    source: np.ndarray | None = field(default=None, repr=False)
+    source_hash: str | None = None
+
+    @property
+    def output_shape(self) -> tuple[int, int, int]:
+        """``(height, width, channels)`` of the image this item becomes."""
+        return self.output_height, self.output_width, self.channels
+
+
+#: Scheduler names a key, a recipe or a request may use; ``default`` is the model's own.
+SCHEDULERS: tuple[str, ...] = (
+    "default",
+    "euler",
+    "euler_a",
+    "dpmpp_2m",
+    "dpmpp_2m_karras",
+    "unipc",
+    "lcm",
+)
+
+
+@dataclass
+class Outcome:
+    """What the worker made of one batch: one image per item, and the items that failed.
+
+    ``images[i]`` is uint8 ``items[i].output_shape``. ``errors`` maps an item's index to a
+    message; those items' images are undefined and never served.
+    """
+
+    images: list[np.ndarray]
+    errors: dict[int, str] = field(default_factory=dict)
+
+    def good(self) -> list[int]:
+        """Indices of the items that succeeded."""
+        return [i for i in range(len(self.images)) if i not in self.errors]
+
+
+class Worker(Protocol):
+    """The one thing that calls the pipeline. Runs in the batcher's worker thread."""
+
+    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome: ...
+
+
+@dataclass
+class IdleWork:
+    """A batch the worker may run when no request waits (pool pre-generation).
+
+    ``on_done`` is called with the outcome in the batcher's store thread, in order, while the
+    worker already makes the next batch; ``on_failed`` (optional) when the batch raised, so
+    the planner can release what it reserved for it.
+    """
+
+    key: GroupKey
+    items: list[Item]
+    on_done: Callable[[Outcome], None]
+    on_failed: Callable[[BaseException], None] | None = None
+
+
+class IdleSource(Protocol):
+    """Supplies background batches; ``None`` when there is nothing to do (never spin)."""
+
+    def next_idle_batch(self, max_images: int) -> IdleWork | None: ...
