@@ -8,11 +8,13 @@ and no command loads both.
     genaug pregenerate --recipe NAME --per-label N [--url URL]
     genaug export --recipe NAME --out DIR
     genaug train --data DIR [--service URL --recipe NAME --p 0.5] [--gpus 1,2,3,4]
+    genaug convert-unet SRC DST [--base MODEL] --trust-this-file
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,6 +88,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _pool_arguments(export)
     export.set_defaults(func=_cmd_export)
 
+    convert = sub.add_parser(
+        "convert-unet", help="turn a fine-tuned UNet checkpoint you trust into safetensors"
+    )
+    with contextlib.suppress(ImportError):  # a trainer-only install: the command says so
+        from genaug.service.convert import add_convert_arguments
+
+        add_convert_arguments(convert)
+    convert.set_defaults(func=_cmd_convert_unet)
+
     train = sub.add_parser("train", help="the reference TensorFlow trainer")
     if command == "train":
         try:
@@ -117,6 +128,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from genaug.service.pool_cli import run_export
 
     code: int = run_export(args)
+    return code
+
+
+def _cmd_convert_unet(args: argparse.Namespace) -> int:
+    try:
+        from genaug.service.convert import run_convert
+    except ImportError as exc:
+        print(f"genaug convert-unet needs the service extras: pip install 'genaug[service]' "
+              f"({exc})", file=sys.stderr)
+        return 2
+    code: int = run_convert(args)
     return code
 
 

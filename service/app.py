@@ -80,7 +80,7 @@ class AppState:
 
     @property
     def tiny(self) -> bool:
-        return self.settings.model is None
+        return self.settings.builtin_model is not None
 
     def defaults(self) -> tuple[int, int, float]:
         return self.settings.request_defaults(tiny=self.tiny)
@@ -111,7 +111,7 @@ def _check_startup(settings: Settings) -> tuple[str, str]:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     for name, path in (
-        ("GENAUG_MODEL", settings.model),
+        ("GENAUG_MODEL", settings.model_path),
         ("GENAUG_UNET_WEIGHTS", settings.unet_weights),
         ("GENAUG_SINGLE_FILE_CONFIG", settings.single_file_config),
     ):

@@ -1,8 +1,17 @@
-"""Load the SDXL pipeline the service runs: tiny default, diffusers folder or single file.
+"""Load the SDXL pipeline the service runs: a built-in tiny model, a diffusers folder, a file.
+
+``GENAUG_MODEL`` names one of:
+
+* ``tiny-digits`` (also when unset): the embedded default, the tiny SDXL-architecture
+  pipeline of :mod:`genaug.service.tiny` with weights trained on scikit-learn's handwritten
+  digits (package data, made by ``tools/train_tiny_generator.py``);
+* ``tiny-random``: the same architecture with fixed-seed random weights (tests);
+* a local diffusers folder (``model_index.json``) or a single ``.safetensors`` SDXL checkpoint.
 
 Everything here is offline (``local_files_only=True``; nothing is fetched from a hub) and
 refuses to unpickle arbitrary objects: fine-tuned UNet weights load from safetensors or with
-``torch.load(weights_only=True)``. Every failure is a :class:`ModelLoadError` whose message
+``torch.load(weights_only=True)`` (``genaug convert-unet`` turns any other checkpoint into
+safetensors, on the user's say-so). Every failure is a :class:`ModelLoadError` whose message
 names what was wrong and the setting that fixes it.
 
 Example::
@@ -11,7 +20,8 @@ Example::
     from genaug.service.model import load_model
 
     model = load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
-    model.kind, model.weights_hash  # ("tiny", "3f2a...")  (16 hex chars)
+    model.kind, model.weights_hash  # ("tiny-digits", "3f2a...")  (16 hex chars)
+    model.trained_on["dataset"]     # "sklearn load_digits"
     model = load_model(
         source=Path("/models/sdxl-base"),  # a diffusers folder (model_index.json)
         unet_weights=Path("/models/finetuned-unet.safetensors"),
@@ -34,10 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .settings import builtin_model
+
 if TYPE_CHECKING:
     from diffusers import StableDiffusionXLPipeline
 
 __all__ = [
+    "MODEL_KINDS",
     "LoadedModel",
     "ModelLoadError",
     "load_model",
@@ -57,6 +70,10 @@ _PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
 _HASH_CHUNK = 8 * 1024 * 1024
 # Files diffusers itself fetches for a single-file checkpoint's pipeline config (no weights).
 _CONFIG_PATTERNS = ["**/*.json", "*.json", "*.txt", "**/*.txt", "**/*.model"]
+_TRAINED_ON = "trained_on.json"  # next to model_index.json: what a folder was trained on
+
+MODEL_KINDS = ("tiny-digits", "tiny-random", "diffusers", "single-file")
+"""Every value of :attr:`LoadedModel.kind` (``/v1/info`` ``model.kind``)."""
 
 
 class ModelLoadError(RuntimeError):
@@ -70,12 +87,17 @@ class LoadedModel:
     Attributes:
         pipeline: the ``StableDiffusionXLPipeline``, on ``device`` in ``dtype``, progress
             bar disabled.
-        kind: ``"tiny"``, ``"diffusers"`` (a folder) or ``"single-file"``.
-        source: ``"tiny"`` or the path it was loaded from.
+        kind: one of :data:`MODEL_KINDS`: ``"tiny-digits"``, ``"tiny-random"``,
+            ``"diffusers"`` (a folder) or ``"single-file"``.
+        source: the built-in model's name or the path it was loaded from.
         weights_hash: 16 hex chars, a content hash of the weights, fine-tuned UNet included.
             Equal hashes mean equal weights; use it to key anything cached from this model.
         device: the torch device the pipeline runs on.
         dtype: the floating-point type of its weights.
+        trained_on: what the weights were trained on (data set, split, steps, script
+            version, seed, ...) for ``tiny-digits`` and for folders written by
+            ``tools/train_tiny_generator.py`` (its ``trained_on.json``); ``None`` when
+            unknown. A ``unet_weights`` override leaves it as the base's.
     """
 
     pipeline: StableDiffusionXLPipeline
@@ -84,6 +106,7 @@ class LoadedModel:
     weights_hash: str
     device: torch.device
     dtype: torch.dtype
+    trained_on: dict[str, Any] | None = None
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -163,7 +186,7 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
 
 def load_model(
     *,
-    source: Path | None,
+    source: str | Path | None,
     unet_weights: Path | None,
     device: str,
     dtype: str,
@@ -172,8 +195,10 @@ def load_model(
     """Load the pipeline, apply fine-tuned UNet weights, move it to ``device`` and ``dtype``.
 
     Args:
-        source: ``None`` for the built-in tiny pipeline; a diffusers folder (with
-            ``model_index.json``); or a single ``.safetensors`` SDXL checkpoint.
+        source: ``None`` or ``"tiny-digits"`` for the embedded trained tiny pipeline,
+            ``"tiny-random"`` for the random-weight one; else a path: a diffusers folder
+            (with ``model_index.json``) or a single ``.safetensors`` SDXL checkpoint. A
+            folder named like a built-in is reached as ``./tiny-digits``.
         unet_weights: optional fine-tuned UNet state dict (diffusers key names) as
             ``.safetensors`` or as ``.pt``/``.pth``/``.bin`` holding only tensors (a raw state
             dict, or a dict with a ``"state_dict"`` or ``"unet"`` entry). Loaded strictly.
@@ -193,20 +218,37 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, torch_device)
     hasher = hashlib.blake2b(digest_size=8)
     pipeline: Any  # diffusers is untyped; mypy sees none of the pipeline's attributes
+    trained_on: dict[str, Any] | None = None
 
-    if source is None:
+    builtin = builtin_model(source)
+    if builtin == "tiny-random":
         from .tiny import build_tiny_pipeline
 
         pipeline = build_tiny_pipeline()
-        kind, source_name = "tiny", "tiny"
+        kind = source_name = builtin
         _hash_pipeline_state(hasher, pipeline)
+    elif builtin == "tiny-digits":
+        from .tiny import TinyWeightsError, build_tiny_digits_pipeline
+
+        try:
+            pipeline, trained_on = build_tiny_digits_pipeline()
+        except TinyWeightsError as exc:
+            raise ModelLoadError(
+                f"{exc}; reinstall genaug, or set GENAUG_MODEL=tiny-random (random weights) "
+                "or a local model path"
+            ) from exc
+        kind = source_name = builtin
+        _hash_pipeline_state(hasher, pipeline)
+        hasher.update(f"scaling_factor={pipeline.vae.config.scaling_factor!r}".encode())
     else:
-        source = source.expanduser()
+        assert source is not None  # None is the default built-in
+        source = Path(source).expanduser()
         source_name = str(source)
         if source.is_dir():
             kind = "diffusers"
             pipeline = _load_folder(source, torch_dtype)
             _hash_files(hasher, _weight_files(source), root=source)
+            trained_on = _read_trained_on(source)
         elif source.is_file():
             kind = "single-file"
             pipeline = _load_single_file(source, torch_dtype, single_file_config)
@@ -215,7 +257,8 @@ def load_model(
             raise ModelLoadError(
                 f"model source {source_name!r} does not exist; set GENAUG_MODEL to a local "
                 "diffusers folder (with model_index.json) or a single .safetensors SDXL "
-                "checkpoint, or leave it unset for the built-in tiny model"
+                "checkpoint, or leave it unset for the built-in tiny model (tiny-digits; "
+                "tiny-random for random weights)"
             )
 
     if unet_weights is not None:
@@ -252,7 +295,23 @@ def load_model(
         weights_hash=weights_hash,
         device=torch_device,
         dtype=torch_dtype,
+        trained_on=trained_on,
     )
+
+
+def _read_trained_on(folder: Path) -> dict[str, Any] | None:
+    """The folder's ``trained_on.json`` (written by the training script), if readable."""
+    import json
+
+    path = folder / _TRAINED_ON
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _load_folder(folder: Path, torch_dtype: torch.dtype) -> StableDiffusionXLPipeline:
@@ -427,9 +486,12 @@ def _read_unet_weights(path: Path) -> dict[str, torch.Tensor]:
         except pickle.UnpicklingError as exc:
             raise ModelLoadError(
                 f"refused to load UNet weights {str(path)!r}: the file holds objects other "
-                "than tensors, and arbitrary pickles can run code, so only "
-                "torch.load(weights_only=True) is used. Save a plain state dict "
-                "(torch.save(unet.state_dict(), path)) or, better, a .safetensors file. "
+                "than tensors, and arbitrary pickles can run code, so the service only uses "
+                "torch.load(weights_only=True). If you made or trust this file, convert it "
+                f"once: genaug convert-unet {str(path)!r} unet.safetensors --trust-this-file "
+                "(it finds the UNet inside common checkpoint wrappers and checks it against "
+                "the base model), then set GENAUG_UNET_WEIGHTS to the .safetensors file. Or "
+                "save a plain state dict (torch.save(unet.state_dict(), path)). "
                 f"Detail: {str(exc).splitlines()[0]}"
             ) from exc
         except (RuntimeError, OSError, EOFError, ValueError) as exc:

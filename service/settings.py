@@ -20,6 +20,36 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 TINY_DEFAULTS = {"size": 64, "steps": 4, "guidance": 5.0}
 SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
 
+# -- digits --
+# The built-in models GENAUG_MODEL may name instead of a path. tiny-digits (also: unset) is the
+# embedded trained default; its defaults are those of recipes/digits.yaml, what it was trained
+# and measured with. tiny-random is the random-weight tiny pipeline the tests run.
+DEFAULT_MODEL = "tiny-digits"
+DIGITS_DEFAULTS = {"size": 64, "steps": 20, "guidance": 3.0}
+BUILTIN_MODELS: dict[str, dict[str, float]] = {
+    "tiny-digits": DIGITS_DEFAULTS,
+    "tiny-random": TINY_DEFAULTS,
+}
+
+
+def builtin_model(model: str | Path | None) -> str | None:
+    """The built-in model ``model`` names (``None`` means the default), or ``None`` for a path.
+
+    A folder that happens to be called ``tiny-digits`` is reached as ``./tiny-digits``.
+    """
+    if model is None:
+        return DEFAULT_MODEL
+    if isinstance(model, str) and model.strip() in BUILTIN_MODELS:
+        return model.strip()
+    return None
+
+
+def model_path(model: str | Path | None) -> Path | None:
+    """The local path ``model`` names, or ``None`` for a built-in model."""
+    if model is None or builtin_model(model) is not None:
+        return None
+    return Path(model).expanduser()
+
 
 class Settings(BaseSettings):
     """Everything the service process can be told. Environment prefix ``GENAUG_``."""
@@ -27,10 +57,12 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GENAUG_", extra="forbid", frozen=True)
 
     # Model
-    model: Path | None = Field(
+    # -- digits --
+    model: str | None = Field(
         default=None,
-        description="Local diffusers folder or single .safetensors SDXL checkpoint. "
-        "Unset: the embedded tiny random-weight SDXL pipeline (demos and tests).",
+        description="tiny-digits (the default when unset: the embedded tiny SDXL pipeline "
+        "trained on handwritten digits), tiny-random (random weights, for tests), or a local "
+        "diffusers folder or single .safetensors SDXL checkpoint.",
     )
     single_file_config: Path | None = Field(
         default=None,
@@ -79,15 +111,18 @@ class Settings(BaseSettings):
         default=3600.0, gt=0, description="Largest timeout_s or wait_s a request may ask."
     )
 
-    # Request defaults (None: chosen by model kind: tiny 64 px / 4 steps, SDXL 1024 px / 30 steps)
+    # Request defaults (None: chosen by the model: tiny-digits 64 px / 20 steps / guidance 3,
+    # tiny-random 64 px / 4 steps / 5, SDXL 1024 px / 30 steps / 5)
     default_size: int | None = Field(
-        default=None, ge=8, description="Size when a request omits it (tiny 64, SDXL 1024)."
+        default=None, ge=8, description="Size when a request omits it (tiny models 64, SDXL 1024)."
     )
     default_steps: int | None = Field(
-        default=None, ge=1, description="Steps when a request omits them (tiny 4, SDXL 30)."
+        default=None, ge=1,
+        description="Steps when a request omits them (tiny-digits 20, tiny-random 4, SDXL 30).",
     )
     default_guidance: float | None = Field(
-        default=None, ge=0, description="Guidance when a request omits it (5.0)."
+        default=None, ge=0,
+        description="Guidance when a request omits it (tiny-digits 3.0, others 5.0).",
     )
 
     # Recipes and pool
@@ -104,6 +139,25 @@ class Settings(BaseSettings):
     max_sample_n: int = Field(default=1024, ge=1, description="Most images one sample returns.")
 
     log_level: str = Field(default="info", description="debug, info, warning or error.")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_name_or_path(cls, value: object) -> object:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, str) and not value.strip():
+            return None  # GENAUG_MODEL= (empty) means unset
+        return value
+
+    @property
+    def builtin_model(self) -> str | None:
+        """``"tiny-digits"`` or ``"tiny-random"`` when one is configured, else ``None``."""
+        return builtin_model(self.model)
+
+    @property
+    def model_path(self) -> Path | None:
+        """The configured model's local path; ``None`` for a built-in model."""
+        return model_path(self.model)
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
@@ -123,9 +177,15 @@ class Settings(BaseSettings):
             )
         return self
 
-    def request_defaults(self, *, tiny: bool) -> tuple[int, int, float]:
-        """(size, steps, guidance) used when a request leaves them out."""
-        base = TINY_DEFAULTS if tiny else SDXL_DEFAULTS
+    def request_defaults(self, *, tiny: bool | None = None) -> tuple[int, int, float]:
+        """(size, steps, guidance) used when a request leaves them out.
+
+        By the configured model: tiny-digits 64 px / 20 steps / guidance 3 (its recipe's),
+        tiny-random 64 / 4 / 5, a path (SDXL) 1024 / 30 / 5; ``GENAUG_DEFAULT_*`` override.
+        ``tiny`` is accepted for older callers; the configured model decides.
+        """
+        name = self.builtin_model
+        base = BUILTIN_MODELS[name] if name is not None else SDXL_DEFAULTS
         size = self.default_size if self.default_size is not None else int(base["size"])
         steps = self.default_steps if self.default_steps is not None else int(base["steps"])
         guidance = (

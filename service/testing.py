@@ -45,7 +45,10 @@ LOOPBACK = "127.0.0.1"
 
 
 def load_tiny(threads: int | None = 1) -> LoadedModel:
-    """The embedded tiny SDXL pipeline on the CPU, as the service loads it by default.
+    """The tiny SDXL pipeline with random weights (``tiny-random``) on the CPU.
+
+    Fast and deterministic, with no learned behaviour for a test to depend on (the service's
+    default, ``tiny-digits``, is the same architecture with trained weights).
 
     ``threads`` sets torch's intra-op thread count (one by default: tests share the machine
     with the client and the event loops); ``None`` leaves it alone.
@@ -56,7 +59,7 @@ def load_tiny(threads: int | None = 1) -> LoadedModel:
 
     if threads is not None:
         torch.set_num_threads(threads)
-    return load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
+    return load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
 
 
 class GateWorker:
@@ -208,6 +211,8 @@ def start_service(
 
     if settings is None:
         settings_kwargs.setdefault("port", free_port())
+        # Request defaults follow the configured model: say which one ``model`` is.
+        settings_kwargs.setdefault("model", model.source)
         settings = Settings(**settings_kwargs)
     elif settings_kwargs:
         raise TypeError(f"pass settings or settings fields, not both: {sorted(settings_kwargs)}")

@@ -1,13 +1,17 @@
-"""A tiny SDXL-architecture pipeline with fixed-seed random weights, built fully offline.
+"""The tiny SDXL-architecture pipeline, built fully offline: random weights or trained ones.
 
-This is the service's embedded default model (no ``GENAUG_MODEL`` configured) and the model
-every test runs. It is the real :class:`diffusers.StableDiffusionXLPipeline` code path (two
-CLIP text encoders, pooled projection and ``text_time`` micro-conditioning, Euler scheduler,
-an 8x-downsampling VAE), only with layer widths small enough that a batch of eight 64x64
-images with classifier-free guidance takes a fraction of a second on one CPU core.
+It is the real :class:`diffusers.StableDiffusionXLPipeline` code path (two CLIP text encoders,
+pooled projection and ``text_time`` micro-conditioning, Euler scheduler, an 8x-downsampling
+VAE), only with layer widths small enough that a batch of eight 64x64 images with
+classifier-free guidance takes a fraction of a second on one CPU core. Two models share it:
 
-The images are meaningless (the weights are random), but they are a deterministic function of
-(seed, prompt, generation parameters), which is what tests and demos need.
+* ``tiny-random`` (:func:`build_tiny_pipeline`): fixed-seed random weights. Its images are
+  meaningless but a deterministic function of (seed, prompt, generation parameters): what
+  tests need (``genaug.service.testing.load_tiny``).
+* ``tiny-digits`` (:func:`build_tiny_digits_pipeline`, the service's default): the same
+  modules with the weights shipped as package data (``weights/tiny_digits.safetensors``),
+  trained by ``tools/train_tiny_generator.py`` on scikit-learn's handwritten digits; it draws
+  the digit its prompt names (``recipes/digits.yaml``: "a handwritten three").
 
 Example::
 
@@ -28,16 +32,25 @@ Example::
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from diffusers import StableDiffusionXLPipeline
 
-__all__ = ["TINY_IMAGE_SIZE", "build_tiny_pipeline", "tiny_tokenizer_dir"]
+__all__ = [
+    "TINY_IMAGE_SIZE",
+    "TinyWeightsError",
+    "build_tiny_digits_pipeline",
+    "build_tiny_pipeline",
+    "tiny_digits_weights",
+    "tiny_tokenizer_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +65,7 @@ _TEXT_PROJECTION_DIM = 32  # text_encoder_2's pooled projection (SDXL: 1280)
 _ADDITION_TIME_EMBED_DIM = 8  # SDXL: 256; six micro-conditioning numbers each get this width
 _VOCAB_SIZE = 514  # 256 bytes + 256 end-of-word bytes + <|startoftext|> + <|endoftext|>
 _MAX_TOKENS = 77  # CLIP context length, as in SDXL (prompt truncation behaves the same)
+_DIGITS_FILE = "tiny_digits.safetensors"
 
 
 def tiny_tokenizer_dir() -> str:
@@ -65,6 +79,76 @@ def tiny_tokenizer_dir() -> str:
     # The package is installed as plain files (wheel or editable), never zipped: the
     # Traversable is a real directory that transformers can open by path.
     return str(folder)
+
+
+class TinyWeightsError(RuntimeError):
+    """The packaged tiny-digits weights are missing or do not fit the tiny architecture."""
+
+
+_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
+
+
+def tiny_digits_weights() -> Path:
+    """Path of the packaged ``tiny-digits`` weights (``weights/tiny_digits.safetensors``).
+
+    One safetensors file with every component's state dict (keys prefixed ``unet.``,
+    ``vae.``, ``text_encoder.``, ``text_encoder_2.``) and, in its header, the VAE's
+    ``scaling_factor`` and the training record (``trained_on``, JSON).
+    """
+    return Path(str(resources.files("genaug.service").joinpath("weights", _DIGITS_FILE)))
+
+
+def build_tiny_digits_pipeline(
+    *, batch_invariant: bool = True, weights: Path | None = None
+) -> tuple[StableDiffusionXLPipeline, dict[str, Any]]:
+    """The ``tiny-digits`` pipeline: :func:`build_tiny_pipeline`'s modules, trained weights.
+
+    Args:
+        batch_invariant: as for :func:`build_tiny_pipeline`.
+        weights: a file in the format of :func:`tiny_digits_weights` (default: that one),
+            e.g. ``OUT/tiny_digits.safetensors`` of a training run.
+
+    Returns:
+        The pipeline and its training record (data set, split, steps, seed, script version).
+
+    Raises:
+        TinyWeightsError: the file is missing, unreadable, or does not fit the architecture.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = weights or tiny_digits_weights()
+    if not path.is_file():
+        raise TinyWeightsError(f"the tiny-digits weights {str(path)!r} are missing")
+    pipeline: Any = build_tiny_pipeline(batch_invariant=batch_invariant)
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = handle.metadata() or {}
+            state = {key: handle.get_tensor(key) for key in handle.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise TinyWeightsError(
+            f"the tiny-digits weights {str(path)!r} are unreadable: {exc}"
+        ) from exc
+    for name in _COMPONENTS:
+        prefix = name + "."
+        part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        try:
+            getattr(pipeline, name).load_state_dict(part, strict=True)
+        except RuntimeError as exc:
+            raise TinyWeightsError(
+                f"the tiny-digits weights {str(path)!r} do not fit the tiny {name}: "
+                f"{str(exc).splitlines()[0]}"
+            ) from exc
+    try:
+        scaling = float(meta["scaling_factor"])
+        trained_on = json.loads(meta.get("trained_on", "{}"))
+    except (KeyError, ValueError) as exc:
+        raise TinyWeightsError(
+            f"the tiny-digits weights {str(path)!r} lack a valid scaling_factor/trained_on "
+            f"header: {exc!r}"
+        ) from exc
+    pipeline.vae.register_to_config(scaling_factor=scaling)
+    log.debug("loaded tiny-digits weights from %s (scaling factor %g)", path, scaling)
+    return pipeline, trained_on
 
 
 def build_tiny_pipeline(

@@ -47,7 +47,7 @@ def generate(pipeline: Any, prompts: list[str], seeds: list[int]) -> np.ndarray:
 
 
 def load_tiny(unet_weights: Path | None = None) -> LoadedModel:
-    return load_model(source=None, unet_weights=unet_weights, device="cpu", dtype="auto")
+    return load_model(source="tiny-random", unet_weights=unet_weights, device="cpu", dtype="auto")
 
 
 def perturbed_unet_state(pipeline: Any) -> dict[str, torch.Tensor]:
@@ -81,7 +81,7 @@ def test_tiny_is_deterministic(tiny: LoadedModel, tiny_reference: np.ndarray) ->
     again = load_tiny()
     assert re.fullmatch(r"[0-9a-f]{16}", tiny.weights_hash)
     assert again.weights_hash == tiny.weights_hash
-    assert (tiny.kind, tiny.source) == ("tiny", "tiny")
+    assert (tiny.kind, tiny.source, tiny.trained_on) == ("tiny-random", "tiny-random", None)
     assert tiny.device == torch.device("cpu") and tiny.dtype == torch.float32
     assert tiny_reference.shape == (1, 64, 64, 3)
     np.testing.assert_array_equal(generate(again.pipeline, ["a red square"], [7]), tiny_reference)
@@ -206,7 +206,7 @@ def test_unet_override_changes_hash_and_output(
         }
         torch.save(wrapped[fmt], str(path))
     tuned = load_tiny(unet_weights=path)
-    assert tuned.kind == "tiny"
+    assert tuned.kind == "tiny-random"
     assert tuned.weights_hash != tiny.weights_hash
     assert re.fullmatch(r"[0-9a-f]{16}", tuned.weights_hash)
     assert torch.equal(tuned.pipeline.unet.conv_out.weight, state["conv_out.weight"])
@@ -240,6 +240,7 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
         load_tiny(unet_weights=path)
     assert "weights_only=True" in str(info.value)
     assert "safetensors" in str(info.value)
+    assert "genaug convert-unet" in str(info.value)
     assert not marker.exists()
 
 
@@ -333,7 +334,7 @@ def test_resolve_dtype() -> None:
 
 
 def test_tiny_in_bfloat16_on_cpu() -> None:
-    model = load_model(source=None, unet_weights=None, device="cpu", dtype="bfloat16")
+    model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="bfloat16")
     assert model.dtype == torch.bfloat16
     assert model.pipeline.unet.dtype == torch.bfloat16
     assert model.weights_hash == load_tiny().weights_hash  # same weights, other precision
@@ -343,7 +344,7 @@ def test_tiny_in_bfloat16_on_cpu() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_tiny_on_cuda(tiny: LoadedModel) -> None:
-    model = load_model(source=None, unet_weights=None, device="cuda", dtype="auto")
+    model = load_model(source="tiny-random", unet_weights=None, device="cuda", dtype="auto")
     assert model.device.type == "cuda" and model.dtype == torch.bfloat16
     assert model.pipeline.unet.device.type == "cuda"
     assert model.weights_hash == tiny.weights_hash
