@@ -1,10 +1,12 @@
-"""``genaug demo``: the whole round trip on the embedded tiny model, no GPU, no download.
+"""``genaug demo``: the whole round trip on the embedded default, no GPU, no download.
 
-Starts ``genaug serve`` as a child process on 127.0.0.1, waits for readiness, asks the
-client for a few images per label and writes them as one labelled grid PNG, waits for the
-recipe pool to fill, then (unless ``--no-train``) trains briefly in a separate TensorFlow
-process mixing pool images in through the reservoir, and stops everything; the
-orchestration is :func:`genaug.trainer.demo.run_full_demo`.
+Starts ``genaug serve`` (the ``tiny-digits`` generator) as a child process on 127.0.0.1,
+waits for readiness, asks the client for a row of images per digit and writes them as one
+labelled grid PNG, then (unless ``--no-train``) trains a small CNN on 5 real digits per class
+in a separate TensorFlow process, with and without pool images mixed in through the
+reservoir, prints both test accuracies, and stops everything; the orchestration is
+:func:`genaug.trainer.demo.run_full_demo`. With ``--no-train`` it waits for the recipe pool
+to fill instead.
 """
 
 from __future__ import annotations
@@ -17,21 +19,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 log = logging.getLogger(__name__)
-
-DEMO_LABELS = {
-    "I": "depth image of a diabetic foot ulcer, inflammatory phase, red swollen wound bed",
-    "P": "depth image of a diabetic foot ulcer, proliferative phase, granulation tissue",
-    "R": "depth image of a diabetic foot ulcer, remodelling phase, closing scar",
-}
-
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -87,22 +80,9 @@ def labelled_grid(rows: dict[str, np.ndarray], *, scale: int = 2) -> bytes:
     return buf.getvalue()
 
 
-def write_grid(client: Any, out: Path, *, per_label: int = 6) -> None:
-    """Generate ``per_label`` images per demo label through ``client``; save a labelled grid."""
-    rows: dict[str, np.ndarray] = {}
-    for i, (label, prompt) in enumerate(DEMO_LABELS.items()):
-        t0 = time.monotonic()
-        result = client.generate(prompt, n=per_label, seed=1000 * i)
-        rows[label] = result.images
-        print(f"      {label}: {len(result)} images {result.images.shape[1:]} seeds "
-              f"{result.seeds[0]}..{result.seeds[-1]} in {time.monotonic() - t0:.2f} s")
-    out.write_bytes(labelled_grid(rows))
-    print(f"      wrote {out} ({len(rows)} labels x {per_label} images)")
-
-
 def run_demo(*, out: str = "genaug-demo.png", port: int = 0, train: bool = True) -> int:
-    """The README's main job: service, a labelled grid through the client, the pool filling,
-    and (with ``train``) a short MirroredStrategy run mixing pool images in; then stop."""
+    """The README's main job: service, a labelled grid through the client, then (with
+    ``train``) few-shot training with and without genaug mixing under MirroredStrategy."""
     from genaug.trainer.demo import run_full_demo
 
     code: int = run_full_demo(port=port, grid_out=Path(out), train=train)

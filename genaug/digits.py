@@ -57,6 +57,7 @@ __all__ = [
     "fidelity",
     "fidelity_classifier",
     "load_split",
+    "subset",
     "to_digits8",
     "to_rgb64",
     "write_split_folders",
@@ -185,6 +186,25 @@ def fidelity(images: np.ndarray, labels: Sequence[int] | np.ndarray) -> float:
     return float(np.mean(predicted == labels))
 
 
+def subset(labels: np.ndarray, per_class: int, *, seed: int | None = None) -> np.ndarray:
+    """Positions of ``per_class`` examples of each class in ``labels`` (sorted per class).
+
+    With ``seed`` they are drawn at random (one generator, classes in order); without it the
+    first ones. E.g. the 5-shot training set of benchmark seed ``s``::
+
+        images, labels = load_split("fewshot")
+        keep = subset(labels, 5, seed=s)
+    """
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for label in range(10):
+        members = np.flatnonzero(labels == label)
+        if seed is not None:
+            members = rng.permutation(members)
+        chosen.append(np.sort(members[:per_class]))
+    return np.concatenate(chosen)
+
+
 def write_split_folders(
     root: Path | str, splits: Sequence[str] = tuple(SPLITS), *, per_class: int | None = None,
     seed: int | None = None,
@@ -199,19 +219,11 @@ def write_split_folders(
 
     root = Path(root)
     written: dict[str, Path] = {}
-    rng = np.random.default_rng(seed)
     for split in splits:
         images, labels = load_split(split)
         idx = split_indices(split)
-        keep = np.arange(len(labels))
-        if per_class is not None:
-            chosen = []
-            for label in range(10):
-                members = np.flatnonzero(labels == label)
-                if seed is not None:
-                    members = rng.permutation(members)
-                chosen.append(np.sort(members[:per_class]))
-            keep = np.concatenate(chosen)
+        keep = (np.arange(len(labels)) if per_class is None
+                else subset(labels, per_class, seed=seed))
         folder = root / split
         for label in LABELS:
             (folder / label).mkdir(parents=True, exist_ok=True)

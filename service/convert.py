@@ -299,7 +299,8 @@ def base_unet_shapes(base: str | None) -> tuple[str, dict[str, tuple[int, ...]]]
             model = load_model(source=path, unet_weights=None, device="cpu", dtype="float32")
         except ModelLoadError as exc:
             raise ConvertError(f"could not load the base model --base {path}: {exc}") from exc
-        unet: Any = model.pipeline.unet
+        pipeline: Any = model.pipeline
+        unet: Any = pipeline.unet
         return str(path), {k: tuple(v.shape) for k, v in unet.state_dict().items()}
     raise ConvertError(
         f"base model {str(path)!r} does not exist; pass --base with a local diffusers folder, "
@@ -321,7 +322,7 @@ def _folder_unet_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
         )
     config = UNet2DConditionModel.load_config(str(config_dir), local_files_only=True)
     with torch.device("meta"):
-        unet = UNet2DConditionModel.from_config(config)
+        unet = UNet2DConditionModel.from_config(config)  # type: ignore[no-untyped-call]
     return {k: tuple(v.shape) for k, v in unet.state_dict().items()}
 
 

@@ -1,0 +1,235 @@
+"""Does genaug make a classifier better? Few-shot digits, through the real path, 4 arms x seeds.
+
+The path is the product's: ``genaug serve`` (a child process serving the embedded
+``tiny-digits`` generator) with recipe pools filled by idle pre-generation, and a TensorFlow
+child process (torch never loads there) that trains a small Keras CNN under
+``MirroredStrategy`` over 2 logical CPUs, mixing pool images in through a
+``SyntheticReservoir`` refreshed by a ``ReservoirFeeder``
+(:func:`genaug.trainer.demo.run_fewshot`). Real data: scikit-learn's handwritten digits
+(:mod:`genaug.digits`); each seed draws 5 real images per class from the ``fewshot`` split
+and initialises the model differently; accuracy is on the 500 ``test`` digits.
+
+Arms (all with random shifts and rotations as graph ops in the model):
+
+1. real only;
+2. plus text-to-image pool mixing, p = 0.5 (recipe ``digits``: "a handwritten three" ...);
+3. plus img2img variants of the seed's few-shot images (strength 0.5, 10 per image,
+   p = 0.5): one recipe per seed whose labels take their images from the seed's few-shot
+   folder (``images:``/``strength``/``variants_per_image``, resolved under
+   ``GENAUG_DATA_ROOT``). It runs when the service's recipes know those fields; otherwise
+   the table says what is missing;
+4. synthetic only (p = 1: every real image replaced; Ravuri & Vinyals' classification
+   accuracy score).
+
+Where a gain comes from: the generator was trained on the 997 digits of the ``generator``
+split, which the few-shot classifier never sees. It is knowledge transfer from a model that
+saw more data, as SDXL saw far more images than any user's data set holds.
+
+Also measured: fidelity (the share of generated images a logistic regression fitted on the
+``generator`` split labels as the digit asked for, >= 200 images from the pool). A grid PNG of
+pool images per class (and variants, with arm 3) is written next to the JSON.
+
+Run (full: 5 seeds, about 30-60 minutes on a shared 2-core machine)::
+
+    python bench/augmentation_gain.py --out artifacts/augmentation_gain
+    python bench/augmentation_gain.py --quick      # CI: 1 seed, short training, small pools
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes" / "digits.yaml"
+TEXT_RECIPE = "digits"
+
+
+def variants_supported() -> str | None:
+    """``None`` when the service's recipes take ``images``/``strength``/``variants_per_image``
+    per label; else what is missing."""
+    from genaug.service.recipes import LabelSpec
+
+    fields = set(LabelSpec.model_fields)
+    missing = {"images", "strength", "variants_per_image"} - fields
+    if missing:
+        return ("recipe labels have no " + ", ".join(sorted(missing)) + " fields yet (img2img "
+                "variants from a recipe image folder: issue 11, pool and engine work)")
+    return None
+
+
+def write_recipes(work: Path, seeds: Sequence[int], *, with_variants: bool) -> Path:
+    """The digits recipe, plus one variants recipe per seed over its few-shot folder."""
+    from genaug.digits import PROMPTS, write_split_folders
+
+    spec = yaml.safe_load(RECIPES.read_text())
+    text = spec["recipes"][0]
+    recipes = [text]
+    if with_variants:
+        for seed in seeds:
+            write_split_folders(work / "data" / f"fewshot-s{seed}", ["fewshot"], per_class=5,
+                                seed=seed)
+            recipes.append({
+                "name": f"digits-variants-s{seed}",
+                "description": f"img2img variants of the 5-shot subset of seed {seed}",
+                "height": 64, "width": 64, "steps": text["steps"],
+                "guidance": text["guidance"], "base_seed": seed,
+                "labels": {
+                    label: {"prompts": [prompt],
+                            "images": f"fewshot-s{seed}/fewshot/{label}",
+                            "strength": 0.5, "variants_per_image": 10}
+                    for label, prompt in PROMPTS.items()
+                },
+            })
+    path = work / "recipes.yaml"
+    path.write_text(yaml.safe_dump({"recipes": recipes}, sort_keys=False))
+    return path
+
+
+def pool_fill(url: str, recipe: str) -> dict[str, int]:
+    import httpx
+
+    fill: dict[str, int] = httpx.get(f"{url}/v1/recipes/{recipe}", timeout=10).json()["fill"]
+    return fill
+
+
+def wait_fill(url: str, recipes: Sequence[str], per_label: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        fills = {r: pool_fill(url, r) for r in recipes}
+        if all(min(f.values()) >= per_label for f in fills.values()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pools hold {fills} after {timeout:.0f} s; wanted {per_label}")
+        time.sleep(2)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return float(values[0]), 0.0
+    return statistics.fmean(values), statistics.stdev(values)
+
+
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI size: 1 seed, short runs")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds (default 5; quick 1)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per run (default 600; quick 60)")
+    parser.add_argument("--pool", type=int, default=None,
+                        help="text-to-image pool images per label (default 100; quick 8)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for result.json and grid.png "
+                        "(default: artifacts/augmentation_gain)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the service")
+    args = parser.parse_args(argv)
+    seeds = list(range(args.seeds or (1 if args.quick else 5)))
+    steps = args.steps or (60 if args.quick else 600)
+    pool = args.pool or (8 if args.quick else 100)
+    slots = min(pool, 64)
+
+    from genaug.client import Client
+    from genaug.demo import free_port, labelled_grid, running_service
+    from genaug.digits import LABELS, fidelity
+    from genaug.trainer.demo import FewShotRun, run_fewshot
+
+    missing = variants_supported()
+    tmp = tempfile.TemporaryDirectory(prefix="genaug-gain-")
+    work = Path(tmp.name)
+    out = args.out or ROOT / "artifacts" / "augmentation_gain"
+    out.mkdir(parents=True, exist_ok=True)
+    recipes = write_recipes(work, seeds, with_variants=missing is None)
+    variant_recipes = [f"digits-variants-s{s}" for s in seeds] if missing is None else []
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
+           "MKL_NUM_THREADS": str(args.threads), "GENAUG_DATA_ROOT": str(work / "data")}
+    env.pop("GENAUG_MODEL", None)
+    started = time.monotonic()
+    load = [round(os.getloadavg()[0], 2)]
+    results: list[dict[str, Any]] = []
+    runs_timeout = 300 + 3.0 * steps * len(seeds)
+    with running_service(port, env=env, log_path=work / "service.log", extra_args=[
+            "--recipes", str(recipes), "--pool-path", str(work / "pool.db"),
+            "--pool-capacity-per-label", str(max(pool, 50 if missing is None else pool))]):
+        with Client(url, client_id="augmentation-gain") as client:
+            client.wait_ready(timeout=300)
+            info = client.info()
+        print(f"service ready ({info['model']['kind']}, weights {info['model']['weights_hash']})"
+              f"; arm 1 trains while the pools fill", flush=True)
+        # Arm 1 needs no pool: it runs while pre-generation fills the pools.
+        arm1 = [FewShotRun(arm="1 real only", seed=s, steps=steps) for s in seeds]
+        results += run_fewshot(arm1, timeout_s=runs_timeout)
+        wait_fill(url, [TEXT_RECIPE], pool, timeout=3600)
+        print(f"pool of {TEXT_RECIPE!r} holds >= {pool} per label after "
+              f"{time.monotonic() - started:.0f} s", flush=True)
+        with Client(url, client_id="augmentation-gain") as client:
+            sample = client.sample(TEXT_RECIPE, n=10 * pool)
+        names = list(sample.label_names)
+        asked = np.asarray([int(names[i]) for i in sample.labels])
+        fid = fidelity(sample.images, asked)
+        rows = {d: sample.images[asked == int(d)][:10] for d in LABELS}
+        mixed = [FewShotRun(arm="2 + text-to-image p=0.5", seed=s, steps=steps, service=url,
+                            recipe=TEXT_RECIPE, p=0.5, slots_per_class=slots,
+                            prefill_per_class=slots) for s in seeds]
+        mixed += [FewShotRun(arm="4 synthetic only", seed=s, steps=steps, service=url,
+                             recipe=TEXT_RECIPE, p=1.0, slots_per_class=slots,
+                             prefill_per_class=slots) for s in seeds]
+        if variant_recipes:
+            wait_fill(url, variant_recipes, 50, timeout=3600)
+            mixed += [FewShotRun(arm="3 + img2img variants p=0.5", seed=s, steps=steps,
+                                 service=url, recipe=f"digits-variants-s{s}", p=0.5,
+                                 slots_per_class=50, prefill_per_class=50) for s in seeds]
+            with Client(url, client_id="augmentation-gain") as client:
+                variants = client.sample(variant_recipes[0], n=100)
+            vnames = list(variants.label_names)
+            vlabels = np.asarray([int(vnames[i]) for i in variants.labels])
+            for d in LABELS:
+                rows[f"{d} var"] = variants.images[vlabels == int(d)][:10]
+        results += run_fewshot(mixed, timeout_s=runs_timeout * 3)
+    load.append(round(os.getloadavg()[0], 2))
+    (out / "grid.png").write_bytes(labelled_grid({k: v for k, v in rows.items() if len(v)}))
+
+    arms: dict[str, list[float]] = {}
+    for r in results:
+        arms.setdefault(r["arm"], []).append(r["test_accuracy"])
+    table = {arm: {"mean": mean_std(acc)[0], "std": mean_std(acc)[1], "runs": acc}
+             for arm, acc in sorted(arms.items())}
+    base = table["1 real only"]["mean"]
+    result = {
+        "seeds": seeds, "steps": steps, "pool_per_label": pool, "slots_per_class": slots,
+        "fidelity": {"share": fid, "images": int(len(asked))},
+        "arms": table,
+        "gain_points": {arm: 100 * (v["mean"] - base) for arm, v in table.items()},
+        "arm3": "ran" if variant_recipes else f"not run: {missing}",
+        "load_average": load, "wall_s": round(time.monotonic() - started, 1),
+        "grid": str(out / "grid.png"), "runs": results,
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    print(f"\nfidelity: {100 * fid:.1f} % of {len(asked)} pool images labelled as the digit "
+          "asked for")
+    print(f"{'arm':<32} test accuracy (mean ± std over {len(seeds)} seed(s))   gain")
+    for arm, v in table.items():
+        print(f"{arm:<32} {v['mean']:.3f} ± {v['std']:.3f}"
+              f"{'':<24} {100 * (v['mean'] - base):+.1f} pts")
+    if not variant_recipes:
+        print(f"3 + img2img variants p=0.5       not run: {missing}")
+    print(f"grid: {out / 'grid.png'}; result: {out / 'result.json'}; "
+          f"{result['wall_s']:.0f} s, load average {load[0]} -> {load[1]}")
+    tmp.cleanup()
+    return result
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])

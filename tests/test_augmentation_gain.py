@@ -1,0 +1,65 @@
+"""bench/augmentation_gain.py --quick and genaug demo run end to end (CI size).
+
+Both start ``genaug serve`` (the embedded tiny-digits generator) as a child process; the
+benchmark also starts the TensorFlow child that trains the few-shot CNN under
+MirroredStrategy with the reservoir and feeder. Neither torch's pipeline nor TensorFlow loads
+in the pytest process. The figures here are not the benchmark's (1 seed, 60 steps): the test
+checks that every arm ran through the real path and that the numbers are sane.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_benchmark_runs_every_available_arm(tmp_path: Path) -> None:
+    if not all(importlib.util.find_spec(m) for m in ("tensorflow", "sklearn")):
+        pytest.skip("needs tensorflow and scikit-learn (pip install 'genaug[dev,trainer]')")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "augmentation_gain.py"), "--quick", "--out",
+         str(tmp_path)], capture_output=True, text=True, timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    arms = result["arms"]
+    assert {"1 real only", "2 + text-to-image p=0.5", "4 synthetic only"} <= arms.keys()
+    for arm in arms.values():
+        assert 0.0 <= arm["mean"] <= 1.0 and len(arm["runs"]) == 1
+    # Well above chance (0.1) even at CI size: the real path learned something.
+    assert arms["1 real only"]["mean"] > 0.3
+    assert arms["4 synthetic only"]["mean"] > 0.3
+    for run in result["runs"]:
+        if run["p"] > 0:
+            assert run["feeder"] > 0 and min(run["reservoir_fill"]) > 0
+            assert run["mixed_fraction"] > 0.3 * run["p"]
+        else:
+            assert run["mixed_fraction"] == 0.0
+    assert result["fidelity"]["images"] >= 80 and result["fidelity"]["share"] > 0.5
+    assert (tmp_path / "grid.png").read_bytes().startswith(b"\x89PNG")
+    assert result["arm3"] == "ran" or result["arm3"].startswith("not run: ")
+    assert "fidelity:" in proc.stdout and "pts" in proc.stdout
+
+
+def test_demo_without_training_writes_the_digit_grid(tmp_path: Path) -> None:
+    if importlib.util.find_spec("sklearn") is None:
+        pytest.skip("needs scikit-learn")
+    from PIL import Image
+
+    out = tmp_path / "demo.png"
+    proc = subprocess.run([sys.executable, "-m", "genaug.cli", "demo", "--no-train", "--out",
+                           str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "tiny-digits" in proc.stdout and "10 digits x 8 images" in proc.stdout
+    assert "the pool of 'digits' holds" in proc.stdout
+    with Image.open(out) as grid:
+        assert grid.height >= 10 * 128  # one row of 128 px tiles per digit
