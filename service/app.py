@@ -78,6 +78,7 @@ def create_app(
         recipes=recipes,
         adapters=(),
         defaults=settings.request_defaults(tiny=settings.model is None),
+        schedulers=("default",),  # what PipelineWorker runs today
     )
     state = AppState(
         settings=settings,

@@ -194,7 +194,7 @@ def _choice(names: Sequence[str]) -> Any:
 
 
 def _generation_fields(
-    s: Settings, adapters: Sequence[str], *, max_images: int
+    s: Settings, adapters: Sequence[str], schedulers: Sequence[str], *, max_images: int
 ) -> dict[str, Any]:
     """Fields shared by generate and the variants' params, with their configured bounds."""
     side = s.max_side - s.max_side % 8
@@ -217,7 +217,7 @@ def _generation_fields(
         "timeout_s": (float | None, Field(default=None, ge=MIN_TIMEOUT_S, le=s.max_timeout_s,
                                           allow_inf_nan=False,
                                           description="Deadline; past it the answer is 504.")),
-        "scheduler": (_choice(SCHEDULERS) | None, Field(
+        "scheduler": (_choice(schedulers) | None, Field(
             default=None, description="Sampler; default: the service's (GENAUG_SCHEDULER).")),
     }
     if side < 8:
@@ -228,6 +228,9 @@ def _generation_fields(
         fields["adapter_scale"] = (float | None, Field(
             default=None, ge=0, le=MAX_ADAPTER_SCALE, allow_inf_nan=False,
             description="Adapter strength (default 1.0)."))
+    else:  # no adapters configured: the fields exist but admit only null
+        fields["adapter"] = (None, Field(default=None, description="No GENAUG_LORAS set."))
+        fields["adapter_scale"] = (None, Field(default=None, description="No adapters."))
     return fields
 
 
@@ -279,8 +282,10 @@ def build_api_models(
     recipes: Mapping[str, Recipe],
     adapters: Sequence[str],
     defaults: tuple[int, int, float],
+    schedulers: Sequence[str] = SCHEDULERS,
 ) -> ApiModels:
-    """The request models of an app with these settings, recipes and adapter names."""
+    """The request models of an app with these settings, recipes, adapter names and the
+    schedulers its worker runs."""
     s = settings
     side = s.max_side - s.max_side % 8
     variant_images = s.max_n * s.max_variant_sources
@@ -288,7 +293,7 @@ def build_api_models(
         "GenerateRequest",
         __base__=GenerateRequest,
         __doc__=GenerateRequest.__doc__,
-        **_generation_fields(s, adapters, max_images=s.max_n),
+        **_generation_fields(s, adapters, schedulers, max_images=s.max_n),
         n=(int, Field(default=1, ge=1, le=s.max_n, description="Number of images.")),
         height=(int | None, Field(default=None, ge=8, le=side, multiple_of=8,
                                   description="Generation height.")),
@@ -299,7 +304,7 @@ def build_api_models(
         "VariantParams",
         __base__=VariantParams,
         __doc__=VariantParams.__doc__,
-        **_generation_fields(s, adapters, max_images=variant_images),
+        **_generation_fields(s, adapters, schedulers, max_images=variant_images),
         strength=(float, Field(default=0.5, gt=0, le=1, allow_inf_nan=False,
                                description="Share of the schedule run: 1.0 ignores the source.")),
         n_per_image=(int, Field(default=1, ge=1, le=s.max_n, description="Variants per source.")),
