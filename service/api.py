@@ -72,7 +72,8 @@ from .work import GroupKey, Item
 log = logging.getLogger(__name__)
 
 STATUS_PAGE = Path(__file__).parent / "static" / "status.html"
-_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,64}$")
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9._:@/-]{1,64}$"
+_CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
 # Encode in the event loop below this many bytes of pixels (a thread hop costs more).
 _INLINE_ENCODE_BYTES = 1 << 20
 

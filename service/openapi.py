@@ -24,9 +24,18 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from .api import CLIENT_ID_PATTERN
 from .guard import OPEN_PATHS
 from .state import AppState
 
+CLIENT_ID_HEADER: dict[str, Any] = {
+    "name": "X-Client-Id",
+    "in": "header",
+    "required": False,
+    "description": "Who is asking, for round-robin fairness between trainers and notebooks "
+    "(with API keys: per key and client id).",
+    "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN},
+}
 _RECIPE_TEMPLATES = ("/v1/recipes/{name}", "/v1/recipes/{name}/sample", "/v1/recipes/{name}/fill")
 
 
@@ -47,7 +56,9 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
         return {"required": True, "content": {"application/json": {"schema": ref}}}
 
     paths: dict[str, Any] = doc["paths"]
-    paths["/v1/generate"]["post"]["requestBody"] = json_body(state.api.generate)
+    generate = paths["/v1/generate"]["post"]
+    generate["requestBody"] = json_body(state.api.generate)
+    generate.setdefault("parameters", []).append(CLIENT_ID_HEADER)
     templates = {path: paths.pop(path) for path in _RECIPE_TEMPLATES if path in paths}
     for name in state.recipes:
         bodies = {"sample": state.api.sample[name], "fill": state.api.fill[name]}
