@@ -123,7 +123,8 @@ def test_the_service_reports_and_defaults_by_model(digits_model: LoadedModel) ->
     with start_service(digits_model, max_batch_images=4, warmup=False) as live:
         info = httpx.get(live.url + "/v1/info").json()
         assert info["model"]["kind"] == "tiny-digits"
-        assert info["model"]["weights_hash"] == digits_model.weights_hash
+        assert info["model"]["hash"] == digits_model.weights_hash
+        assert info["model"]["trained_on"] == digits_model.trained_on
         response = httpx.post(live.url + "/v1/generate", json={"prompt": "a handwritten two",
                                                                 "seed": 3}, timeout=60)
         assert response.status_code == 200, response.text
