@@ -126,7 +126,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="CI size: 1 seed, short runs")
     parser.add_argument("--seeds", type=int, default=None, help="seeds (default 5; quick 1)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="training steps per run (default 600; quick 60)")
+                        help="training steps per run (default 600; quick 120)")
     parser.add_argument("--pool", type=int, default=None,
                         help="text-to-image pool images per label (default 100; quick 8)")
     parser.add_argument("--out", type=Path, default=None,
@@ -135,7 +135,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the service")
     args = parser.parse_args(argv)
     seeds = list(range(args.seeds or (1 if args.quick else 5)))
-    steps = args.steps or (60 if args.quick else 600)
+    steps = args.steps or (120 if args.quick else 600)
     pool = args.pool or (8 if args.quick else 100)
     slots = min(pool, 64)
 
@@ -166,7 +166,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with Client(url, client_id="augmentation-gain") as client:
             client.wait_ready(timeout=300)
             info = client.info()
-        print(f"service ready ({info['model']['kind']}, weights {info['model']['weights_hash']})"
+        print(f"service ready ({info['model']['kind']}, weights {info['model']['hash']})"
               f"; arm 1 trains while the pools fill", flush=True)
         # Arm 1 needs no pool: it runs while pre-generation fills the pools.
         arm1 = [FewShotRun(arm="1 real only", seed=s, steps=steps) for s in seeds]
