@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +156,9 @@ class Adapters:
             )
         try:
             state = load_file(str(path))
-            with quiet_diffusers():
+            with quiet_diffusers(), warnings.catch_warnings():
+                # peft warns on every adapter after the first: several are the point here.
+                warnings.filterwarnings("ignore", message="Already found a `peft_config`")
                 self.pipe.load_lora_weights(state, adapter_name=name)
         except Exception as exc:  # diffusers and peft raise many types; all mean "not loadable"
             raise AdapterLoadError(

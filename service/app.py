@@ -143,7 +143,9 @@ def create_app(
         try:
             model = await asyncio.to_thread(load, settings)
             state.model = model
-            generator = PipelineWorker(model, state.metrics)
+            generator = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
+                PipelineWorker.from_settings, model, settings, state.metrics
+            )
             worker: Worker = wrap_worker(generator) if wrap_worker else generator
             if state.store is not None:
                 state.pools = PoolManager(

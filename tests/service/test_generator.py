@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -11,6 +14,7 @@ import torch
 from genaug.service.generator import PipelineWorker
 from genaug.service.metrics import Metrics
 from genaug.service.model import load_model
+from genaug.service.testing import LiveService
 from genaug.service.work import GroupKey, Item
 
 KEY = GroupKey(height=64, width=64, steps=2)
@@ -141,6 +145,46 @@ def test_per_image_arguments_do_not_depend_on_batch_mates(tiny_model: Any) -> No
         assert image.shape == item.output_shape
         alone = worker.run(KEY, [item]).images[0]
         np.testing.assert_array_equal(image, alone)
+
+
+def test_requests_that_differ_in_guidance_share_one_batch_over_http(
+    make_service: Callable[..., LiveService], tiny_model: Any
+) -> None:
+    """Through the real service (GENAUG_SCHEDULER=euler_a): three requests with their own
+    guidance and negative prompt queue behind a held batch, run as one pipeline call, and each
+    image equals its item made alone."""
+    from genaug.client import Client
+
+    live = make_service(max_batch_images=8, max_wait_ms=20, scheduler="euler_a")
+    worker = live.worker
+    assert worker is not None
+    assert worker.inner.schedulers.describe() == "euler_a (EulerAncestralDiscreteScheduler)"
+    asks = [(7.5, None), (1.0, "ignored"), (3.0, "")]
+    with Client(live.url, timeout=60) as client, ThreadPoolExecutor(4) as pool:
+        worker.gate.clear()
+        worker.entered.clear()
+        blocker = pool.submit(client.generate, "blocker", seed=1)
+        assert worker.entered.wait(30), "the worker never started the blocker"
+        futures = [
+            pool.submit(client.generate, f"prompt {i}", seed=10 + i, guidance=g,
+                        negative_prompt=negative)
+            for i, (g, negative) in enumerate(asks)
+        ]
+        deadline = time.monotonic() + 30
+        while live.metric("genaug_queue_images") < len(asks):
+            assert time.monotonic() < deadline, "the requests never queued"
+            time.sleep(0.02)
+        worker.gate.set()
+        blocker.result(timeout=60)
+        results = [f.result(timeout=60) for f in futures]
+    assert len(worker.calls) == 2
+    key, batch = worker.calls[1]
+    assert key.scheduler == "default"  # the request named none: the setting applies
+    assert sorted(it.guidance for it in batch) == sorted(g for g, _ in asks)
+    alone = PipelineWorker(tiny_model, scheduler="euler_a")
+    for i, result in enumerate(results):
+        [it] = [it for it in batch if it.seed == 10 + i]
+        np.testing.assert_array_equal(result.images[0], alone.run(key, [it]).images[0])
 
 
 # -- on a CUDA device (skipped without one) --------------------------------------------------
