@@ -169,3 +169,22 @@ def test_unloadable_files_are_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(AdapterLoadError, match="(?s)'shape'.*size mismatch"):
         PipelineWorker(model, loras={"shape": wrong_shape})
     assert model.pipeline.get_list_adapters() == {"unet": []}  # nothing half-loaded
+
+
+# -- on a CUDA device (skipped without one) --------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_cuda_img2img_and_lora(tmp_path: Path) -> None:
+    lora = make_lora(tmp_path, "ink", seed=1)
+    model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="auto")
+    worker = PipelineWorker(model, loras={"ink": lora})
+    source = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    batch = [Item("v", seed=s, guidance=5.0, output_height=64, output_width=64, source=source)
+             for s in (1, 2)]
+    plain = worker.run(GroupKey(height=64, width=64, steps=4, mode="img2img", strength=0.6), batch)
+    ink = worker.run(GroupKey(height=64, width=64, steps=4, mode="img2img", strength=0.6,
+                              adapter="ink"), batch)
+    assert plain.errors == {} and ink.errors == {}
+    assert not np.array_equal(plain.images[0], plain.images[1])  # per-image seeds
+    assert np.abs(plain.images[0].astype(int) - ink.images[0].astype(int)).mean() > 1
