@@ -117,7 +117,8 @@ class Schedulers:
 
     ``default`` is the setting (``GENAUG_SCHEDULER``) that a key's ``"default"`` resolves to;
     as a setting, ``"default"`` is the scheduler the model brought. Instances are stateful
-    (diffusers keeps step indices and multistep history in them) and used by one thread.
+    (diffusers keeps step indices and multistep history in them): :meth:`get` belongs to the
+    worker thread; :meth:`resolve` and :meth:`describe` are safe from any thread.
 
     Example::
 
@@ -148,9 +149,14 @@ class Schedulers:
         return self._cache[resolved]
 
     def describe(self, name: str = "default") -> str:
-        """``"<name> (<diffusers class>)"`` of what ``name`` runs, e.g. for ``/v1/info``."""
+        """``"<name> (<diffusers class>)"`` of what ``name`` runs, e.g. for ``/v1/info``.
+        Builds nothing, so any thread may ask."""
         resolved = self.resolve(name)
-        return f"{resolved} ({type(self.get(resolved)).__name__})"
+        if resolved == "default":
+            class_name = type(self._model_scheduler).__name__
+        else:
+            class_name = SCHEDULER_CLASSES[resolved][0]
+        return f"{resolved} ({class_name})"
 
     def _build(self, name: str) -> Any:
         import diffusers
