@@ -128,6 +128,34 @@ def decode_batch(payload: bytes) -> Batch:
     )
 
 
+def encode_image_upload(images: np.ndarray) -> bytes:
+    """The ``images`` part of an upload (``POST /v1/variants``): a safetensors file holding
+    one ``images`` tensor, uint8 ``[N, H, W, 3]``."""
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise WireError(f"images must be uint8 [N,H,W,3], got {images.dtype} {images.shape}")
+    return save({"images": np.ascontiguousarray(images)})
+
+
+def decode_image_upload(payload: bytes) -> np.ndarray:
+    """The images of an upload part written by :func:`encode_image_upload` (or by
+    :func:`encode_batch`: other tensors are ignored). Raises :class:`WireError` naming what
+    is wrong, for a 422 that names the part."""
+    try:
+        tensors = load(payload)
+    except (SafetensorError, ValueError) as exc:
+        raise WireError(f"the images part is not a safetensors file: {exc}") from exc
+    images = tensors.get("images")
+    if images is None:
+        raise WireError(f"the images part holds no 'images' tensor (found {sorted(tensors)})")
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise WireError(
+            f"the images part holds {images.dtype} {images.shape}; expected uint8 [N, H, W, 3]"
+        )
+    if images.shape[0] == 0:
+        raise WireError("the images part holds no image (N = 0)")
+    return images
+
+
 def _check_lengths(tensors: dict[str, np.ndarray]) -> None:
     n = tensors["images"].shape[0]
     for name in ("seeds", "labels", "sources"):
