@@ -490,7 +490,7 @@ class ReservoirFeeder:
         self._warn_if_tensorflow_sees_generator_gpu(info, where)
         problems = first_contact_problems(
             info=info, recipe_detail=detail, recipe=self.recipe, label_map=self.label_map,
-            image_shape=tuple(self.reservoir.image_shape),  # type: ignore[arg-type]
+            image_shape=self.reservoir.image_shape,
             wait_s=self.wait_s,
         )
         if problems:
@@ -529,7 +529,7 @@ class ReservoirFeeder:
         from genaug.client._base import backoff_s
 
         # jitter: trainers don't retry in lockstep
-        delay = backoff_s(
+        delay: float = backoff_s(
             self._stats.consecutive_failures, initial_s=self.backoff_initial_s,
             max_s=self.backoff_max_s, jitter=0.2,
         )

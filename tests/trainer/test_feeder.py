@@ -286,7 +286,9 @@ def test_strict_start_passes_and_marks_checked() -> None:
     ],
     ids=["label", "size", "channels", "empty pool"],
 )
-def test_strict_start_raises_on_configuration_mistakes(change: dict[str, Any], message: str) -> None:
+def test_strict_start_raises_on_configuration_mistakes(
+    change: dict[str, Any], message: str
+) -> None:
     fake = FakeAsyncClient(list(LABELS), SIZE)
     fake.detail_overrides = change
     feeder = make(NumpyReservoir(3, 4), fake)
