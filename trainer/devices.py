@@ -280,7 +280,17 @@ def _tf_gpus_initialized() -> bool:
 
 def _hide_service_gpu(url: str, *, explicit_gpus: bool) -> str:
     """Hide the service's GPU through CUDA_VISIBLE_DEVICES; return what was done, in words."""
-    device = _fetch_service_device(url)
+    try:
+        device = _fetch_service_device(url)
+    except DeviceError:
+        table = nvml_gpus()
+        if not table:  # no GPU here: nothing TensorFlow could take from the generator
+            return f"the genaug service at {url} did not answer; this machine has no GPU to hide"
+        if explicit_gpus:
+            log.warning("the genaug service at %s did not answer; trusting gpus= to leave its "
+                        "GPU out", url)
+            return f"the genaug service at {url} did not answer; nothing hidden"
+        raise
     if not device.on_cuda:
         return f"the genaug service at {url} runs on {device.name or device.type}: no GPU to hide"
     if device.cuda_uuid is None and device.pci_bus_id is None:
