@@ -1,3 +1,19 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
 # %% [markdown]
 # # genaug from a notebook
 #
@@ -55,9 +71,12 @@ def describe(client: Client) -> dict[str, Any]:
     info = client.info()
     model = info["model"] or {}
     limits = info["limits"]
-    print(f"genaug {info['version']} on {info['device']} ({info['dtype']}), ready={info['ready']}")
-    print(f"model: {model.get('kind')} from {model.get('source')}, "
-          f"weights {model.get('weights_hash')}, scheduler {model.get('scheduler')}")
+    device = info["device"]  # a group (name, type, CUDA UUID...) or, on older services, a name
+    device_name = device.get("name") if isinstance(device, dict) else device
+    weights = model.get("hash") or model.get("weights_hash")
+    print(f"genaug {info['version']} on {device_name} ({info.get('dtype') or model.get('dtype')})"
+          f", ready={info['ready']}")
+    print(f"model: {model.get('kind')} from {model.get('source')}, weights {weights}")
     print(f"defaults: {limits['default_size']} px, {limits['default_steps']} steps; "
           f"at most {limits['max_n']} images per request")
     return info

@@ -37,6 +37,11 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
+def model_hash(info: dict[str, Any]) -> str:
+    model = info["model"]
+    return str(model.get("hash") or model["weights_hash"])
+
+
 def wait_pool(url: str, per_label: int, timeout: float = 90) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     while True:
@@ -56,7 +61,7 @@ def test_notebook_walkthrough_runs(
     out = walkthrough.main(live.url, tmp_path / "out")
 
     info = httpx.get(live.url + "/v1/info").json()
-    assert out["info"]["model"]["weights_hash"] == info["model"]["weights_hash"]
+    assert model_hash(out["info"]) == model_hash(info)
     assert out["grid"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert out["images"].shape == (4, 64, 64, 3) and out["images"].dtype == np.uint8
     sample = out["sample"]
@@ -67,7 +72,58 @@ def test_notebook_walkthrough_runs(
     clients = {c["client"]: c for c in httpx.get(live.url + "/v1/clients").json()["clients"]}
     assert clients["notebook-walkthrough"]["requests"] == 2
     printed = capsys.readouterr().out
-    assert info["model"]["weights_hash"] in printed and "wound-phases" in printed
+    assert model_hash(info) in printed and "wound-phases" in printed
+
+
+def _cells(notebook: Any) -> list[tuple[str, str]]:
+    return [(cell.cell_type, cell.source.strip()) for cell in notebook.cells]
+
+
+def test_notebook_ipynb_is_in_sync_with_the_percent_script(tmp_path: Path) -> None:
+    import jupytext
+
+    script = jupytext.read(EXAMPLES / "notebook_walkthrough.py")
+    notebook = jupytext.read(EXAMPLES / "notebook_walkthrough.ipynb")
+    fix = "edit the .py and run: jupytext --sync examples/notebook_walkthrough.py"
+    assert _cells(script) == _cells(notebook), fix
+    assert all(not cell.get("outputs") for cell in notebook.cells), "store it without outputs"
+    assert notebook.metadata["kernelspec"]["name"] == "python3"
+    # the check notices a drift: one changed line in the script
+    drifted = tmp_path / "drifted.py"
+    text = (EXAMPLES / "notebook_walkthrough.py").read_text()
+    drifted.write_text(text.replace("n: int = 6", "n: int = 7"))
+    assert _cells(jupytext.read(drifted)) != _cells(notebook)
+
+
+def test_notebook_runs_in_a_jupyter_kernel(
+    make_service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The .ipynb, executed cell by cell by nbclient in a real ipykernel against a live
+    service: the grid is displayed inline, images are saved next to the notebook."""
+    import nbclient
+    import nbformat
+
+    live = make_service(recipes=RECIPES, pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=2, max_batch_images=8)
+    monkeypatch.setenv("GENAUG_URL", live.url)  # the kernel inherits this environment
+    monkeypatch.delenv("GENAUG_API_KEY", raising=False)
+    notebook = nbformat.read(EXAMPLES / "notebook_walkthrough.ipynb", as_version=4)
+    client = nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code"
+               for out in cell.get("outputs", [])]
+    assert not [out for out in outputs if out.output_type == "error"]
+    text = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    info = httpx.get(live.url + "/v1/info").json()
+    assert model_hash(info) in text and "wound-phases" in text
+    images = [out for out in outputs if out.output_type == "display_data"
+              and "image/png" in out.get("data", {})]
+    assert len(images) == 1  # the grid, shown inline (not only saved)
+    assert (tmp_path / "genaug-walkthrough" / "grid.png").is_file()
+    saved = list((tmp_path / "genaug-walkthrough" / "wound-phases").glob("*/*.png"))
+    assert saved and {p.parent.name for p in saved} <= {"I", "P", "R"}
 
 
 def test_notebook_walkthrough_without_recipes(service: Any, tmp_path: Path) -> None:
