@@ -71,12 +71,10 @@ def describe(client: Client) -> dict[str, Any]:
     info = client.info()
     model = info["model"] or {}
     limits = info["limits"]
-    device = info["device"]  # a group (name, type, CUDA UUID...) or, on older services, a name
-    device_name = device.get("name") if isinstance(device, dict) else device
-    weights = model.get("hash") or model.get("weights_hash")
-    print(f"genaug {info['version']} on {device_name} ({info.get('dtype') or model.get('dtype')})"
-          f", ready={info['ready']}")
-    print(f"model: {model.get('kind')} from {model.get('source')}, weights {weights}")
+    print(f"genaug {info['version']} on {info['device']['name']} ({model.get('dtype')}), "
+          f"ready={info['ready']}")
+    print(f"model: {model.get('kind')} from {model.get('source')}, "
+          f"weights {model.get('hash')}, scheduler {info['speed'].get('scheduler')}")
     print(f"defaults: {limits['default_size']} px, {limits['default_steps']} steps; "
           f"at most {limits['max_n']} images per request")
     return info

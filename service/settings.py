@@ -46,6 +46,11 @@ class Settings(BaseSettings):
         default="auto", description="auto: bfloat16 on CUDA, float32 on CPU."
     )
     warmup: bool = Field(default=True, description="Run one batch before reporting ready.")
+    torch_threads: int | None = Field(
+        default=None, ge=1,
+        description="torch intra-op threads. Unset: on the CPU all cores but one (one is left "
+        "to the event loop and the pool store); on CUDA torch's own default.",
+    )
 
     # Network
     host: str = Field(default="127.0.0.1", description="Bind address. 0.0.0.0 exposes it.")
@@ -57,7 +62,13 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated origins allowed by CORS. Empty: none."
     )
-    max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger bodies get 413.")
+    max_body_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="Larger JSON bodies get 413 before parsing."
+    )
+    max_upload_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024,
+        description="Larger uploads to /v1/variants get 413 before parsing.",
+    )
 
     # Batching and admission
     max_batch_images: int = Field(
@@ -71,6 +82,9 @@ class Settings(BaseSettings):
         default=512, ge=1, description="Images waiting before new requests get 429."
     )
     max_n: int = Field(default=64, ge=1, description="Most images one request may ask for.")
+    max_variant_sources: int = Field(
+        default=16, ge=1, description="Most source images one /v1/variants request may send."
+    )
     max_side: int = Field(default=2048, ge=8, description="Largest height or width.")
     max_steps: int = Field(default=150, ge=1, description="Most denoising steps per request.")
     max_prompt_chars: int = Field(default=2000, ge=1, description="Longest prompt.")

@@ -37,11 +37,6 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
-def model_hash(info: dict[str, Any]) -> str:
-    model = info["model"]
-    return str(model.get("hash") or model["weights_hash"])
-
-
 def wait_pool(url: str, per_label: int, timeout: float = 90) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     while True:
@@ -61,7 +56,7 @@ def test_notebook_walkthrough_runs(
     out = walkthrough.main(live.url, tmp_path / "out")
 
     info = httpx.get(live.url + "/v1/info").json()
-    assert model_hash(out["info"]) == model_hash(info)
+    assert out["info"]["model"]["hash"] == info["model"]["hash"]
     assert out["grid"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert out["images"].shape == (4, 64, 64, 3) and out["images"].dtype == np.uint8
     sample = out["sample"]
@@ -72,7 +67,7 @@ def test_notebook_walkthrough_runs(
     clients = {c["client"]: c for c in httpx.get(live.url + "/v1/clients").json()["clients"]}
     assert clients["notebook-walkthrough"]["requests"] == 2
     printed = capsys.readouterr().out
-    assert model_hash(info) in printed and "wound-phases" in printed
+    assert info["model"]["hash"] in printed and "wound-phases" in printed
 
 
 def _cells(notebook: Any) -> list[tuple[str, str]]:
@@ -117,7 +112,7 @@ def test_notebook_runs_in_a_jupyter_kernel(
     assert not [out for out in outputs if out.output_type == "error"]
     text = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
     info = httpx.get(live.url + "/v1/info").json()
-    assert model_hash(info) in text and "wound-phases" in text
+    assert info["model"]["hash"] in text and "wound-phases" in text
     images = [out for out in outputs if out.output_type == "display_data"
               and "image/png" in out.get("data", {})]
     assert len(images) == 1  # the grid, shown inline (not only saved)
