@@ -76,9 +76,8 @@ def create_app(
     api = build_api_models(
         settings,
         recipes=recipes,
-        adapters=(),
+        adapters=tuple(settings.loras),
         defaults=settings.request_defaults(tiny=settings.model is None),
-        schedulers=("default",),  # what PipelineWorker runs today
     )
     state = AppState(
         settings=settings,
@@ -199,10 +198,16 @@ async def _load_and_warm(state: AppState) -> None:
             "torch_threads": threads,
         }
         state.model = model
-        pipeline_worker = PipelineWorker(model, state.metrics)
+        pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
+            PipelineWorker.from_settings, model, settings, state.metrics
+        )
         worker: Worker = (
             startup.wrap_worker(pipeline_worker) if startup.wrap_worker else pipeline_worker
         )
+        state.adapters_info = pipeline_worker.adapters.info()
+        state.speed_info = {
+            **state.speed_info, "scheduler": pipeline_worker.schedulers.describe()
+        }
         if state.store is not None:
             state.pools = PoolManager(
                 state.recipes,

@@ -11,11 +11,16 @@ Example::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .work import SchedulerName
+
+_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 TINY_DEFAULTS = {"size": 64, "steps": 4, "guidance": 5.0}
 SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
@@ -118,6 +123,46 @@ class Settings(BaseSettings):
     max_sample_n: int = Field(default=1024, ge=1, description="Most images one sample returns.")
 
     log_level: str = Field(default="info", description="debug, info, warning or error.")
+
+    # -- engine --
+    scheduler: SchedulerName = Field(
+        default="default",
+        description="Sampler when a recipe or request names none: default (the model's own), "
+        "euler, euler_a, dpmpp_2m, dpmpp_2m_karras, unipc or lcm.",
+    )
+    loras: Annotated[dict[str, Path], NoDecode] = Field(
+        default_factory=dict,
+        description="LoRA adapters loaded at start, name=path[,name=path...] (safetensors, "
+        "diffusers/peft format); none is active unless a recipe or request names it.",
+    )
+
+    @field_validator("loras", mode="before")
+    @classmethod
+    def _parse_loras(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        out: dict[str, str] = {}
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            name, sep, path = (x.strip() for x in part.partition("="))
+            if not sep or not name or not path:
+                raise ValueError(f"LoRA entry {part!r} is not name=path (GENAUG_LORAS)")
+            if name in out:
+                raise ValueError(f"LoRA name {name!r} appears twice (GENAUG_LORAS)")
+            out[name] = path
+        return out
+
+    @field_validator("loras")
+    @classmethod
+    def _check_lora_names(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for name in value:
+            if not _LORA_NAME.fullmatch(name):
+                raise ValueError(
+                    f"LoRA name {name!r} must be letters, digits, '_', '.' or '-' (at most 64, "
+                    "starting with a letter or digit)"
+                )
+        return value
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
