@@ -1,6 +1,6 @@
 """``Client.variants`` / ``AsyncClient.variants``: the request they send, decoded as a server
 would (multipart parts, the safetensors images part, the params JSON), the answer they return
-(``sources``), and the same call against a live service once ``/v1/variants`` exists.
+(``sources``), and the same call against a live service.
 
 Also: both clients expose the same methods with the same signatures, and the one backoff
 formula behind every retry.
@@ -178,14 +178,11 @@ def test_upload_codec_refuses_what_is_not_an_images_part() -> None:
     assert decode_batch(batch).sources is None
 
 
-# -- live, once the service has /v1/variants ----------------------------------------------------
+# -- live ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_variants_against_a_live_service(service: Any, kind: str) -> None:
-    routes = httpx.get(service.url + "/openapi.json").json()["paths"]
-    if "/v1/variants" not in routes:
-        pytest.skip("the service has no /v1/variants yet (issue 11, lead's route)")
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(2, 64, 64, 3), dtype=np.uint8)
     if kind == "sync":
