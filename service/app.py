@@ -40,7 +40,8 @@ from .pool import PoolStore
 from .pregen import PoolManager, pool_model_hash
 from .recipes import Recipe, load_recipes
 from .settings import Settings
-from .work import GroupKey, Worker
+from .speed import Speed
+from .work import Worker
 
 if TYPE_CHECKING:
     from .generator import PipelineWorker
@@ -74,6 +75,7 @@ class AppState:
     recipes: dict[str, Recipe] = field(default_factory=dict)
     store: PoolStore | None = None
     pools: PoolManager | None = None
+    speed: Speed | None = None
     ready: bool = False
     load_error: str | None = None
     started_at: float = field(default_factory=time.time)
@@ -143,8 +145,10 @@ def create_app(
         try:
             model = await asyncio.to_thread(load, settings)
             state.model = model
+            speed = await asyncio.to_thread(Speed.setup, model, settings, state.metrics)
+            state.speed = speed
             generator = PipelineWorker(model, state.metrics)
-            worker: Worker = wrap_worker(generator) if wrap_worker else generator
+            worker: Worker = speed.wrap(wrap_worker(generator) if wrap_worker else generator)
             if state.store is not None:
                 state.pools = PoolManager(
                     state.recipes,
@@ -165,10 +169,9 @@ def create_app(
             await batcher.start()
             state.batcher = batcher
             if settings.warmup:
-                size, steps, guidance = state.defaults()
-                key = GroupKey(height=size, width=size, steps=steps)
+                plan = speed.plan(settings, state.recipes.values(), defaults=state.defaults())
                 started = time.monotonic()
-                await batcher.run_in_worker(lambda: generator.warmup(key, guidance))
+                await batcher.run_in_worker(lambda: speed.warm_up(generator, plan))
                 log.info("warm-up done in %.2f s", time.monotonic() - started)
             state.ready = True
             log.info(
