@@ -318,6 +318,7 @@ class Cell:
     peak_memory_gib: float = float("nan")
     failed_images: int = 0
     service_recompiles: float = 0.0
+    graphs_compiled_while_measuring: int = 0
     skipped: str | None = None
 
 
@@ -481,6 +482,7 @@ def measure_cell(
         return batches_per_phase * batch / (time.perf_counter() - t0)
 
     with serving(bench, model, options, batch) as live:
+        graphs_before, _ = dynamo_counts()
         loop = asyncio.new_event_loop()
         client = AsyncClient(live.url, client_id="bench", timeout=3600)
         try:
@@ -497,6 +499,8 @@ def measure_cell(
             loop.run_until_complete(client.aclose())
             loop.close()
         cell.service_recompiles = live.metric("genaug_recompiles_total")
+        # Both paths must run what warm-up compiled: a graph compiled here would be timed.
+        cell.graphs_compiled_while_measuring = dynamo_counts()[0] - graphs_before
     if bench.device.type == "cuda":
         cell.peak_memory_gib = torch.cuda.max_memory_allocated(bench.device) / GIB
     cell.direct = median(cell.direct_images_s)
@@ -640,10 +644,10 @@ def report(results: dict[str, Any]) -> None:
         f"Throughput: {m['size']}x{m['size']}, {m['steps']} steps, guidance {GUIDANCE}; "
         "direct = PipelineWorker.run in process, service = HTTP (2 async clients, n=batch)",
         ["config", "batch", "direct images/s", "service images/s", "service/direct",
-         "MFU (service)", "peak GiB", "failed", "recompiles"],
+         "MFU (service)", "peak GiB", "failed", "recompiles", "new graphs"],
         [[c["config"], c["batch"], c["direct"], c["service"], f"{c['ratio']:.3f}",
           f"{c['mfu_service']:.1%}", gib_text(c["peak_memory_gib"]), c["failed_images"],
-          int(c["service_recompiles"])] for c in cells],
+          int(c["service_recompiles"]), c["graphs_compiled_while_measuring"]] for c in cells],
     )
     base = {c["batch"]: c["service"] for c in cells if c["config"] == "baseline"}
     rows = [[c["config"], c["batch"], f"{c['service'] / base[c['batch']]:.2f}"]

@@ -117,3 +117,4 @@ def test_tiny_mode_compiles_the_best_combination_and_checks_the_warm_cache(
     cold, warm = run["warmup_s"]["64x64:1"], run["warmup_warm_cache_s"]["64x64:1"]
     assert warm < cold  # the new process found the compiled code in the cache
     assert result["cells"][0]["service_recompiles"] == 0
+    assert result["cells"][0]["graphs_compiled_while_measuring"] == 0
