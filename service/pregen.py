@@ -30,16 +30,18 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .batcher import Batcher
 from .errors import InvalidRequestError, NotFoundError
-from .model import LoadedModel
 from .pool import PoolSample, PoolStore, choose_label
 from .recipes import Recipe, pool_id
 from .work import GroupKey, IdleWork, Item, Outcome
+
+if TYPE_CHECKING:
+    from .model import LoadedModel
 
 log = logging.getLogger(__name__)
 

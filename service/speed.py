@@ -81,6 +81,9 @@ _APPLIED_ATTR = "_genaug_speed"
 
 _SHAPE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*:\s*(\d+)\s*$")
 
+# A batch's compiled shape: height, width, batch size, adapter ("name@scale") or None.
+Shape = tuple[int, int, int, str | None]
+
 
 class SpeedError(RuntimeError):
     """A speed option cannot be applied; the message names the setting and the fix."""
@@ -338,7 +341,7 @@ def warmup_plan(
     full = settings.max_batch_images
     compiling = settings.compile != "off"
     plan: list[WarmupStep] = []
-    seen: set[tuple[int, int, int, str | None]] = set()
+    seen: set[Shape] = set()
 
     def add(step: WarmupStep) -> None:
         shape = _shape_of(step.key, step.batch)
@@ -371,14 +374,16 @@ def warmup_plan(
 # -- shape tracking -------------------------------------------------------------------------
 
 
-def _shape_of(key: GroupKey, batch: int) -> tuple[int, int, int, str | None]:
-    # What makes torch.compile (static shapes) compile again: the latent size, the batch,
-    # and a LoRA adapter (it changes the UNet's modules). Steps, scheduler, guidance values,
-    # prompts and seeds do not.
-    return key.height, key.width, batch, key.adapter
+def _shape_of(key: GroupKey, batch: int) -> Shape:
+    # What makes torch.compile (static shapes) compile again: the latent size, the batch, and
+    # a LoRA adapter with its scale (the active adapter and its scale are attributes of the
+    # injected layers, which the compiled code is guarded on). Steps, scheduler, guidance
+    # values, prompts and seeds do not.
+    adapter = None if key.adapter is None else f"{key.adapter}@{key.adapter_scale:g}"
+    return key.height, key.width, batch, adapter
 
 
-def _shape_text(shape: tuple[int, int, int, str | None]) -> str:
+def _shape_text(shape: Shape) -> str:
     height, width, batch, adapter = shape
     text = f"{height}x{width}:{batch}"
     return f"{text} (adapter {adapter})" if adapter is not None else text
@@ -402,11 +407,18 @@ class ShapeTracker:
         tracker.compiled_shapes                            # ['64x64:8', '64x64:3']
     """
 
-    def __init__(self, *, active: bool, on_recompile: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        active: bool,
+        on_recompile: Callable[[], object] | None = None,
+        on_new_shape: Callable[[], object] | None = None,
+    ) -> None:
         self.active = active
         self.on_recompile = on_recompile
+        self.on_new_shape = on_new_shape
         self.recompiles = 0
-        self._shapes: list[tuple[int, int, int, str | None]] = []
+        self._shapes: list[Shape] = []
         self._lock = threading.Lock()
 
     def mark_compiled(self, key: GroupKey, batch: int) -> None:
@@ -415,8 +427,11 @@ class ShapeTracker:
             return
         shape = _shape_of(key, batch)
         with self._lock:
-            if shape not in self._shapes:
-                self._shapes.append(shape)
+            if shape in self._shapes:
+                return
+            self._shapes.append(shape)
+        if self.on_new_shape is not None:
+            self.on_new_shape()
 
     def observe(self, key: GroupKey, batch: int) -> bool:
         """Report one batch before it runs; ``True`` (and counted) when its shape is new."""
@@ -435,6 +450,8 @@ class ShapeTracker:
         )
         if self.on_recompile is not None:
             self.on_recompile()
+        if self.on_new_shape is not None:
+            self.on_new_shape()
         return True
 
     @property
@@ -479,6 +496,10 @@ class WarmupRecord:
 class Speed:
     """The speed options applied to one loaded model, and its shape tracker.
 
+    ``publish`` (optional) is called with :meth:`info` at set-up and whenever a shape is
+    compiled (in the worker thread): the app merges it into the ``speed`` group that
+    ``GET /v1/info`` reads, next to the scheduler its owner reports.
+
     Example::
 
         speed = Speed.setup(model, settings, metrics)   # applies the options (no-op when off)
@@ -489,24 +510,48 @@ class Speed:
         #  'vae_slicing': False, 'vae_tiling': False, 'compiled_shapes': []}
     """
 
-    def __init__(self, applied: SpeedOptions, tracker: ShapeTracker) -> None:
+    def __init__(
+        self,
+        applied: SpeedOptions,
+        tracker: ShapeTracker,
+        publish: Callable[[dict[str, Any]], object] | None = None,
+    ) -> None:
         self.applied = applied
         self.tracker = tracker
         self.warmup_records: list[WarmupRecord] = []
+        self._publish_to = publish
+        tracker.on_new_shape = self._publish
+        self._publish()
 
     @classmethod
     def setup(
-        cls, model: LoadedModel | Any, settings: Settings, metrics: Metrics | None = None
+        cls,
+        model: LoadedModel | Any,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        publish: Callable[[dict[str, Any]], object] | None = None,
     ) -> Speed:
         """Apply the settings' options to ``model`` (a ``LoadedModel`` or a bare pipeline).
 
-        Raises :class:`SpeedError`.
+        Raises :class:`SpeedError` (an option the model cannot take; fused projections with
+        LoRA adapters, which they would bypass).
         """
+        options = SpeedOptions.from_settings(settings)
+        if options.fuse_qkv and getattr(settings, "loras", None):
+            raise SpeedError(
+                "GENAUG_FUSE_QKV cannot be combined with GENAUG_LORAS: the fused "
+                "query/key/value projections would bypass the adapters' LoRA layers; set "
+                "GENAUG_FUSE_QKV=false"
+            )
         pipeline = getattr(model, "pipeline", model)
-        applied = apply_speed(pipeline, SpeedOptions.from_settings(settings))
+        applied = apply_speed(pipeline, options)
         on_recompile = metrics.recompiles.inc if metrics is not None else None
         tracker = ShapeTracker(active=applied.compile != "off", on_recompile=on_recompile)
-        return cls(applied, tracker)
+        return cls(applied, tracker, publish)
+
+    def _publish(self) -> None:
+        if self._publish_to is not None:
+            self._publish_to(self.info())
 
     def wrap(self, worker: Worker) -> Worker:
         """``worker`` reporting each batch's shape (only needed with compilation on)."""

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -249,6 +250,14 @@ def test_same_options_twice_is_a_noop_and_other_options_are_refused() -> None:
         apply_speed(model.pipeline, SpeedOptions(channels_last=True))
 
 
+def test_fused_projections_are_refused_with_lora_adapters(tmp_path: Any) -> None:
+    lora = tmp_path / "a.safetensors"
+    lora.write_bytes(b"")
+    settings = Settings(fuse_qkv=True, loras=f"a={lora}")
+    with pytest.raises(SpeedError, match="GENAUG_FUSE_QKV cannot be combined with GENAUG_LORAS"):
+        Speed.setup(batched_tiny(), settings)
+
+
 def test_an_option_the_model_cannot_take_names_the_setting() -> None:
     def refuse() -> None:
         raise ValueError("`fuse_qkv_projections()` is not supported for added KV projections")
@@ -304,9 +313,26 @@ def test_tracker_counts_each_new_shape_once_and_lists_compiled_shapes() -> None:
     assert tracker.observe(GroupKey(64, 64, 30), 3) is True
     assert tracker.observe(GroupKey(64, 64, 4), 3) is False  # compiled by the batch before
     assert tracker.observe(GroupKey(64, 64, 4, adapter="x"), 3) is True
-    assert tracker.compiled_shapes == ["64x64:8", "64x64:3", "64x64:3 (adapter x)"]
-    assert tracker.recompiles == 2
-    assert b"genaug_recompiles_total 2.0" in metrics.render()
+    assert tracker.observe(GroupKey(64, 64, 4, adapter="x", adapter_scale=0.5), 3) is True
+    assert tracker.compiled_shapes == [
+        "64x64:8", "64x64:3", "64x64:3 (adapter x@1)", "64x64:3 (adapter x@0.5)"
+    ]
+    assert tracker.recompiles == 3
+    assert b"genaug_recompiles_total 3.0" in metrics.render()
+
+
+def test_speed_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
+    info: dict[str, Any] = {"scheduler": "euler"}
+    options = SpeedOptions(compile="regional", fuse_qkv=True)
+    speed = Speed(options, ShapeTracker(active=True), publish=info.update)
+    assert info == {
+        "scheduler": "euler", "compile": "regional", "channels_last": False, "fuse_qkv": True,
+        "vae_slicing": False, "vae_tiling": False, "compiled_shapes": [],
+    }
+    speed.tracker.mark_compiled(GroupKey(64, 64, 2), 2)
+    speed.tracker.observe(GroupKey(64, 64, 4), 1)
+    assert info["compiled_shapes"] == ["64x64:2", "64x64:1"]
+    assert info["scheduler"] == "euler"
 
 
 def test_tracker_is_silent_without_compilation() -> None:
@@ -336,13 +362,17 @@ def test_tracked_worker_reports_every_batch_before_running_it() -> None:
 # -- through the service --------------------------------------------------------------------
 
 
+def speed_info(live: Any) -> dict[str, Any]:
+    """``GET /v1/info``'s speed group."""
+    info: dict[str, Any] = httpx.get(live.url + "/v1/info", timeout=10).json()["speed"]
+    return info
+
+
 def test_service_applies_options_and_serves_the_same_images(baseline: np.ndarray) -> None:
     model = batched_tiny()
     settings = dict(channels_last=True, fuse_qkv=True, vae_slicing=True, max_batch_images=3)
     with start_service(model, **settings) as live:
-        state = live.state
-        assert state.speed is not None
-        info = state.speed.info()
+        info = speed_info(live)
         assert {k: info[k] for k in settings if k in info} == {
             "channels_last": True, "fuse_qkv": True, "vae_slicing": True
         }
@@ -375,8 +405,7 @@ def check_compiled_service(compile_mode: str, extra: dict[str, Any], baseline: n
     with start_service(
         model, compile=compile_mode, max_batch_images=3, ready_timeout=600, **extra
     ) as live:
-        assert live.state.speed is not None
-        info = live.state.speed.info()
+        info = speed_info(live)
         assert info["compile"] == compile_mode
         assert "64x64:3" in info["compiled_shapes"]
         graphs = compiled_graphs()
@@ -390,7 +419,7 @@ def check_compiled_service(compile_mode: str, extra: dict[str, Any], baseline: n
                                   guidance=5.0, timeout_s=600).images
         assert live.metric("genaug_recompiles_total") == 1
         assert compiled_graphs() > graphs  # ... and the new one really did
-        assert live.state.speed.info()["compiled_shapes"][-1] == "64x64:1"
+        assert speed_info(live)["compiled_shapes"][-1] == "64x64:1"
     assert_close(got, baseline)
     assert_close(one, baseline[:1])
 
@@ -428,8 +457,7 @@ def test_listed_warmup_shapes_are_compiled_before_ready(fresh_dynamo: None) -> N
         model, compile="regional", max_batch_images=2, warmup_shapes="64x64:1, 80x80:2",
         ready_timeout=600,
     ) as live:
-        assert live.state.speed is not None
-        assert live.state.speed.info()["compiled_shapes"] == ["64x64:1", "80x80:2", "64x64:2"]
+        assert speed_info(live)["compiled_shapes"] == ["64x64:1", "80x80:2", "64x64:2"]
         with Client(live.url, timeout=600) as client:
             for n, size in ((1, 64), (2, 80), (2, 64)):
                 client.generate(PROMPT, n=n, seed=1, height=size, width=size, steps=2,
