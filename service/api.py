@@ -230,8 +230,7 @@ def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[It
         width=width,
         steps=req.steps or steps,
         scheduler=req.scheduler or "default",
-        adapter=req.adapter,
-        adapter_scale=1.0 if req.adapter_scale is None else req.adapter_scale,
+        **adapter_of(req.adapter, req.adapter_scale),
     )
     if req.seed is not None:
         seeds = [req.seed + i for i in range(req.n)]
@@ -251,6 +250,14 @@ def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[It
         for seed in seeds
     ]
     return key, items
+
+
+def adapter_of(adapter: str | None, scale: float | None) -> dict[str, Any]:
+    """The key's adapter and scale: without an adapter the scale means nothing, so it is
+    normalised (equal work must have equal keys to share a batch)."""
+    if adapter is None:
+        return {"adapter": None, "adapter_scale": 1.0}
+    return {"adapter": adapter, "adapter_scale": 1.0 if scale is None else scale}
 
 
 def output_size(
