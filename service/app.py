@@ -44,8 +44,9 @@ from .pregen import PoolManager, pool_model_hash
 from .recipes import load_recipes
 from .schemas import build_api_models
 from .settings import Settings
+from .speed import Speed
 from .state import AppState, ModelLoader, Startup, WorkerWrapper
-from .work import GroupKey, Worker
+from .work import Worker
 
 if TYPE_CHECKING:
     from .model import LoadedModel
@@ -198,10 +199,12 @@ async def _load_and_warm(state: AppState) -> None:
             "torch_threads": threads,
         }
         state.model = model
+        speed = await asyncio.to_thread(Speed.setup, model, settings, state.metrics,
+                                        lambda info: state.speed_info.update(info))
         pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
             PipelineWorker.from_settings, model, settings, state.metrics
         )
-        worker: Worker = (
+        worker: Worker = speed.wrap(
             startup.wrap_worker(pipeline_worker) if startup.wrap_worker else pipeline_worker
         )
         state.adapters_info = pipeline_worker.adapters.info()
@@ -228,10 +231,9 @@ async def _load_and_warm(state: AppState) -> None:
         await batcher.start()
         state.batcher = batcher
         if settings.warmup:
-            size, steps, guidance = state.defaults()
-            key = GroupKey(height=size, width=size, steps=steps)
+            plan = speed.plan(settings, state.recipes.values(), defaults=state.defaults())
             started = time.monotonic()
-            await batcher.run_in_worker(lambda: pipeline_worker.warmup(key, guidance))
+            await batcher.run_in_worker(lambda: speed.warm_up(pipeline_worker, plan))
             log.info("warm-up done in %.2f s", time.monotonic() - started)
         state.ready = True
         log.info(
