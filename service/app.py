@@ -208,9 +208,7 @@ async def _load_and_warm(state: AppState) -> None:
             startup.wrap_worker(pipeline_worker) if startup.wrap_worker else pipeline_worker
         )
         state.adapters_info = pipeline_worker.adapters.info()
-        state.speed_info = {
-            **state.speed_info, "scheduler": pipeline_worker.schedulers.describe()
-        }
+        state.speed_info.update(scheduler=pipeline_worker.schedulers.describe())
         if state.store is not None:
             state.pools = PoolManager(
                 state.recipes,
@@ -224,10 +222,7 @@ async def _load_and_warm(state: AppState) -> None:
             max_wait_ms=settings.max_wait_ms,
             max_queue_images=settings.max_queue_images,
             metrics=state.metrics,
-            idle_source=state.pools,
         )
-        if state.pools is not None:
-            state.pools.attach(batcher)
         await batcher.start()
         state.batcher = batcher
         if settings.warmup:
@@ -235,6 +230,11 @@ async def _load_and_warm(state: AppState) -> None:
             started = time.monotonic()
             await batcher.run_in_worker(lambda: speed.warm_up(pipeline_worker, plan))
             log.info("warm-up done in %.2f s", time.monotonic() - started)
+        if state.pools is not None:
+            # Only now: a pool batch before the warm-up would run an uncompiled shape first.
+            state.pools.attach(batcher)
+            batcher.idle_source = state.pools
+            batcher.poke()
         state.ready = True
         log.info(
             "ready: %s model %s (weights %s) on %s as %s, %s torch threads",
