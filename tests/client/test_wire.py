@@ -214,3 +214,33 @@ def test_png_grid_with_explicit_columns() -> None:
     images = np.zeros((3, 6, 10, 3), np.uint8)
     assert Image.open(io.BytesIO(encode_png_grid(images, columns=3))).size == (30, 6)
     assert Image.open(io.BytesIO(encode_png_grid(images, columns=1))).size == (10, 18)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_the_safetensors_library_reads_what_genaug_writes(n: int) -> None:
+    """genaug writes safetensors itself (one copy instead of the library's several); the
+    library, which validates every offset, must read it back exactly, with each tensor at an
+    offset that is a multiple of its item size."""
+    import json as _json
+    import struct
+
+    from safetensors.numpy import load
+
+    rng = np.random.default_rng(n)
+    images = rng.integers(0, 256, (n, 16, 24, 1), dtype=np.uint8)
+    seeds = rng.integers(0, 2**62, n, dtype=np.int64)
+    labels = rng.integers(0, 9, n, dtype=np.int32)
+    payload = encode_batch(images, seeds, labels=labels, sources=labels[::-1].copy(),
+                           metadata={"recipe": "r", "n": n})
+    tensors = load(payload)
+    np.testing.assert_array_equal(tensors["images"], images)
+    np.testing.assert_array_equal(tensors["seeds"], seeds)
+    np.testing.assert_array_equal(tensors["labels"], labels)
+    np.testing.assert_array_equal(tensors["sources"], labels[::-1])
+    (size,) = struct.unpack("<Q", payload[:8])
+    assert (8 + size) % 8 == 0  # the data section starts 8-byte aligned
+    header = _json.loads(payload[8 : 8 + size])
+    assert header["__metadata__"] == {"recipe": "r", "n_json": str(n)}
+    for name, item in (("seeds", 8), ("labels", 4), ("sources", 4)):
+        assert header[name]["data_offsets"][0] % item == 0, header
+    assert len(payload) == 8 + size + images.nbytes + seeds.nbytes + 2 * labels.nbytes
