@@ -118,7 +118,7 @@ def serialize(tensors: dict[str, np.ndarray], *, metadata: dict[str, str]) -> by
     for name in order:
         array = np.ascontiguousarray(tensors[name])
         if array.size:  # memoryview cannot cast an empty view, and there is nothing to copy
-            chunks.append(memoryview(array.reshape(-1)).cast("B"))
+            chunks.append(array.reshape(-1).data.cast("B"))
     return b"".join(chunks)
 
 
