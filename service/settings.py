@@ -11,11 +11,17 @@ Example::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .speed import WarmupShape, parse_warmup_shapes
+from .work import SchedulerName
+
+_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 TINY_DEFAULTS = {"size": 64, "steps": 4, "guidance": 5.0}
 SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
@@ -172,6 +178,93 @@ class Settings(BaseSettings):
     def model_path(self) -> Path | None:
         """The configured model's local path; ``None`` for a built-in model."""
         return model_path(self.model)
+    # -- engine --
+    scheduler: SchedulerName = Field(
+        default="default",
+        description="Sampler when a recipe or request names none: default (the model's own), "
+        "euler, euler_a, dpmpp_2m, dpmpp_2m_karras, unipc or lcm.",
+    )
+    loras: Annotated[dict[str, Path], NoDecode] = Field(
+        default_factory=dict,
+        description="LoRA adapters loaded at start, name=path[,name=path...] (safetensors, "
+        "diffusers/peft format); none is active unless a recipe or request names it.",
+    )
+
+    @field_validator("loras", mode="before")
+    @classmethod
+    def _parse_loras(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        out: dict[str, str] = {}
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            name, sep, path = (x.strip() for x in part.partition("="))
+            if not sep or not name or not path:
+                raise ValueError(f"LoRA entry {part!r} is not name=path (GENAUG_LORAS)")
+            if name in out:
+                raise ValueError(f"LoRA name {name!r} appears twice (GENAUG_LORAS)")
+            out[name] = path
+        return out
+
+    @field_validator("loras")
+    @classmethod
+    def _check_lora_names(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for name in value:
+            if not _LORA_NAME.fullmatch(name):
+                raise ValueError(
+                    f"LoRA name {name!r} must be letters, digits, '_', '.' or '-' (at most 64, "
+                    "starting with a letter or digit)"
+                )
+        return value
+
+    # -- speed --
+    compile: Literal["off", "unet", "regional"] = Field(
+        default="off",
+        description="torch.compile: off; unet (the whole UNet); regional (only its repeated "
+        "transformer blocks: most of the gain, several times shorter warm-up). Each new "
+        "generation size or batch size compiles once (counted in genaug_recompiles_total).",
+    )
+    channels_last: bool = Field(
+        default=False, description="UNet and VAE weights in channels_last (NHWC) memory layout."
+    )
+    fuse_qkv: bool = Field(
+        default=False,
+        description="Fuse each attention's query/key/value projections into one matrix product.",
+    )
+    vae_slicing: bool = Field(
+        default=False, description="Decode a batch one image at a time (less memory, same images)."
+    )
+    vae_tiling: bool = Field(
+        default=False,
+        description="Decode large images in blended tiles (less memory; pixels differ slightly).",
+    )
+    warmup_shapes: Annotated[tuple[WarmupShape, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated HxW:batch shapes run at warm-up, before /readyz is 200; "
+        "with GENAUG_COMPILE also every recipe size and the default size at max_batch_images.",
+    )
+
+    @field_validator("warmup_shapes", mode="before")
+    @classmethod
+    def _parse_warmup_shapes(cls, value: object) -> object:
+        return parse_warmup_shapes(value)
+
+    @model_validator(mode="after")
+    def _check_warmup_shapes(self) -> Settings:
+        for shape in self.warmup_shapes:
+            if max(shape.height, shape.width) > self.max_side:
+                raise ValueError(
+                    f"GENAUG_WARMUP_SHAPES entry {shape} exceeds max_side {self.max_side}; "
+                    "raise GENAUG_MAX_SIDE or warm up a smaller size"
+                )
+            if shape.batch > self.max_batch_images:
+                raise ValueError(
+                    f"GENAUG_WARMUP_SHAPES entry {shape}: batch {shape.batch} exceeds "
+                    f"max_batch_images {self.max_batch_images}, so no batch of that size ever "
+                    "runs; raise GENAUG_MAX_BATCH_IMAGES or warm up a smaller batch"
+                )
+        return self
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
