@@ -133,6 +133,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="folder for result.json and grid.png "
                         "(default: artifacts/augmentation_gain)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the service")
+    parser.add_argument("--arms", default="1,2,3,4", help="arms to run (default all: 1,2,3,4)")
     args = parser.parse_args(argv)
     seeds = list(range(args.seeds or (1 if args.quick else 5)))
     steps = args.steps or (120 if args.quick else 600)
@@ -144,7 +145,11 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from genaug.digits import LABELS, fidelity
     from genaug.trainer.demo import FewShotRun, run_fewshot
 
-    missing = variants_supported()
+    arms_wanted = {int(a) for a in args.arms.split(",") if a.strip()}
+    missing = variants_supported() if 3 in arms_wanted else "not asked for (--arms)"
+    # Without recipe image folders, arm 3 still runs through the service's /v1/variants:
+    # the variants of each seed's few-shot images go straight into the reservoir.
+    direct_variants = 3 in arms_wanted and missing is not None
     tmp = tempfile.TemporaryDirectory(prefix="genaug-gain-")
     work = Path(tmp.name)
     out = args.out or ROOT / "artifacts" / "augmentation_gain"
@@ -169,8 +174,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"service ready ({info['model']['kind']}, weights {info['model']['hash']})"
               f"; arm 1 trains while the pools fill", flush=True)
         # Arm 1 needs no pool: it runs while pre-generation fills the pools.
-        arm1 = [FewShotRun(arm="1 real only", seed=s, steps=steps) for s in seeds]
-        results += run_fewshot(arm1, timeout_s=runs_timeout)
+        if 1 in arms_wanted:
+            arm1 = [FewShotRun(arm="1 real only", seed=s, steps=steps) for s in seeds]
+            results += run_fewshot(arm1, timeout_s=runs_timeout)
         wait_fill(url, [TEXT_RECIPE], pool, timeout=3600)
         print(f"pool of {TEXT_RECIPE!r} holds >= {pool} per label after "
               f"{time.monotonic() - started:.0f} s", flush=True)
@@ -180,12 +186,29 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         asked = np.asarray([int(names[i]) for i in sample.labels])
         fid = fidelity(sample.images, asked)
         rows = {d: sample.images[asked == int(d)][:10] for d in LABELS}
-        mixed = [FewShotRun(arm="2 + text-to-image p=0.5", seed=s, steps=steps, service=url,
-                            recipe=TEXT_RECIPE, p=0.5, slots_per_class=slots,
-                            prefill_per_class=slots) for s in seeds]
-        mixed += [FewShotRun(arm="4 synthetic only", seed=s, steps=steps, service=url,
-                             recipe=TEXT_RECIPE, p=1.0, slots_per_class=slots,
-                             prefill_per_class=slots) for s in seeds]
+        mixed = []
+        if 2 in arms_wanted:
+            mixed += [FewShotRun(arm="2 + text-to-image p=0.5", seed=s, steps=steps,
+                                 service=url, recipe=TEXT_RECIPE, p=0.5, slots_per_class=slots,
+                                 prefill_per_class=slots) for s in seeds]
+        if 4 in arms_wanted:
+            mixed += [FewShotRun(arm="4 synthetic only", seed=s, steps=steps, service=url,
+                                 recipe=TEXT_RECIPE, p=1.0, slots_per_class=slots,
+                                 prefill_per_class=slots) for s in seeds]
+        if direct_variants:
+            per_image = 2 if args.quick else 10
+            mixed += [FewShotRun(arm="3 + img2img variants p=0.5", seed=s, steps=steps,
+                                 service=url, p=0.5, variants_per_image=per_image,
+                                 variants_strength=0.5) for s in seeds]
+            from genaug.digits import PROMPTS, load_split, subset
+
+            images, labels = load_split("fewshot")
+            real = images[subset(labels, 1, seed=seeds[0])]
+            with Client(url, client_id="augmentation-gain", timeout=300) as client:
+                rows["real"] = real
+                rows["variant"] = np.stack([
+                    client.variants(real[d], PROMPTS[str(d)], strength=0.5, seed=d).images[0]
+                    for d in range(10)])
         if variant_recipes:
             wait_fill(url, variant_recipes, 50, timeout=3600)
             mixed += [FewShotRun(arm="3 + img2img variants p=0.5", seed=s, steps=steps,
@@ -206,13 +229,15 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         arms.setdefault(r["arm"], []).append(r["test_accuracy"])
     table = {arm: {"mean": mean_std(acc)[0], "std": mean_std(acc)[1], "runs": acc}
              for arm, acc in sorted(arms.items())}
-    base = table["1 real only"]["mean"]
+    base = table["1 real only"]["mean"] if "1 real only" in table else float("nan")
     result = {
         "seeds": seeds, "steps": steps, "pool_per_label": pool, "slots_per_class": slots,
         "fidelity": {"share": fid, "images": int(len(asked))},
         "arms": table,
         "gain_points": {arm: 100 * (v["mean"] - base) for arm, v in table.items()},
-        "arm3": "ran" if variant_recipes else f"not run: {missing}",
+        "arm3": ("ran from recipe image folders through the pool" if variant_recipes
+                 else "ran through Client.variants straight into the reservoir (recipe image "
+                 f"folders: {missing})" if direct_variants else f"not run: {missing}"),
         "load_average": load, "wall_s": round(time.monotonic() - started, 1),
         "grid": str(out / "grid.png"), "runs": results,
     }
@@ -223,8 +248,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for arm, v in table.items():
         print(f"{arm:<32} {v['mean']:.3f} ± {v['std']:.3f}"
               f"{'':<24} {100 * (v['mean'] - base):+.1f} pts")
-    if not variant_recipes:
-        print(f"3 + img2img variants p=0.5       not run: {missing}")
+    print(f"arm 3: {result['arm3']}")
     print(f"grid: {out / 'grid.png'}; result: {out / 'result.json'}; "
           f"{result['wall_s']:.0f} s, load average {load[0]} -> {load[1]}")
     tmp.cleanup()

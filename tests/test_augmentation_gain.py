@@ -46,7 +46,7 @@ def test_quick_benchmark_runs_every_available_arm(tmp_path: Path) -> None:
             assert run["mixed_fraction"] == 0.0
     assert result["fidelity"]["images"] >= 80 and result["fidelity"]["share"] > 0.5
     assert (tmp_path / "grid.png").read_bytes().startswith(b"\x89PNG")
-    assert result["arm3"] == "ran" or result["arm3"].startswith("not run: ")
+    assert result["arm3"].startswith(("ran ", "not run: "))
     assert "fidelity:" in proc.stdout and "pts" in proc.stdout
 
 
@@ -59,7 +59,7 @@ def test_demo_without_training_writes_the_digit_grid(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "genaug.cli", "demo", "--no-train", "--out",
                            str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "tiny-digits" in proc.stdout and "10 digits x 8 images" in proc.stdout
+    assert "tiny-digits" in proc.stdout and "10 digits x 6 images" in proc.stdout
     assert "the pool of 'digits' holds" in proc.stdout
     with Image.open(out) as grid:
-        assert grid.height >= 10 * 128  # one row of 128 px tiles per digit
+        assert grid.height >= 10 * 128  # one row of 128 px tiles per digit (+ variants)

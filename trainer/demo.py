@@ -106,6 +106,9 @@ class FewShotRun:
             images only; ``p == 1``: synthetic only (every real image replaced).
         slots_per_class: reservoir size; training starts when every class holds
             ``prefill_per_class`` images (or after ``prefill_timeout_s``).
+        variants_per_image: instead of a recipe pool: ask the service for this many img2img
+            variants of each few-shot image (``Client.variants``, ``variants_strength``, the
+            label's prompt), write them into the reservoir once, and mix them with ``p``.
     """
 
     arm: str
@@ -121,6 +124,8 @@ class FewShotRun:
     slots_per_class: int = 64
     prefill_per_class: int = 32
     prefill_timeout_s: float = 300.0
+    variants_per_image: int = 0
+    variants_strength: float = 0.5
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -218,7 +223,25 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
           .repeat().batch(run.batch, drop_remainder=True))
     reservoir = feeder = None
     mixing = run.p > 0 and run.recipe is not None and run.service is not None
-    if mixing:
+    made = 0
+    if run.p > 0 and run.variants_per_image > 0 and run.service is not None:
+        from genaug.client import Client
+        from genaug.digits import PROMPTS
+        from genaug.trainer.reservoir import SyntheticReservoir
+
+        per_class = run.per_class * run.variants_per_image
+        reservoir = SyntheticReservoir(10, per_class, (64, 64, 3))
+        with Client(run.service, client_id=f"genaug-fewshot-{run.arm}", timeout=600) as client:
+            for d in range(10):
+                out = client.variants(
+                    images[keep][labels[keep] == d], PROMPTS[str(d)],
+                    strength=run.variants_strength, n_per_image=run.variants_per_image,
+                    seed=1000 * run.seed + 100 * d,
+                )
+                made += reservoir.write(d, out.images)
+        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+    elif mixing:
         from genaug.trainer.feeder import ReservoirFeeder
         from genaug.trainer.reservoir import SyntheticReservoir
 
@@ -258,7 +281,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
     result.update(
         test_accuracy=float(accuracy), fit_s=round(fit_s, 1),
         mixed_fraction=reservoir.mixed_fraction() if reservoir is not None else 0.0,
-        feeder=feeder.stats.images_received if feeder is not None else 0,
+        feeder=feeder.stats.images_received if feeder is not None else made,
         reservoir_fill=reservoir.fill_counts().tolist() if reservoir is not None else [],
     )
     return result
@@ -289,7 +312,7 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- the demo
 
 
-def write_digit_grid(client: Any, out: Path, *, per_label: int = 8) -> None:
+def write_digit_grid(client: Any, out: Path, *, per_label: int = 6) -> None:
     """Generate ``per_label`` images per digit through ``client`` (the recipe's prompts and
     the service's default steps and guidance); save a labelled grid, one row per digit.
 
@@ -324,7 +347,7 @@ def run_full_demo(
     *,
     port: int = 0,
     steps: int = 300,
-    pool_per_label: int = 24,
+    pool_per_label: int = 16,
     cpu_replicas: int = 2,
     p: float = 0.5,
     seed: int = 0,
