@@ -30,6 +30,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -181,6 +182,11 @@ def run_fewshot(
     return results
 
 
+def _client_id(arm: str) -> str:
+    """A valid ``X-Client-Id`` naming the arm (1-64 of letters, digits and ``._:@/-``)."""
+    return ("fewshot-" + re.sub(r"[^A-Za-z0-9._:@/-]+", "-", arm).strip("-"))[:64]
+
+
 def _build_cnn(seed: int) -> Any:
     """A small CNN for float [0, 255] 64x64 images; shifts and rotations as graph ops."""
     import keras
@@ -231,7 +237,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
 
         per_class = run.per_class * run.variants_per_image
         reservoir = SyntheticReservoir(10, per_class, (64, 64, 3))
-        with Client(run.service, client_id=f"genaug-fewshot-{run.arm}", timeout=600) as client:
+        with Client(run.service, client_id=_client_id(run.arm), timeout=600) as client:
             for d in range(10):
                 out = client.variants(
                     images[keep][labels[keep] == d], PROMPTS[str(d)],
