@@ -61,7 +61,7 @@ def loras(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def worker(loras: dict[str, Path]) -> PipelineWorker:
     """A tiny model of its own: LoRA layers go into the UNet, so the session's shared model
     stays untouched."""
-    model = load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
+    model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
     return PipelineWorker.from_settings(
         model, Settings(loras=",".join(f"{n}={p}" for n, p in loras.items()))
     )
@@ -146,7 +146,7 @@ def test_an_unknown_adapter_names_the_loaded_ones(worker: PipelineWorker) -> Non
 def test_unloadable_files_are_refused_at_start(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    model = load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
+    model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
     missing = tmp_path / "missing.safetensors"
     with pytest.raises(AdapterLoadError, match="'gone'.*does not exist"):
         PipelineWorker(model, loras={"gone": missing})
@@ -177,7 +177,7 @@ def test_unloadable_files_are_refused_at_start(tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_cuda_img2img_and_lora(tmp_path: Path) -> None:
     lora = make_lora(tmp_path, "ink", seed=1)
-    model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="auto")
+    model = load_model(source="tiny-random", unet_weights=None, device="cuda:0", dtype="auto")
     worker = PipelineWorker(model, loras={"ink": lora})
     source = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     batch = [Item("v", seed=s, guidance=5.0, output_height=64, output_width=64, source=source)

@@ -30,7 +30,7 @@ def loras(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def live(loras: dict[str, Path]) -> Iterator[LiveService]:
     # A model of its own: LoRA layers go into the UNet.
-    model = load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
+    model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
     spec = ",".join(f"{name}={path}" for name, path in loras.items())
     with start_service(model, loras=spec, max_batch_images=4) as service:
         yield service

@@ -30,7 +30,7 @@ def items(n: int, base: int = 0, *, size: tuple[int, int] = (64, 64), **kw: Any)
 
 @pytest.fixture(scope="module")
 def bf16_model() -> Any:
-    return load_model(source=None, unet_weights=None, device="cpu", dtype="bfloat16")
+    return load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="bfloat16")
 
 
 def test_nonfinite_vae_output_upcasts_the_vae_and_is_never_served(bf16_model: Any) -> None:
@@ -192,7 +192,7 @@ def test_requests_that_differ_in_guidance_share_one_batch_over_http(
 
 @pytest.mark.gpu
 def test_cuda_pinning_and_default_bf16() -> None:
-    model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="auto")
+    model = load_model(source="tiny-random", unet_weights=None, device="cuda:0", dtype="auto")
     assert model.device == torch.device("cuda:0") and model.dtype == torch.bfloat16
     for module in (model.pipeline.unet, model.pipeline.vae, model.pipeline.text_encoder):
         param = next(module.parameters())
@@ -203,7 +203,7 @@ def test_cuda_pinning_and_default_bf16() -> None:
 
 @pytest.mark.gpu
 def test_cuda_fp16_vae_overflow_is_caught_and_upcast() -> None:
-    model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="float16")
+    model = load_model(source="tiny-random", unet_weights=None, device="cuda:0", dtype="float16")
     gen = PipelineWorker(model, Metrics())
     with torch.no_grad():  # make the fp16 decoder overflow, as SDXL's fp16 VAE does
         conv = gen.pipe.vae.decoder.conv_in
@@ -220,7 +220,7 @@ def test_cuda_bf16_per_image_guidance_matches_the_stock_pipeline() -> None:
     """On the device in bfloat16: a shared-guidance batch equals diffusers' own loop within
     bf16 rounding (kernels may differ between calls), and a mixed batch matches its images
     made alone within the same tolerance."""
-    model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="auto")
+    model = load_model(source="tiny-random", unet_weights=None, device="cuda:0", dtype="auto")
     worker = PipelineWorker(model)
     batch = items(3)
     with torch.inference_mode():
