@@ -481,7 +481,7 @@ async def fill(name: str, body: FillRequest, state: StateDep) -> RecipeDetail:
     """Fill every label of the recipe to at least ``per_label`` images (in the background,
     when no request waits); answers at once with the current counts."""
     pools = _pools_for(state, name)
-    pools.raise_target(name, body.per_label)
+    await asyncio.to_thread(pools.raise_target, name, body.per_label)
     return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
 
 

@@ -36,7 +36,7 @@ from .batcher import Batcher
 from .errors import NotReadyError
 from .metrics import Metrics
 from .model import LoadedModel, ModelLoadError, load_model, resolve_device, resolve_dtype
-from .pool import PoolStore
+from .pool import PoolStore, open_pool_store
 from .pregen import PoolManager, pool_model_hash
 from .recipes import Recipe, load_recipes
 from .settings import Settings
@@ -146,11 +146,15 @@ def create_app(
             generator = PipelineWorker(model, state.metrics)
             worker: Worker = wrap_worker(generator) if wrap_worker else generator
             if state.store is not None:
-                state.pools = PoolManager(
-                    state.recipes,
-                    state.store,
-                    model_hash=pool_model_hash(model),
-                    pregenerate=settings.pregenerate,
+                # In a thread: it reads the recipes' label image folders (GENAUG_DATA_ROOT).
+                state.pools = await asyncio.to_thread(
+                    lambda: PoolManager(
+                        state.recipes,
+                        state.store,  # type: ignore[arg-type]
+                        model_hash=pool_model_hash(model),
+                        pregenerate=settings.pregenerate,
+                        data_root=settings.data_root,
+                    )
                 )
             batcher = Batcher(
                 worker,
@@ -190,10 +194,7 @@ def create_app(
         state.device, state.dtype = _check_startup(settings)
         if settings.recipes is not None:
             state.recipes = load_recipes(settings.recipes)
-            state.store = await asyncio.to_thread(
-                PoolStore, settings.pool_path,
-                capacity_per_label=settings.pool_capacity_per_label,
-            )
+            state.store = await asyncio.to_thread(open_pool_store, settings)
         _sample_device_memory(state)
         loading = asyncio.create_task(load_and_warm(), name="genaug-load")
         try:

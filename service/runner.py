@@ -34,6 +34,7 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
 
     from .app import _check_startup, create_app
     from .model import ModelLoadError
+    from .pool import PoolError, open_pool_store
     from .recipes import RecipeError, load_recipes
     from .settings import Settings
 
@@ -47,7 +48,8 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
         _check_startup(settings)
         if settings.recipes is not None:
             load_recipes(settings.recipes)
-    except (ModelLoadError, RecipeError) as exc:
+            open_pool_store(settings).close()  # reachable, credentials, schema version
+    except (ModelLoadError, RecipeError, PoolError) as exc:
         print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
         return 2
 
