@@ -13,7 +13,8 @@ is taken in one statement after the lock.
 
 Outages. A connection that cannot be had within ``connect_timeout_s`` raises
 :class:`~genaug.service.pool.PoolConnectionError`; for one second after a failure further
-calls fail at once instead of each waiting again. The pool reconnects by itself once the
+calls fail at once instead of each waiting again (a sample answers 503 at once, not after
+the timeout). The pool reconnects by itself once the
 database is back.
 
 Schema. Created on first use under an advisory lock (replicas starting together create it
@@ -131,7 +132,7 @@ class PostgresPoolStore(PoolStore):
         capacity_per_label: int,
         partition: tuple[int, int] | None = None,
         lease_s: float = DEFAULT_LEASE_S,
-        connect_timeout_s: float = 5.0,
+        connect_timeout_s: float = 3.0,
         max_connections: int = 8,
     ) -> None:
         super().__init__(url, capacity_per_label=capacity_per_label, partition=partition,
@@ -148,6 +149,7 @@ class PostgresPoolStore(PoolStore):
         self.url = url
         self._connect_timeout_s = connect_timeout_s
         self._down_since: float | None = None
+        self._last_failure = 0.0
         self._down_lock = threading.Lock()
         self._q_cache: dict[str, str] = {}
         # One direct connection first: its error says exactly what is wrong (refused, bad
@@ -171,6 +173,9 @@ class PostgresPoolStore(PoolStore):
             open=False,
             timeout=connect_timeout_s,
             check=ConnectionPool.check_connection,
+            # Give up reconnecting quickly: the next request starts a fresh attempt at once,
+            # where the pool's own back-off would wait up to minutes after a short outage.
+            reconnect_timeout=2.0,
             kwargs={"connect_timeout": max(1, int(connect_timeout_s))},
             name="genaug-pool",
         )
@@ -191,8 +196,9 @@ class PostgresPoolStore(PoolStore):
 
     def _outage(self, exc: BaseException) -> PoolConnectionError:
         with self._down_lock:
+            self._last_failure = time.monotonic()
             if self._down_since is None:
-                self._down_since = time.monotonic()
+                self._down_since = self._last_failure
                 log.error("pool database %s unreachable: %s", self.location, _one_line(exc))
         return PoolConnectionError(
             f"the pool database {self.location} is unreachable ({_one_line(exc)}); "
@@ -207,8 +213,8 @@ class PostgresPoolStore(PoolStore):
         if self._closed:
             raise PoolError(f"pool {self.location} is closed")
         with self._down_lock:
-            down = self._down_since
-        if down is not None and time.monotonic() - down < 1.0 and not write:
+            down, last = self._down_since, self._last_failure
+        if down is not None and time.monotonic() - last < 1.0:
             raise PoolConnectionError(
                 f"the pool database {self.location} is unreachable; retry shortly")
         try:
@@ -221,6 +227,8 @@ class PostgresPoolStore(PoolStore):
                     conn.read_only = True
                 with conn.transaction():
                     yield conn
+        except psycopg.errors.TransactionRollback as exc:  # deadlock, serialization: not down
+            raise PoolError(f"pool {self.location}: {_one_line(exc)}") from exc
         except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
             raise self._outage(exc) from exc
         except PoolClosed as exc:
