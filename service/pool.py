@@ -231,6 +231,9 @@ class PoolStore(ABC):
     """
 
     backend: str = ""
+    #: Whether other processes are expected to plan on the same pool (replicas on one
+    #: database): the planner then looks again now and then while idle.
+    shared: bool = False
     #: SQL for "now" in seconds since the epoch, evaluated by the database.
     _NOW: str = ""
     #: SQL name of the two-argument maximum.

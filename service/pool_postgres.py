@@ -122,6 +122,7 @@ class PostgresPoolStore(PoolStore):
     """
 
     backend = "postgresql"
+    shared = True
     _NOW = "EXTRACT(EPOCH FROM clock_timestamp())::float8"
     _GREATEST = "GREATEST"
 

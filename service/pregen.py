@@ -78,6 +78,7 @@ _RATE_WINDOW_S = 60.0
 _RETRY_AFTER_S = 2
 _MAX_BACKOFF_S = 10.0
 _MAX_UNSAVED_BATCHES = 16
+_SHARED_POLL_S = 1.0
 
 
 @dataclass
@@ -211,6 +212,10 @@ class PoolManager:
             log.warning("pool database reachable again: pre-generation resumes")
         self.paused = False
         self._backoff_s = 0.0
+        if work is None and self.store.shared:
+            # Other replicas raise shared targets and free expired reservations: look again
+            # in a while (one cheap read per recipe), as no local event will wake us.
+            self._poke(delay=_SHARED_POLL_S)
         return work
 
     def _plan(self, max_images: int) -> IdleWork | None:
