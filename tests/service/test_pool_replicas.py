@@ -122,9 +122,12 @@ def test_two_replicas_fill_exactly_to_target_and_sample_each_others_images(
 
 def test_a_killed_replicas_work_is_finished_by_the_other(tmp_path: Path) -> None:
     url = shared_cluster().new_database()
-    args = ["--pool-url", url, "--pool-capacity-per-label", "24"]
+    args = ["--pool-url", url, "--pool-capacity-per-label", "100", "--pregenerate", "false"]
     with replica(tmp_path, "a", *args) as a:
         with replica(tmp_path, "b", *args) as b:
+            for live in (a, b):
+                r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 24})
+                assert r.status_code == 200, r.text
             wait_until(lambda: sum(detail(a)["fill"].values()) >= 12, what="some images")
             wait_until(lambda: pool_generated(b) > 0, what="b to generate")
             b.proc.send_signal(signal.SIGKILL)  # mid-fill: it holds a reservation
