@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 BENCHMARKS = (
     "service_throughput",
     "dynamic_batching",
+    "mixed_guidance",
     "wire_overhead",
     "pool_latency",
     "pool_fill_rate",
@@ -39,6 +40,8 @@ def summary_row(name: str, result: dict[str, Any]) -> list[Any]:
             "(report)",
             "-",
         ]
+    if name == "mixed_guidance":
+        return [name, f"mixed/per-guidance = {result['ratio']:.2f}", ">= 1.5", result["met"]]
     if name == "wire_overhead":
         return [
             name,

@@ -55,9 +55,10 @@ def describe(client: Client) -> dict[str, Any]:
     info = client.info()
     model = info["model"] or {}
     limits = info["limits"]
-    print(f"genaug {info['version']} on {info['device']} ({info['dtype']}), ready={info['ready']}")
+    print(f"genaug {info['version']} on {info['device']['name']} ({model.get('dtype')}), "
+          f"ready={info['ready']}")
     print(f"model: {model.get('kind')} from {model.get('source')}, "
-          f"weights {model.get('weights_hash')}, scheduler {model.get('scheduler')}")
+          f"weights {model.get('hash')}, scheduler {info['speed'].get('scheduler')}")
     print(f"defaults: {limits['default_size']} px, {limits['default_steps']} steps; "
           f"at most {limits['max_n']} images per request")
     return info

@@ -398,7 +398,7 @@ def _wait_metric(
     while value < target and time.monotonic() < deadline:
         time.sleep(0.05)
         value = live.metric(name, labels)
-    return value
+    return float(value)
 
 
 async def _disconnecting(url: str, count: int, *, prefix: str, hold: LiveService) -> None:

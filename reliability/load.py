@@ -2,8 +2,9 @@
 
 The service runs as a child process (``python -m genaug.service``) so its memory is its own:
 RSS is read from /proc after a warm-up phase and at the end. A small ``max_queue_images``
-makes 429s happen and a tiny ``timeout_s`` makes 504s happen; every request must come back
-as images, a 429 with ``Retry-After`` or a 504, within a hard client-side timeout.
+makes 429s happen and the shortest ``timeout_s`` (0.5 s) behind a full queue makes 504s
+happen; every request must come back as images, a 429 with ``Retry-After`` or a 504, within
+a hard client-side timeout.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "generate bulk": ("/v1/generate", {"prompt": "bulk", "n": 6, "height": 32, "width": 32,
                                        "steps": 2, "priority": "bulk"}),
     "generate tiny timeout": ("/v1/generate", {"prompt": "impatient", "n": 2, "height": 32,
-                                               "width": 32, "steps": 2, "timeout_s": 0.001}),
+                                               "width": 32, "steps": 2, "timeout_s": 0.5}),
     "pool sample": ("/v1/recipes/load/sample", {"n": 4}),
 }
 

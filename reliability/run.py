@@ -199,6 +199,29 @@ def render(results: list[CheckResult], sizes: Sizes, *, started: dt.datetime,
         seconds_line = ", ".join(f"{r.name} {r.seconds:.0f} s" for r in mine)
         lines += [f"Check times: {seconds_line}.", ""]
     lines += [
+        "## What the schema cannot say",
+        "",
+        "The fuzzing rows above run `schemathesis run --checks all` against the served "
+        "`/openapi.json` with a recipe loaded: what the schema admits the service accepts "
+        "(operator limits are its maxima, recipe labels, schedulers and adapters its enums, "
+        "`seed` stops `max_n - 1` below the largest seed, a prompt needs a non-space "
+        "character, one output side alone keeps the aspect ratio), and what it rejects the "
+        "service rejects. These answers depend on state or on content no JSON Schema "
+        "describes, and are documented per route instead:",
+        "",
+        "- `429` (queue full, with `Retry-After`), `503` (model loading, a failed batch, the "
+        "pool database unreachable; with `Retry-After` where a retry helps) and `504` (a "
+        "request's `timeout_s` passed): answers to the service's state, not to the body. The "
+        "schemathesis run tolerates only `/v1/generate`'s `504` "
+        "(`reliability/schemathesis.toml`); the fuzzed service is ready and idle enough that "
+        "a `503` would be a bug.",
+        "- `413`: a body over `GENAUG_MAX_BODY_BYTES` (JSON routes) or "
+        "`GENAUG_MAX_UPLOAD_BYTES` (`/v1/variants`), refused before it is parsed.",
+        "- `/v1/variants` uploads (multipart): a part that is not a PNG image or a genaug "
+        "safetensors batch, sources of different sizes, a size that is not a multiple of 8 or "
+        "is over `max_side`, more than `max_variant_sources` sources: `422` naming the part. "
+        "The schema types the parts as binary; their pixels are checked after decoding.",
+        "",
         "## Not repeated here",
         "",
         "- SIGKILL of the service during a training run (training completes, the feeder "
@@ -217,7 +240,7 @@ def render(results: list[CheckResult], sizes: Sizes, *, started: dt.datetime,
 def _sizes_line(s: Sizes) -> str:
     return (f"load {s.load_clients} clients x {s.load_seconds:.0f} s, {s.kill_rounds} kill "
             f"round(s), {s.disconnects} disconnects x {s.disconnect_rounds}, slow clients "
-            f"{s.slow_seconds:.0f} s, {s.fuzz_examples} fuzz examples per operation and mode, "
+            f"{s.slow_seconds:.0f} s, {s.fuzz_examples} schemathesis examples per operation, "
             f"{s.timing_requests} timing requests per key")
 
 

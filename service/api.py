@@ -1,9 +1,14 @@
 """HTTP routes and the one place errors become responses.
 
+Every handler reads the app's state from one place, ``request.state.genaug``
+(:class:`~genaug.service.state.AppState`), and parses its body with the app's own request
+models (:mod:`~genaug.service.schemas`), the same models ``/openapi.json`` documents
+(:mod:`~genaug.service.openapi`).
+
 Every answer that is not a success has one shape, ``{"error": {"type", "message",
-"field"?}}``; a 422 names the field, the value, the bound and the fix (messages are built in
-:mod:`~genaug.service.errors`). Keys and body size are checked before any of this, by
-:mod:`~genaug.service.guard`. Nothing a client can send produces a 500.
+"field"?}}``; a 422 names the field, the value, the bound and the fix. Keys and body size are
+checked before any of this, by :mod:`~genaug.service.guard`. Nothing a client can send
+produces a 500.
 """
 
 from __future__ import annotations
@@ -12,15 +17,15 @@ import asyncio
 import logging
 import re
 import time
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any, TypeVar
 
 import numpy as np
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from genaug import __version__
@@ -31,7 +36,6 @@ from genaug.client.wire import (
     encode_png_grid,
 )
 
-from .app import AppState
 from .batcher import Batcher, Job
 from .errors import (
     ApiError,
@@ -39,15 +43,17 @@ from .errors import (
     InvalidRequestError,
     describe_validation,
     error_response,
+    new_id,
     unparseable,
 )
-from .guard import GuardMiddleware
 from .pregen import PoolManager, empty_images, unknown_recipe
 from .schemas import (
+    MIN_TIMEOUT_S,
+    AdapterInfo,
     ClientReport,
     ClientsResponse,
+    DeviceInfo,
     ErrorBody,
-    FillRequest,
     GenerateRequest,
     HealthResponse,
     InfoResponse,
@@ -56,16 +62,24 @@ from .schemas import (
     RecipeDetail,
     RecipeList,
     RecipeSummary,
-    SampleRequest,
+    ReplicaInfo,
+    SpeedInfo,
     StatusResponse,
-    check_limits,
 )
+from .state import AppState
 from .work import GroupKey, Item
 
 log = logging.getLogger(__name__)
 
 STATUS_PAGE = Path(__file__).parent / "static" / "status.html"
-_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,64}$")
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9._:@/-]{1,64}$"
+_CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
+# Encode in the event loop below this many bytes of pixels (a thread hop costs more).
+_INLINE_ENCODE_BYTES = 1 << 20
+
+B = TypeVar("B", bound=BaseModel)
+
+
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error statuses a route answers, all with the one error shape.
 
@@ -80,18 +94,27 @@ RECIPE_ERRORS = _errors(400, 404, 413, 422, 503)
 READ_ERRORS = _errors()
 
 
-# -- dependencies ---------------------------------------------------------------------------
-
-
-def get_state(request: Request) -> AppState:
+def state_of(request: Request) -> AppState:
+    """The app's state: the one place handlers read it from."""
     state: AppState = request.state.genaug
     return state
 
 
-StateDep = Annotated[AppState, Depends(get_state)]
+async def read_body(request: Request, model: type[B], hints: Mapping[str, str]) -> B:
+    """Parse the JSON body with ``model``; 400 when it is not JSON, 422 naming the field,
+    value, bound and fix when it breaks the schema."""
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if errors and errors[0]["type"] == "json_invalid":
+            detail = str(errors[0].get("ctx", {}).get("error", errors[0]["msg"]))
+            raise InvalidRequestError(unparseable(detail, raw)) from None
+        raise describe_validation(errors, sorted(model.model_fields), hints) from None
 
 
-def client_identity(request: Request, state: StateDep) -> str:
+def client_identity(request: Request) -> str:
     """Who is asking, for round-robin fairness: the API key's id and/or ``X-Client-Id``."""
     given = request.headers.get("x-client-id")
     if given is not None and not _CLIENT_ID.match(given):
@@ -111,9 +134,6 @@ def client_identity(request: Request, state: StateDep) -> str:
     return f"ip:{host}"
 
 
-ClientDep = Annotated[str, Depends(client_identity)]
-
-
 # -- routes ---------------------------------------------------------------------------------
 
 router = APIRouter()
@@ -131,8 +151,9 @@ async def healthz() -> HealthResponse:
     responses={503: {"model": HealthResponse}},
     tags=["probes"],
 )
-async def readyz(state: StateDep) -> Response:
+async def readyz(request: Request) -> Response:
     """Readiness: 200 only once the model is loaded and warmed up."""
+    state = state_of(request)
     if state.ready:
         return JSONResponse(HealthResponse(status="ready").model_dump())
     detail = state.load_error or "loading"
@@ -141,9 +162,8 @@ async def readyz(state: StateDep) -> Response:
     )
 
 
-@router.get("/v1/info", response_model=InfoResponse, tags=["service"], responses=READ_ERRORS)
-async def info(state: StateDep) -> InfoResponse:
-    """Model identity, device, dtype, limits and version."""
+def info_of(state: AppState) -> InfoResponse:
+    """What ``GET /v1/info`` answers, grouped: model, device, adapters, speed, replica, limits."""
     s = state.settings
     size, steps, guidance = state.defaults()
     model = None
@@ -151,16 +171,20 @@ async def info(state: StateDep) -> InfoResponse:
         model = ModelInfo(
             kind=state.model.kind,
             source=state.model.source,
-            weights_hash=state.model.weights_hash,
-            scheduler=type(getattr(state.model.pipeline, "scheduler", None)).__name__,
+            hash=state.model.weights_hash,
+            dtype=str(state.model.dtype).removeprefix("torch."),
+            trained_on=getattr(state.model, "trained_on", None),
         )
+    device = {k: v for k, v in state.device_info.items() if k in DeviceInfo.model_fields}
     return InfoResponse(
         version=__version__,
         ready=state.ready,
-        model=model,
-        device=state.device,
-        dtype=state.dtype,
         auth=bool(s.api_keys),
+        model=model,
+        device=DeviceInfo(**device) if device else DeviceInfo(name=s.device, type="unknown"),
+        adapters=[AdapterInfo(**a) for a in state.adapters_info],
+        speed=SpeedInfo(**state.speed_info),
+        replica=ReplicaInfo(**state.replica_info),
         limits=Limits(
             max_n=s.max_n,
             max_side=s.max_side,
@@ -170,6 +194,11 @@ async def info(state: StateDep) -> InfoResponse:
             max_wait_ms=s.max_wait_ms,
             max_prompt_chars=s.max_prompt_chars,
             max_timeout_s=s.max_timeout_s,
+            min_timeout_s=MIN_TIMEOUT_S,
+            max_sample_n=s.max_sample_n,
+            max_body_bytes=s.max_body_bytes,
+            max_upload_bytes=s.max_upload_bytes,
+            max_variant_sources=s.max_variant_sources,
             default_size=size,
             default_steps=steps,
             default_guidance=guidance,
@@ -178,11 +207,17 @@ async def info(state: StateDep) -> InfoResponse:
     )
 
 
+@router.get("/v1/info", response_model=InfoResponse, tags=["service"], responses=READ_ERRORS)
+async def info(request: Request) -> InfoResponse:
+    """Model, device, adapters, speed options, replica, limits and version."""
+    return info_of(state_of(request))
+
+
 @router.get("/metrics", response_class=PlainTextResponse, tags=["service"],
             responses=READ_ERRORS)
-async def metrics(state: StateDep) -> Response:
+async def metrics(request: Request) -> Response:
     """Prometheus text format."""
-    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+    return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[Item]]:
@@ -190,14 +225,20 @@ def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[It
     size, steps, guidance = state.defaults()
     height = req.height or size
     width = req.width or size
-    key = GroupKey(height=height, width=width, steps=req.steps or steps)
+    key = GroupKey(
+        height=height,
+        width=width,
+        steps=req.steps or steps,
+        scheduler=req.scheduler or "default",
+        adapter=req.adapter,
+        adapter_scale=1.0 if req.adapter_scale is None else req.adapter_scale,
+    )
     if req.seed is not None:
         seeds = [req.seed + i for i in range(req.n)]
     else:
         seeds = [int(s) for s in np.random.default_rng().integers(0, 2**63 - 1, size=req.n)]
+    output_height, output_width = output_size(req.output_height, req.output_width, height, width)
     item_guidance = req.guidance if req.guidance is not None else guidance
-    output_height = req.output_height or height
-    output_width = req.output_width or width
     items = [
         Item(
             req.prompt,
@@ -210,6 +251,19 @@ def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[It
         for seed in seeds
     ]
     return key, items
+
+
+def output_size(
+    out_h: int | None, out_w: int | None, height: int, width: int
+) -> tuple[int, int]:
+    """The output size: as given; one side alone keeps the generated aspect ratio."""
+    if out_h is not None and out_w is not None:
+        return out_h, out_w
+    if out_h is not None:
+        return out_h, max(1, round(out_h * width / height))
+    if out_w is not None:
+        return max(1, round(out_w * height / width)), out_w
+    return height, width
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -249,24 +303,31 @@ def wants_png(request: Request) -> bool:
     return PNG_MEDIA_TYPE in accept and SAFETENSORS_MEDIA_TYPE not in accept
 
 
+async def encoded(images: np.ndarray, encode: Callable[[], bytes]) -> bytes:
+    """Run ``encode`` inline for small batches, in a thread for large ones."""
+    if images.nbytes > _INLINE_ENCODE_BYTES:
+        return await asyncio.to_thread(encode)
+    return encode()
+
+
 @router.post(
     "/v1/generate",
     tags=["generation"],
     responses={
         200: {
             "content": {SAFETENSORS_MEDIA_TYPE: {}, PNG_MEDIA_TYPE: {}},
-            "description": "safetensors batch (images uint8 [n,h,w,3], seeds int64 [n]) "
+            "description": "safetensors batch (images uint8 [n,h,w,c], seeds int64 [n]) "
             "or, with Accept: image/png, one PNG (a grid when n > 1)",
         },
         **GENERATE_ERRORS,
     },
 )
-async def generate(
-    body: GenerateRequest, request: Request, state: StateDep, client: ClientDep
-) -> Response:
+async def generate(request: Request) -> Response:
     """Generate ``n`` images; batched with other requests of the same size and steps."""
     started = time.monotonic()
-    check_limits(body, state.settings)
+    state = state_of(request)
+    body = await read_body(request, state.api.generate, state.api.hints["generate"])
+    client = client_identity(request)
     batcher = state.require_batcher()
     key, items = plan_items(body, state)
     timeout = body.timeout_s or state.settings.request_timeout_s
@@ -288,21 +349,15 @@ async def generate(
                 "guidance": items[0].guidance,
                 "output_height": items[0].output_height,
                 "output_width": items[0].output_width,
+                "scheduler": key.scheduler,
             },
             "model_hash": state.model.weights_hash if state.model else "",
             "genaug_version": __version__,
         }
-        encode = _encode_call(images, seeds, metadata)
-        payload = await asyncio.to_thread(encode) if images.nbytes > 1 << 20 else encode()
+        payload = await encoded(images, lambda: encode_batch(images, seeds, metadata=metadata))
         media = SAFETENSORS_MEDIA_TYPE
     state.metrics.request_latency.labels("generate").observe(time.monotonic() - started)
     return Response(payload, media_type=media, headers={"X-Genaug-Seeds": _seed_header(seeds)})
-
-
-def _encode_call(
-    images: np.ndarray, seeds: np.ndarray, metadata: dict[str, Any]
-) -> Callable[[], bytes]:
-    return lambda: encode_batch(images, seeds, metadata=metadata)
 
 
 def _seed_header(seeds: np.ndarray) -> str:
@@ -317,12 +372,12 @@ def client_reports(state: AppState) -> list[ClientReport]:
     batcher = state.batcher
     if batcher is None:
         return []
-    queued = batcher.queued_by_client()
-    total = sum(c.generation_s for c in batcher.clients.values()) or 1.0
-    names = sorted(set(batcher.clients) | set(queued))
+    queued = batcher.queue.by_client()
+    clients = batcher.activity.clients
+    total = sum(c.generation_s for c in clients.values()) or 1.0
     reports = []
-    for name in names:
-        c = batcher.clients.get(name)
+    for name in sorted(set(clients) | set(queued)):
+        c = clients.get(name)
         reports.append(ClientReport(
             client=name,
             requests=c.requests if c else 0,
@@ -339,15 +394,16 @@ def client_reports(state: AppState) -> list[ClientReport]:
 
 @router.get("/v1/clients", response_model=ClientsResponse, tags=["service"],
             responses=READ_ERRORS)
-async def clients(state: StateDep) -> ClientsResponse:
+async def clients(request: Request) -> ClientsResponse:
     """Per client identity: requests, images, share of generation time, queue, rejections."""
-    return ClientsResponse(clients=client_reports(state))
+    return ClientsResponse(clients=client_reports(state_of(request)))
 
 
 @router.get("/v1/status", response_model=StatusResponse, tags=["service"],
             responses=READ_ERRORS)
-async def status(state: StateDep) -> StatusResponse:
+async def status(request: Request) -> StatusResponse:
     """What the status page shows: model, readiness, queue per client, throughput, pools."""
+    state = state_of(request)
     batcher = state.batcher
     recipes: list[RecipeSummary] = []
     if state.pools is not None:
@@ -356,14 +412,14 @@ async def status(state: StateDep) -> StatusResponse:
             lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
         )
     return StatusResponse(
-        info=await info(state),
+        info=info_of(state),
         queue_images=batcher.queued_images if batcher else 0,
         busy=batcher.busy if batcher else False,
         uptime_s=round(time.time() - state.started_at, 1),
         clients=client_reports(state),
-        throughput=batcher.throughput() if batcher else [],
+        throughput=batcher.activity.throughput() if batcher else [],
         recipes=recipes,
-        recent_images=len(batcher.recent) if batcher else 0,
+        recent_images=len(batcher.activity.recent) if batcher else 0,
     )
 
 
@@ -373,12 +429,12 @@ async def status(state: StateDep) -> StatusResponse:
     responses={200: {"content": {PNG_MEDIA_TYPE: {}}, "description": "a grid PNG"},
                204: {"description": "nothing generated yet"}, **READ_ERRORS},
 )
-async def recent_png(state: StateDep) -> Response:
+async def recent_png(request: Request) -> Response:
     """The most recently generated images (requests and pools) as one grid PNG."""
-    batcher = state.batcher
-    if batcher is None or not batcher.recent:
+    batcher = state_of(request).batcher
+    if batcher is None or not batcher.activity.recent:
         return Response(status_code=204)
-    images = list(batcher.recent)
+    images = list(batcher.activity.recent)
     shape = images[-1].shape
     same = np.stack([im for im in images if im.shape == shape])
     payload = await asyncio.to_thread(encode_png_grid, same)
@@ -395,8 +451,9 @@ async def status_page() -> HTMLResponse:
 
 @router.get("/v1/recipes", response_model=RecipeList, tags=["recipes"],
             responses=_errors(503))
-async def list_recipes(state: StateDep) -> RecipeList:
+async def list_recipes(request: Request) -> RecipeList:
     """Recipes with their pools' fill per label (empty when no recipes are configured)."""
+    state = state_of(request)
     if not state.recipes:
         return RecipeList(recipes=[])
     pools = state.require_pools()
@@ -406,20 +463,20 @@ async def list_recipes(state: StateDep) -> RecipeList:
     return RecipeList(recipes=summaries)
 
 
-@router.get(
-    "/v1/recipes/{name}", response_model=RecipeDetail, tags=["recipes"],
-    responses=RECIPE_ERRORS,
-)
-async def recipe_detail(name: str, state: StateDep) -> RecipeDetail:
-    """Spec, pool identity, per-label fill, generated and served totals, generation rate."""
-    pools = _pools_for(state, name)
-    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
-
-
 def _pools_for(state: AppState, name: str) -> PoolManager:
     if name not in state.recipes:
         raise unknown_recipe(name, state.recipes)
     return state.require_pools()
+
+
+@router.get(
+    "/v1/recipes/{name}", response_model=RecipeDetail, tags=["recipes"],
+    responses=RECIPE_ERRORS,
+)
+async def recipe_detail(name: str, request: Request) -> RecipeDetail:
+    """Spec, pool identity, per-label fill, generated and served totals, generation rate."""
+    pools = _pools_for(state_of(request), name)
+    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
 
 
 @router.post(
@@ -428,46 +485,34 @@ def _pools_for(state: AppState, name: str) -> PoolManager:
     responses={
         200: {
             "content": {SAFETENSORS_MEDIA_TYPE: {}},
-            "description": "safetensors batch: images uint8 [k,h,w,3], labels int32 [k] "
+            "description": "safetensors batch: images uint8 [k,h,w,c], labels int32 [k] "
             "(indices into the label_names metadata), seeds int64 [k]; k <= n",
         },
         **RECIPE_ERRORS,
     },
 )
-async def sample(name: str, body: SampleRequest, state: StateDep) -> Response:
+async def sample(name: str, request: Request) -> Response:
     """Up to ``n`` pre-generated images spread over ``labels``, at once (or after up to
     ``wait_s`` of generation). The count returned is explicit; none is not an error."""
     started = time.monotonic()
+    state = state_of(request)
     pools = _pools_for(state, name)
-    limit = state.settings.max_sample_n
-    if body.n > limit:
-        raise InvalidRequestError(
-            f"n {body.n} exceeds max_sample_n {limit}; sample in several calls or set "
-            "GENAUG_MAX_SAMPLE_N", field="n",
-        )
-    if body.wait_s > state.settings.max_timeout_s:
-        raise InvalidRequestError(
-            f"wait_s {body.wait_s} exceeds max_timeout_s {state.settings.max_timeout_s}; wait "
-            "less or set GENAUG_MAX_TIMEOUT_S", field="wait_s",
-        )
+    body = await read_body(request, state.api.sample[name], state.api.hints["sample"])
     recipe = pools.recipe(name)
     labels = pools.resolve_labels(recipe, body.labels)
     result, recipe = await pools.sample(name, labels, body.n, body.wait_s)
     images = result.images if len(result) else empty_images(recipe)
-    payload = await asyncio.to_thread(
-        encode_batch,
-        images,
-        result.seeds,
-        labels=result.label_indices(recipe.label_names),
-        metadata={
-            "recipe": name,
-            "label_names": recipe.label_names,
-            "pool_id": pools.pool_ids[name],
-            "requested": body.n,
-            "returned": len(result),
-            "genaug_version": __version__,
-        },
-    )
+    metadata = {
+        "recipe": name,
+        "label_names": recipe.label_names,
+        "pool_id": pools.pool_ids[name],
+        "requested": body.n,
+        "returned": len(result),
+        "genaug_version": __version__,
+    }
+    payload = await encoded(images, lambda: encode_batch(
+        images, result.seeds, labels=result.label_indices(recipe.label_names), metadata=metadata
+    ))
     state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
     return Response(payload, media_type=SAFETENSORS_MEDIA_TYPE,
                     headers={"X-Genaug-Count": str(len(result))})
@@ -477,82 +522,61 @@ async def sample(name: str, body: SampleRequest, state: StateDep) -> Response:
     "/v1/recipes/{name}/fill", response_model=RecipeDetail, tags=["recipes"],
     responses=RECIPE_ERRORS,
 )
-async def fill(name: str, body: FillRequest, state: StateDep) -> RecipeDetail:
+async def fill(name: str, request: Request) -> RecipeDetail:
     """Fill every label of the recipe to at least ``per_label`` images (in the background,
     when no request waits); answers at once with the current counts."""
+    state = state_of(request)
     pools = _pools_for(state, name)
+    body = await read_body(request, state.api.fill[name], state.api.hints["fill"])
     await asyncio.to_thread(pools.raise_target, name, body.per_label)
     return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
 
 
-# -- installation ---------------------------------------------------------------------------
+# -- errors ---------------------------------------------------------------------------------
 
 
-def install(app: FastAPI, state: AppState) -> None:
-    """Add routes, error handlers and middleware to ``app``."""
-    # Named in unknown-field messages, by the route's body model.
-    allowed = {
-        "generate": sorted(GenerateRequest.model_fields),
-        "sample": sorted(SampleRequest.model_fields),
-        "fill": sorted(FillRequest.model_fields),
-    }
+async def api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    if isinstance(exc, InvalidRequestError):
+        state_of(request).metrics.rejections.labels("invalid").inc()
+    return error_response(exc)
 
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        if isinstance(exc, InvalidRequestError):
-            state.metrics.rejections.labels("invalid").inc()
-        return error_response(exc)
 
-    async def validation_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        state.metrics.rejections.labels("invalid").inc()
-        route = request.url.path.rsplit("/", 1)[-1]
-        fields = allowed.get(route, allowed["generate"])
-        return error_response(describe_validation(list(exc.errors()), fields))
+async def validation_error(request: Request, exc: Exception) -> Response:
+    """A path or query parameter FastAPI itself validated (bodies are parsed by the routes)."""
+    assert isinstance(exc, RequestValidationError)
+    state_of(request).metrics.rejections.labels("invalid").inc()
+    return error_response(describe_validation(list(exc.errors()), [], {}))
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        if exc.status_code == 400 and exc.__cause__ is not None:
-            # FastAPI's body reader: the body is not UTF-8 JSON it can parse.
-            state.metrics.rejections.labels("invalid").inc()
-            return error_response(InvalidRequestError(unparseable(exc.__cause__)), status=400)
-        kinds = {404: "not_found", 405: "method_not_allowed"}
-        body = {
-            "error": {
-                "type": kinds.get(exc.status_code, "http_error"),
-                "message": f"{request.method} {request.url.path}: {exc.detail}",
-            }
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    kinds = {404: "not_found", 405: "method_not_allowed"}
+    body = {
+        "error": {
+            "type": kinds.get(exc.status_code, "http_error"),
+            "message": f"{request.method} {request.url.path}: {exc.detail}",
         }
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        error_id = uuid.uuid4().hex[:12]
-        log.exception("unexpected error (error id %s) on %s", error_id, request.url.path)
-        body = {
-            "error": {
-                "type": "internal",
-                "id": error_id,
-                "message": f"internal error; error id {error_id} is in the log",
-            }
-        }
-        return JSONResponse(body, status_code=500)
-
-    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-        ApiError: api_error,
-        RequestValidationError: validation_error,
-        StarletteHTTPException: http_error,
-        Exception: unexpected,
     }
-    for exc_class, handler in handlers.items():
-        app.add_exception_handler(exc_class, handler)
-    app.include_router(router)
-    app.add_middleware(GuardMiddleware, state=state)
-    if state.settings.cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=state.settings.cors_origins,
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "X-API-Key", "X-Client-Id", "Content-Type"],
-        )
+
+async def unexpected(request: Request, exc: Exception) -> Response:
+    error_id = new_id()
+    log.exception("unexpected error (error id %s) on %s", error_id, request.url.path)
+    body = {
+        "error": {
+            "type": "internal",
+            "id": error_id,
+            "message": f"internal error; error id {error_id} is in the log",
+        }
+    }
+    return JSONResponse(body, status_code=500)
+
+
+EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    ApiError: api_error,
+    RequestValidationError: validation_error,
+    StarletteHTTPException: http_error,
+    Exception: unexpected,
+}

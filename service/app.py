@@ -2,14 +2,17 @@
 
 Start-up, in order:
 
-1. Checks that are cheap and must fail start-up loudly: the device exists, the dtype suits
-   it, the model paths exist. A wrong ``GENAUG_DEVICE`` stops the process with the reason;
-   nothing falls back silently.
-2. The server starts answering: ``/healthz`` is 200, ``/readyz`` is 503.
+1. ``create_app`` reads the recipes and builds the request models from the settings (their
+   bounds are what ``/openapi.json`` serves). Nothing heavy is imported or loaded.
+2. The lifespan checks what must fail loudly (the device exists, the dtype suits it, the model
+   paths exist), opens the pool store, and the server answers: ``/healthz`` is 200,
+   ``/readyz`` is 503.
 3. In the background: load the model, start the batcher (its worker thread owns the
    pipeline), run one warm-up batch, then ``/readyz`` turns 200.
 
-Shutdown reverses it: stop the batcher (pending requests get 503), release the model.
+Shutdown reverses it: stop the batcher (pending requests get 503), close the store, release
+the model. torch is imported only by step 3 (and by the device check of step 2), never by the
+routes.
 
 Example::
 
@@ -24,7 +27,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
@@ -32,92 +34,27 @@ from fastapi_offline import FastAPIOffline
 
 from genaug import __version__
 
+from .api import EXCEPTION_HANDLERS, router
 from .batcher import Batcher
-from .errors import NotReadyError
+from .guard import GuardMiddleware
 from .metrics import Metrics
-from .model import LoadedModel, ModelLoadError, load_model, resolve_device, resolve_dtype
-from .pool import PoolStore, open_pool_store
+from .openapi import build_openapi
+from .pool import open_pool_store, replica_info
 from .pregen import PoolManager, pool_model_hash
-from .recipes import Recipe, load_recipes
+from .recipes import load_recipes
+from .schemas import build_api_models
 from .settings import Settings
+from .state import AppState, ModelLoader, Startup, WorkerWrapper
 from .work import GroupKey, Worker
 
 if TYPE_CHECKING:
-    from .generator import PipelineWorker
+    from .model import LoadedModel
 
 log = logging.getLogger(__name__)
 
-ModelLoader = Callable[[Settings], LoadedModel]
-WorkerWrapper = Callable[["PipelineWorker"], Worker]  # tests wrap the generator to inject faults
-
-
-def default_loader(settings: Settings) -> LoadedModel:
-    return load_model(
-        source=settings.model,
-        unet_weights=settings.unet_weights,
-        device=settings.device,
-        dtype=settings.dtype,
-        single_file_config=settings.single_file_config,
-    )
-
-
-@dataclass
-class AppState:
-    """What the routes see: settings, metrics, and, once ready, the model and batcher."""
-
-    settings: Settings
-    metrics: Metrics
-    device: str = ""
-    dtype: str = ""
-    model: LoadedModel | None = None
-    batcher: Batcher | None = None
-    recipes: dict[str, Recipe] = field(default_factory=dict)
-    store: PoolStore | None = None
-    pools: PoolManager | None = None
-    ready: bool = False
-    load_error: str | None = None
-    started_at: float = field(default_factory=time.time)
-
-    @property
-    def tiny(self) -> bool:
-        return self.settings.model is None
-
-    def defaults(self) -> tuple[int, int, float]:
-        return self.settings.request_defaults(tiny=self.tiny)
-
-    def require_batcher(self) -> Batcher:
-        if self.load_error is not None:
-            raise NotReadyError(f"the model failed to load: {self.load_error}")
-        if not self.ready or self.batcher is None:
-            raise NotReadyError(
-                "the model is loading or warming up; retry shortly (GET /readyz turns 200 "
-                "when ready)",
-                headers={"Retry-After": "2"},
-            )
-        return self.batcher
-
-    def require_pools(self) -> PoolManager:
-        self.require_batcher()
-        if self.pools is None:
-            raise NotReadyError("the recipe pools are not open yet; retry shortly")
-        return self.pools
-
-
-def _check_startup(settings: Settings) -> tuple[str, str]:
-    """Fail fast, before the server listens, on settings that can never work.
-
-    Raises :class:`ModelLoadError` or :class:`~genaug.service.recipes.RecipeError`.
-    """
-    device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
-    for name, path in (
-        ("GENAUG_MODEL", settings.model),
-        ("GENAUG_UNET_WEIGHTS", settings.unet_weights),
-        ("GENAUG_SINGLE_FILE_CONFIG", settings.single_file_config),
-    ):
-        if path is not None and not path.exists():
-            raise ModelLoadError(f"{name}={path} does not exist; point it at a local path")
-    return str(device), str(dtype).removeprefix("torch.")
+# Routes whose bodies are uploads (images), with their own size limit; JSON routes keep
+# GENAUG_MAX_BODY_BYTES.
+UPLOAD_ROUTES = ("/v1/variants",)
 
 
 def create_app(
@@ -127,112 +64,199 @@ def create_app(
     wrap_worker: WorkerWrapper | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
-    """Build the service app. Nothing is loaded until the lifespan runs.
+    """Build the service app. The model loads when the lifespan runs.
 
     ``loader`` replaces model loading (tests share one tiny model between apps);
-    ``wrap_worker`` wraps the real generator (tests inject faults); ``on_fatal`` is called
-    when background loading fails (the CLI exits the process).
+    ``wrap_worker`` wraps the pipeline worker (tests inject faults); ``on_fatal`` is called
+    when background loading fails (the CLI exits the process). Raises
+    :class:`~genaug.service.recipes.RecipeError` for an invalid recipes file.
     """
     settings = settings or Settings()
-    state = AppState(settings=settings, metrics=Metrics())
-    load = loader or default_loader
-
-    async def load_and_warm() -> None:
-        from .generator import PipelineWorker
-
-        try:
-            model = await asyncio.to_thread(load, settings)
-            state.model = model
-            generator = PipelineWorker(model, state.metrics)
-            worker: Worker = wrap_worker(generator) if wrap_worker else generator
-            if state.store is not None:
-                # In a thread: it reads the recipes' label image folders (GENAUG_DATA_ROOT).
-                state.pools = await asyncio.to_thread(
-                    lambda: PoolManager(
-                        state.recipes,
-                        state.store,  # type: ignore[arg-type]
-                        model_hash=pool_model_hash(model),
-                        pregenerate=settings.pregenerate,
-                        data_root=settings.data_root,
-                    )
-                )
-            batcher = Batcher(
-                worker,
-                max_batch_images=settings.max_batch_images,
-                max_wait_ms=settings.max_wait_ms,
-                max_queue_images=settings.max_queue_images,
-                metrics=state.metrics,
-                idle_source=state.pools,
-            )
-            if state.pools is not None:
-                state.pools.attach(batcher)
-            await batcher.start()
-            state.batcher = batcher
-            if settings.warmup:
-                size, steps, guidance = state.defaults()
-                key = GroupKey(height=size, width=size, steps=steps)
-                started = time.monotonic()
-                await batcher.run_in_worker(lambda: generator.warmup(key, guidance))
-                log.info("warm-up done in %.2f s", time.monotonic() - started)
-            state.ready = True
-            log.info(
-                "ready: %s model %s (weights %s) on %s/%s",
-                model.kind,
-                model.source,
-                model.weights_hash,
-                state.device,
-                state.dtype,
-            )
-        except Exception as exc:  # surfaced on /readyz and to on_fatal
-            state.load_error = f"{type(exc).__name__}: {exc}"
-            log.exception("loading the model failed")
-            if on_fatal is not None:
-                on_fatal(exc)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
-        state.device, state.dtype = _check_startup(settings)
-        if settings.recipes is not None:
-            state.recipes = load_recipes(settings.recipes)
-            state.store = await asyncio.to_thread(open_pool_store, settings)
-        _sample_device_memory(state)
-        loading = asyncio.create_task(load_and_warm(), name="genaug-load")
-        try:
-            yield {"genaug": state}
-        finally:
-            state.ready = False
-            loading.cancel()
-            try:
-                await loading
-            except asyncio.CancelledError:
-                pass
-            if state.batcher is not None:
-                await state.batcher.stop()
-                state.batcher = None
-            if state.store is not None:
-                state.store.close()
-                state.store = None
-            state.pools = None
-            state.model = None
-
+    recipes = load_recipes(settings.recipes) if settings.recipes is not None else {}
+    api = build_api_models(
+        settings,
+        recipes=recipes,
+        adapters=(),
+        defaults=settings.request_defaults(tiny=settings.model is None),
+        schedulers=("default",),  # what PipelineWorker runs today
+    )
+    state = AppState(
+        settings=settings,
+        metrics=Metrics(),
+        api=api,
+        startup=Startup(loader=loader, wrap_worker=wrap_worker, on_fatal=on_fatal),
+        recipes=recipes,
+    )
     app = FastAPIOffline(
         title="genaug",
         version=__version__,
         description="Out-of-process generative augmentation: SDXL batches for training.",
         lifespan=lifespan,
     )
-    from .api import install
+    app.state.genaug = state
+    for exc_class, handler in EXCEPTION_HANDLERS.items():
+        app.add_exception_handler(exc_class, handler)
+    app.include_router(router)
+    app.add_middleware(
+        GuardMiddleware,
+        keys=[key.get_secret_value() for key in settings.api_keys],
+        max_body_bytes=settings.max_body_bytes,
+        upload_routes={path: settings.max_upload_bytes for path in UPLOAD_ROUTES},
+        on_reject=lambda reason: state.metrics.rejections.labels(reason).inc(),
+    )
+    if settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
 
-    install(app, state)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "X-API-Key", "X-Client-Id", "Content-Type"],
+        )
+    app.openapi = lambda: build_openapi(app, state)  # type: ignore[method-assign]
     return app
 
 
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
+    """Open what requests need, load the model in the background, and undo it all at exit."""
+    state: AppState = app.state.genaug
+    settings = state.settings
+    state.device_info = check_startup(settings)
+    state.replica_info = replica_info(settings)
+    if state.recipes:
+        state.store = await asyncio.to_thread(open_pool_store, settings)
+    _sample_device_memory(state)
+    loading = asyncio.create_task(_load_and_warm(state), name="genaug-load")
+    try:
+        yield {"genaug": state}
+    finally:
+        state.ready = False
+        loading.cancel()
+        try:
+            await loading
+        except asyncio.CancelledError:
+            pass
+        if state.batcher is not None:
+            await state.batcher.stop()
+            state.batcher = None
+        if state.store is not None:
+            state.store.close()
+            state.store = None
+        state.pools = None
+        state.model = None
+
+
+def check_startup(settings: Settings) -> dict[str, str]:
+    """Fail fast, before the server listens, on settings that can never work; return the
+    device's name, type and dtype.
+
+    Raises :class:`~genaug.service.model.ModelLoadError`.
+    """
+    from .model import ModelLoadError, resolve_device, resolve_dtype
+
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    for name, path in (
+        ("GENAUG_MODEL", settings.model),
+        ("GENAUG_UNET_WEIGHTS", settings.unet_weights),
+        ("GENAUG_SINGLE_FILE_CONFIG", settings.single_file_config),
+    ):
+        if path is not None and not path.exists():
+            raise ModelLoadError(f"{name}={path} does not exist; point it at a local path")
+    return {"name": str(device), "type": device.type, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def default_loader(settings: Settings) -> LoadedModel:
+    from .model import load_model
+
+    return load_model(
+        source=settings.model,
+        unet_weights=settings.unet_weights,
+        device=settings.device,
+        dtype=settings.dtype,
+        single_file_config=settings.single_file_config,
+    )
+
+
+async def _load_and_warm(state: AppState) -> None:
+    """Load the model, start the batcher and warm up; then report ready. Runs as a task."""
+    from . import device as devices
+    from .generator import PipelineWorker
+
+    settings = state.settings
+    startup = state.startup
+    load = startup.loader or default_loader
+    try:
+        model = await asyncio.to_thread(load, settings)
+        threads = await asyncio.to_thread(
+            devices.configure_threads, settings.torch_threads, model.device
+        )
+        state.device_info = {
+            **devices.identity(model.device),
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "torch_threads": threads,
+        }
+        state.model = model
+        pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
+            PipelineWorker.from_settings, model, settings, state.metrics
+        )
+        worker: Worker = (
+            startup.wrap_worker(pipeline_worker) if startup.wrap_worker else pipeline_worker
+        )
+        if state.store is not None:
+            store = state.store
+            # In a thread: it reads the recipes' label image folders (GENAUG_DATA_ROOT).
+            state.pools = await asyncio.to_thread(
+                lambda: PoolManager(
+                    state.recipes,
+                    store,
+                    model_hash=pool_model_hash(model),
+                    pregenerate=settings.pregenerate,
+                    data_root=settings.data_root,
+                )
+            )
+        batcher = Batcher(
+            worker,
+            max_batch_images=settings.max_batch_images,
+            max_wait_ms=settings.max_wait_ms,
+            max_queue_images=settings.max_queue_images,
+            metrics=state.metrics,
+            idle_source=state.pools,
+        )
+        if state.pools is not None:
+            state.pools.attach(batcher)
+        await batcher.start()
+        state.batcher = batcher
+        if settings.warmup:
+            size, steps, guidance = state.defaults()
+            key = GroupKey(height=size, width=size, steps=steps)
+            started = time.monotonic()
+            await batcher.run_in_worker(lambda: pipeline_worker.warmup(key, guidance))
+            log.info("warm-up done in %.2f s", time.monotonic() - started)
+        state.ready = True
+        log.info(
+            "ready: %s model %s (weights %s) on %s as %s, %s torch threads",
+            model.kind,
+            model.source,
+            model.weights_hash,
+            model.device,
+            state.device_info["dtype"],
+            threads,
+        )
+    except Exception as exc:  # surfaced on /readyz and to on_fatal
+        state.load_error = f"{type(exc).__name__}: {exc}"
+        log.exception("loading the model failed")
+        if startup.on_fatal is not None:
+            startup.on_fatal(exc)
+
+
 def _sample_device_memory(state: AppState) -> None:
-    if not state.device.startswith("cuda"):
+    if state.device_info.get("type") != "cuda":
         return
     import torch
 
-    device = torch.device(state.device)
+    device = torch.device(state.device_info["name"])
 
     def sample() -> None:
         state.metrics.device_memory.labels("allocated").set(torch.cuda.memory_allocated(device))

@@ -7,9 +7,17 @@ at fault. Every message says what was received, the bound it broke and how to fi
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+
+def new_id() -> str:
+    """A short random id for a request or an error (12 hex characters), the one place ids are
+    made: error ids are both in the answer and in the log, so an operator can find one."""
+    return uuid.uuid4().hex[:12]
 
 
 class ApiError(Exception):
@@ -100,63 +108,58 @@ def error_response(exc: ApiError, *, status: int | None = None) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=status or exc.status, headers=exc.headers)
 
 
-def unparseable(cause: BaseException) -> str:
-    """Why FastAPI could not read a JSON body, and what to send instead."""
-    detail = f"{type(cause).__name__}: {str(cause)[:120]}"
-    if isinstance(cause, RecursionError):
+def unparseable(detail: str, raw: bytes) -> str:
+    """Why a body is not JSON, and what to send instead."""
+    detail = detail[:160]
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"the body is not valid UTF-8 ({exc}); send a UTF-8 encoded JSON object"
+    if not raw.strip():
+        return "the body is empty; send a JSON object (see GET /openapi.json)"
+    if "recursion" in detail:
         return f"the body's JSON is nested too deeply ({detail}); send a flat JSON object"
-    if isinstance(cause, UnicodeDecodeError):
-        return f"the body is not valid UTF-8 ({detail}); send a UTF-8 encoded JSON object"
-    if "digits" in str(cause):
-        return f"a number in the body has too many digits ({detail}); send numbers in range"
-    return f"the body could not be parsed ({detail}); send a UTF-8 JSON object"
+    if "number" in detail and ("large" in detail or "digits" in detail):
+        return f"a number in the body is out of range ({detail}); send numbers in range"
+    return f"the body is not valid JSON ({detail}); send a UTF-8 JSON object"
 
 
 # -- validation messages ----------------------------------------------------------------------
 
-_HINTS = {
-    "height": "use a multiple of 8 between 8 and max_side (GET /v1/info lists the limits)",
-    "width": "use a multiple of 8 between 8 and max_side (GET /v1/info lists the limits)",
-    "output_height": "use a positive size up to max_side, with output_width",
-    "output_width": "use a positive size up to max_side, with output_height",
-    "n": "ask for 1 to max_n images",
-    "steps": "use 1 to max_steps steps",
-    "guidance": "use a number from 0 to 50",
-    "seed": "use an integer from 0 to 2**63-1, or leave it out for random seeds",
-    "priority": "use 'interactive' or 'bulk'",
-    "timeout_s": "use a positive number of seconds",
-    "prompt": "send a non-empty string",
-    "negative_prompt": "send a string or leave it out",
-}
-
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def describe_validation(errors: list[Any], allowed: list[str]) -> InvalidRequestError:
-    """Turn pydantic's errors into one message naming field, value, bound and fix."""
+def describe_validation(
+    errors: list[Any], allowed: list[str], hints: Mapping[str, str]
+) -> InvalidRequestError:
+    """Turn pydantic's errors into one message naming field, value, bound and fix.
+
+    ``allowed`` lists the body's fields (for unknown-field messages); ``hints`` gives the fix
+    per field (built from the running settings, so it names the setting that raises a bound).
+    """
     messages: list[str] = []
     first_field: str | None = None
     for error in errors[:5]:
         loc = [str(part) for part in error.get("loc", ()) if part != "body"]
-        name = ".".join(loc)
+        name = loc[0] if loc else ""
+        path = ".".join(loc)
         kind = error.get("type", "")
-        if kind == "json_invalid":
-            detail = (error.get("ctx") or {}).get("error", "invalid JSON")
-            messages.append(f"the body is not valid JSON ({detail}); send a JSON object")
-            continue
         first_field = first_field or name or None
         if kind == "extra_forbidden":
-            messages.append(f"unknown field {name!r}; remove it (allowed: {', '.join(allowed)})")
+            messages.append(f"unknown field {path!r}; remove it (allowed: {', '.join(allowed)})")
         elif kind == "missing":
-            messages.append(f"{name} is required; {_HINTS.get(name, 'add it')}")
+            messages.append(f"{path} is required; {hints.get(name, 'add it')}")
         elif not name:
             messages.append(f"the body must be a JSON object: {error.get('msg')}")
         else:
-            hint = _HINTS.get(name, "see GET /v1/info and /docs for valid values")
-            messages.append(f"{name} = {_short(error.get('input'))}: {error.get('msg')}; {hint}")
+            hint = hints.get(name, "see GET /v1/info and /docs for valid values")
+            messages.append(f"{path} = {_short(error.get('input'))}: {error.get('msg')}; {hint}")
     if len(errors) > 5:
         messages.append(f"and {len(errors) - 5} more problems")
     return InvalidRequestError("; ".join(messages) or "invalid request", field=first_field)

@@ -1,35 +1,57 @@
 """The diffusers side: turns one batch of items into uint8 images. Nothing else touches torch.
 
 :class:`PipelineWorker` is the batcher's :class:`~genaug.service.work.Worker`. It is called from
-one thread only, and it is where the per-image guarantees are kept:
+one thread only (diffusers pipelines, schedulers and LoRA switches are not thread-safe), and it
+is where the per-image guarantees are kept:
 
-- **Seeds.** Each image gets its own ``torch.Generator``, so image ``i`` depends on its seed
-  and prompt, not on its batch mates.
-- **NaN/Inf guard.** The UNet runs with ``output_type="latent"`` and the VAE decode happens
-  here, so each image is checked. A non-finite decode (the SDXL fp16 VAE overflow that gives
-  black images) upcasts the VAE to float32 for good and decodes those latents again;
-  non-finite latents fail only their own items. No such image is ever served.
+- **One UNet call per step for the whole batch.** :class:`~genaug.service.sampler.Sampler`
+  runs the denoising loop with classifier-free guidance per image: prompt, negative prompt
+  (``None`` = zeros, text = encoded), guidance (``<= 1``: none for that image), seed, output
+  size and channels may all differ between batch mates. What must be shared is the
+  :class:`~genaug.service.work.GroupKey`: generation size, steps, scheduler, LoRA adapter and
+  scale, mode (text-to-image, or img2img with its strength).
+- **Seeds.** Each image gets its own ``torch.Generator`` for its initial noise, its img2img
+  source's VAE sample and noise, and any scheduler noise, so image ``i`` depends on its own
+  item, never on its batch mates.
+- **Schedulers.** ``GENAUG_SCHEDULER`` (``scheduler=``) is used for keys whose scheduler is
+  ``"default"``; other names override it. One instance per name, built from the model's
+  scheduler config and cached (:class:`~genaug.service.sampler.Schedulers`).
+- **LoRA adapters.** All of ``GENAUG_LORAS`` (``loras=``) are loaded at construction, none
+  active; each batch activates its key's adapter at its scale, or none
+  (:class:`~genaug.service.adapters.Adapters`). Switching costs no reload.
+- **img2img.** Built from the same components (``StableDiffusionXLImg2ImgPipeline.from_pipe``,
+  no second copy of the weights). An item whose source is missing or not uint8
+  ``[key.height, key.width, 3]`` fails alone; its batch mates are made.
+- **NaN/Inf guard.** The UNet loop returns latents and the VAE decode happens here, so each
+  image is checked. A non-finite decode (the SDXL fp16 VAE overflow that gives black images)
+  upcasts the VAE to float32 for good and decodes those latents again (a non-finite img2img
+  encode does the same); non-finite latents fail only their own items. No such image is ever
+  served.
 - **Out of memory.** The batch is halved and retried; only an image that cannot run alone
   fails.
-- **Per-image arguments.** Guidance and the presence of a negative prompt may differ within
-  a batch: images that share them share one pipeline call (a batch is split into at most
-  that many calls). Output size and channels (RGB or luminance) are applied per image.
-- **Output size.** Antialiased resize on the device, then uint8 HWC on the host.
+- **Output size.** Antialiased resize on the device per image, luminance for one-channel
+  items, then uint8 HWC on the host.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .adapters import Adapters
 from .metrics import Metrics
 from .model import LoadedModel
+from .sampler import Sampler, Schedulers
 from .work import GroupKey, Item, Outcome
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -41,24 +63,54 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 class PipelineWorker:
-    """Runs batches on one loaded SDXL pipeline.
+    """Runs batches on one loaded SDXL pipeline (module docstring: the guarantees).
 
     Example::
 
-        worker = PipelineWorker(load_model(source=None, unet_weights=None, device="cpu",
-                                           dtype="auto"))
-        key = GroupKey(height=64, width=64, steps=4)
-        item = Item("a red circle", seed=1, guidance=5.0, output_height=64, output_width=64)
-        out = worker.run(key, [item])
-        out.images[0].shape  # (64, 64, 3)
+        model = load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
+        worker = PipelineWorker(model, scheduler="euler_a",
+                                loras={"wounds": Path("wounds.safetensors")})
+        key = GroupKey(height=64, width=64, steps=4, adapter="wounds", adapter_scale=0.8)
+        items = [Item("a red circle", seed=1, guidance=5.0, output_height=64, output_width=64),
+                 Item("a blue square", seed=2, guidance=1.0, output_height=32, output_width=32,
+                      channels=1)]
+        out = worker.run(key, items)
+        [image.shape for image in out.images]  # [(64, 64, 3), (32, 32, 1)]
+        worker.schedulers.describe()  # "euler_a (EulerAncestralDiscreteScheduler)"
+        worker.adapters.info()  # [{"name": "wounds", "hash": "...", "source": "..."}]
+
+    Raises (from :meth:`run`, for the whole batch): :class:`UnknownSchedulerError` and
+    :class:`UnknownAdapterError` (a key the API should have refused), ``ValueError`` for
+    steps below 1 or an img2img strength outside (0, 1]. Construction raises
+    :class:`~genaug.service.adapters.AdapterLoadError` for a LoRA file that cannot be loaded.
     """
 
-    def __init__(self, model: LoadedModel, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        metrics: Metrics | None = None,
+        *,
+        scheduler: str = "default",
+        loras: Mapping[str, Path] | None = None,
+    ) -> None:
         self.model = model
         # diffusers' pipeline classes are dynamically typed: components are attributes.
         self.pipe: Any = model.pipeline
         self.metrics = metrics
         self.vae_upcast = False
+        self.schedulers = Schedulers(self.pipe, default=scheduler)
+        self.adapters = Adapters(self.pipe, loras or {})
+        self.sampler = Sampler(
+            self.pipe, device=model.device, schedulers=self.schedulers,
+            upcast_vae=self._upcast_vae,
+        )
+
+    @classmethod
+    def from_settings(
+        cls, model: LoadedModel, settings: Settings, metrics: Metrics | None = None
+    ) -> PipelineWorker:
+        """The worker the service runs: ``GENAUG_SCHEDULER`` and ``GENAUG_LORAS`` applied."""
+        return cls(model, metrics, scheduler=settings.scheduler, loras=settings.loras)
 
     @property
     def device(self) -> torch.device:
@@ -67,7 +119,12 @@ class PipelineWorker:
     # -- Worker protocol ---------------------------------------------------------------------
 
     def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
-        """Generate ``items`` as one pipeline call (or halves of it on out-of-memory)."""
+        """Generate ``items`` with one UNet call per step (or halves of it on out-of-memory)."""
+        self.schedulers.resolve(key.scheduler)  # unknown names fail before any work
+        self.adapters.activate(key.adapter, key.adapter_scale)
+        refused = _refused(key, items)
+        if refused:
+            return self._run_some(key, items, refused)
         try:
             with torch.inference_mode():
                 return self._run(key, items)
@@ -78,8 +135,20 @@ class PipelineWorker:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _run_some(self, key: GroupKey, items: Sequence[Item], refused: dict[int, str]) -> Outcome:
+        """Make the items that can be made; the refused ones fail with their reason."""
+        keep = [i for i in range(len(items)) if i not in refused]
+        images = [np.zeros(item.output_shape, np.uint8) for item in items]
+        errors = dict(refused)
+        if keep:
+            part = self.run(key, [items[i] for i in keep])
+            for j, i in enumerate(keep):
+                images[i] = part.images[j]
+                if j in part.errors:
+                    errors[i] = part.errors[j]
+        return Outcome(images=images, errors=errors)
+
     def _run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
-        _check_supported(key)
         try:
             latents = self._denoise(key, items)
         except Exception as exc:
@@ -107,36 +176,8 @@ class PipelineWorker:
         return self._decode(items, latents)
 
     def _denoise(self, key: GroupKey, items: Sequence[Item]) -> torch.Tensor:
-        """Latents of every item, in order: one pipeline call per (guidance, negative prompt
-        given or not) among them, since the pipeline takes one guidance scale per call."""
-        latents: list[torch.Tensor | None] = [None] * len(items)
-        groups: dict[tuple[float, bool], list[int]] = {}
-        for i, item in enumerate(items):
-            groups.setdefault((item.guidance, item.negative_prompt is not None), []).append(i)
-        for (guidance, negative), indices in groups.items():
-            part = [items[i] for i in indices]
-            out = self._pipeline_call(key, part, guidance=guidance, negative=negative)
-            for i, row in zip(indices, out, strict=True):
-                latents[i] = row
-        return torch.stack([row for row in latents if row is not None])
-
-    def _pipeline_call(
-        self, key: GroupKey, items: Sequence[Item], *, guidance: float, negative: bool
-    ) -> torch.Tensor:
-        generators = [torch.Generator(device=self.device).manual_seed(item.seed) for item in items]
-        output = self.pipe(
-            prompt=[item.prompt for item in items],
-            negative_prompt=[item.negative_prompt or "" for item in items] if negative else None,
-            height=key.height,
-            width=key.width,
-            num_inference_steps=key.steps,
-            guidance_scale=guidance,
-            generator=generators,
-            output_type="latent",
-            return_dict=True,
-        )
-        latents: torch.Tensor = output.images
-        return latents
+        """Latents of every item, in order, from one per-image-guidance sampling loop."""
+        return self.sampler.denoise(key, items)
 
     def _vae_decode(self, latents: torch.Tensor) -> torch.Tensor:
         vae = self.pipe.vae
@@ -157,7 +198,7 @@ class PipelineWorker:
     def _upcast_vae(self) -> None:
         if not self.vae_upcast and self.pipe.vae.dtype != torch.float32:
             log.warning(
-                "the VAE gave non-finite pixels in %s; upcasting it to float32 for the rest of "
+                "the VAE gave non-finite values in %s; upcasting it to float32 for the rest of "
                 "this run (set GENAUG_DTYPE=bfloat16 or use an fp16-fixed VAE to avoid this)",
                 self.pipe.vae.dtype,
             )
@@ -218,15 +259,24 @@ def _finish(image: torch.Tensor, item: Item) -> np.ndarray:
     return out
 
 
-def _check_supported(key: GroupKey) -> None:
-    unsupported = {
-        "mode": key.mode != "text",
-        "adapter": key.adapter is not None,
-        "scheduler": key.scheduler != "default",
-    }
-    missing = [name for name, flag in unsupported.items() if flag]
-    if missing:
-        raise ValueError(f"this worker does not support {', '.join(missing)} yet: {key}")
+def _refused(key: GroupKey, items: Sequence[Item]) -> dict[int, str]:
+    """Items that cannot be made with ``key``: an img2img item without a uint8
+    ``[key.height, key.width, 3]`` source, or a text-to-image item with one."""
+    expected = (key.height, key.width, 3)
+    refused: dict[int, str] = {}
+    for i, item in enumerate(items):
+        source = item.source
+        if key.mode == "img2img":
+            if source is None:
+                refused[i] = "img2img item has no source image"
+            elif source.dtype != np.uint8 or tuple(source.shape) != expected:
+                refused[i] = (
+                    f"img2img source is {source.dtype} {tuple(source.shape)}; it must be uint8 "
+                    f"{expected}, the key's generation size"
+                )
+        elif source is not None:
+            refused[i] = "a text-to-image item carries a source image; use an img2img key"
+    return refused
 
 
 def _concat(a: Outcome, b: Outcome, offset: int) -> Outcome:

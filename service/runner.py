@@ -32,10 +32,10 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     """
     import uvicorn
 
-    from .app import _check_startup, create_app
+    from .app import check_startup, create_app
     from .model import ModelLoadError
     from .pool import PoolError, open_pool_store
-    from .recipes import RecipeError, load_recipes
+    from .recipes import RecipeError
     from .settings import Settings
 
     try:
@@ -44,15 +44,6 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
         print(f"genaug serve: invalid settings:\n{exc}", file=sys.stderr)  # noqa: T201
         return 2
     configure_logging(settings.log_level)
-    try:
-        _check_startup(settings)
-        if settings.recipes is not None:
-            load_recipes(settings.recipes)
-            open_pool_store(settings).close()  # reachable, credentials, schema version
-    except (ModelLoadError, RecipeError, PoolError) as exc:
-        print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
-        return 2
-
     failures: list[BaseException] = []
 
     def fatal(exc: BaseException) -> None:
@@ -60,7 +51,14 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
         log.error("stopping: the model could not be loaded (%s)", exc)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    app = create_app(settings, on_fatal=fatal)
+    try:
+        check_startup(settings)
+        app = create_app(settings, on_fatal=fatal)
+        if settings.recipes is not None:
+            open_pool_store(settings).close()  # reachable, credentials, schema version
+    except (ModelLoadError, RecipeError, PoolError) as exc:
+        print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -1,25 +1,102 @@
-"""Request and response bodies of the HTTP API (pydantic, ``extra="forbid"``, explicit bounds).
+"""Request and response bodies of the HTTP API: pydantic, ``extra="forbid"``, explicit bounds.
 
-Static bounds here are the ones no deployment would change (a side is a positive multiple
-of 8, steps are positive). The bounds an operator sets (``max_side``, ``max_n`` ...) live in
-:class:`~genaug.service.settings.Settings` and are checked by :func:`check_limits`, so a 422
-names the setting that raises them.
+The request models are built per app by :func:`build_api_models` from the running
+configuration, so the schema served at ``/openapi.json`` and the validation are one thing:
+operator limits (``GENAUG_MAX_SIDE`` ...) are the maxima, recipe labels and adapter names are
+enums, and a bound that involves two fields is folded into one field's bound (``seed`` stops
+``max_n - 1`` below the largest seed, so ``seed + n - 1`` always fits). What the schema admits,
+the service accepts; the few dynamic answers no schema can express (a full queue, a deadline,
+a model still loading) are listed in docs/reliability.md.
+
+JSON numbers: an integer field accepts an integral number (``4.0``), as JSON Schema's
+``integer`` does, and a number field accepts an integer; strings and booleans are refused.
+
+Example::
+
+    models = build_api_models(Settings(max_n=8), recipes={}, adapters=(),
+                              defaults=(64, 4, 5.0))
+    body = models.generate.model_validate_json(b'{"prompt": "a wound", "n": 4}')
+    body.n   # 4
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import functools
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from .errors import InvalidRequestError
 from .settings import Settings
+from .work import SCHEDULERS
+
+if TYPE_CHECKING:
+    from .recipes import Recipe
 
 Priority = Literal["interactive", "bulk"]
 SEED_MAX = 2**63 - 1
+#: The shortest ``timeout_s`` a request may set: a shorter deadline could never be met.
+MIN_TIMEOUT_S = 0.5
+MAX_GUIDANCE = 50.0
+MAX_ADAPTER_SCALE = 4.0
+_NON_BLANK = r"\S"  # a prompt needs one non-space character
 
 
-class GenerateRequest(BaseModel):
+def _numeric_kind(annotation: Any) -> str | None:
+    """``"int"`` or ``"float"`` for a (possibly optional) numeric field annotation."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _numeric_kind(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        kinds = {_numeric_kind(a) for a in typing.get_args(annotation)} - {None}
+        return kinds.pop() if len(kinds) == 1 else None
+    if annotation is int:
+        return "int"
+    if annotation is float:
+        return "float"
+    return None
+
+
+@functools.cache
+def _numeric_fields(cls: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
+    ints, floats = set(), set()
+    for name, info in cls.model_fields.items():
+        kind = _numeric_kind(info.annotation)
+        if kind == "int":
+            ints.add(name)
+        elif kind == "float":
+            floats.add(name)
+    return frozenset(ints), frozenset(floats)
+
+
+class Body(BaseModel):
+    """Base of every request body: strict types, unknown fields refused, JSON numbers as
+    JSON Schema reads them (an integral ``4.0`` is an integer, ``4`` is a number)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        ints, floats = _numeric_fields(cls)
+        out = dict(data)
+        for name in ints & out.keys():
+            value = out[name]
+            if isinstance(value, float) and value.is_integer():
+                out[name] = int(value)
+        for name in floats & out.keys():
+            value = out[name]
+            if isinstance(value, int) and not isinstance(value, bool):
+                out[name] = float(value)
+        return out
+
+
+class GenerateRequest(Body):
     """``POST /v1/generate``. Omitted size, steps and guidance take the service defaults.
 
     Example body::
@@ -27,92 +104,249 @@ class GenerateRequest(BaseModel):
         {"prompt": "depth image of a healing wound", "n": 4, "height": 64, "width": 64,
          "seed": 7}
 
-    Image ``i`` uses seed ``seed + i`` (or a drawn seed); the seeds always come back.
+    Image ``i`` uses seed ``seed + i`` (or a drawn seed); the seeds always come back. With one
+    of ``output_height``/``output_width`` the other keeps the generated aspect ratio.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    prompt: str = Field(min_length=1, description="What to draw.")
-    negative_prompt: str | None = Field(default=None, description="What to avoid.")
-    n: int = Field(default=1, ge=1, description="Number of images.")
-    height: int | None = Field(default=None, ge=8, multiple_of=8, description="Generation height.")
-    width: int | None = Field(default=None, ge=8, multiple_of=8, description="Generation width.")
-    output_height: int | None = Field(default=None, ge=1, description="Resize output to this.")
-    output_width: int | None = Field(default=None, ge=1, description="Resize output to this.")
-    steps: int | None = Field(default=None, ge=1, description="Denoising steps.")
-    guidance: float | None = Field(default=None, ge=0, le=50, allow_inf_nan=False)
-    seed: int | None = Field(default=None, ge=0, le=SEED_MAX, description="Seed of image 0.")
-    priority: Priority = Field(default="interactive", description="interactive before bulk.")
-    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-
-    @field_validator("guidance", "timeout_s", mode="before")
-    @classmethod
-    def _ints_are_numbers(cls, value: Any) -> Any:
-        # strict mode refuses 5 for a float field; a JSON integer is a fine number here.
-        if isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("prompt is blank; send some text to draw")
-        return value
-
-    @model_validator(mode="after")
-    def _output_size_pairs(self) -> GenerateRequest:
-        if (self.output_height is None) != (self.output_width is None):
-            raise ValueError("output_height and output_width go together; give both or neither")
-        return self
+    prompt: str
+    negative_prompt: str | None = None
+    n: int = 1
+    height: int | None = None
+    width: int | None = None
+    output_height: int | None = None
+    output_width: int | None = None
+    steps: int | None = None
+    guidance: float | None = None
+    seed: int | None = None
+    priority: Priority = "interactive"
+    timeout_s: float | None = None
+    scheduler: str | None = None
+    adapter: str | None = None
+    adapter_scale: float | None = None
 
 
-def check_limits(req: GenerateRequest, settings: Settings) -> None:
-    """Raise :class:`InvalidRequestError` when ``req`` exceeds a bound the operator configured."""
-    if len(req.prompt) > settings.max_prompt_chars:
-        raise InvalidRequestError(
-            f"prompt has {len(req.prompt)} characters, over max_prompt_chars "
-            f"{settings.max_prompt_chars}; shorten it or set GENAUG_MAX_PROMPT_CHARS",
-            field="prompt",
+class VariantParams(Body):
+    """The ``params`` part of ``POST /v1/variants`` (multipart): how to vary the sources.
+
+    Example part::
+
+        {"prompt": "a handwritten three", "strength": 0.5, "n_per_image": 4, "seed": 1}
+
+    Variant ``k`` of source ``j`` uses seed ``seed + j * n_per_image + k``.
+    """
+
+    prompt: str
+    negative_prompt: str | None = None
+    strength: float = 0.5
+    n_per_image: int = 1
+    output_height: int | None = None
+    output_width: int | None = None
+    steps: int | None = None
+    guidance: float | None = None
+    seed: int | None = None
+    priority: Priority = "interactive"
+    timeout_s: float | None = None
+    scheduler: str | None = None
+    adapter: str | None = None
+    adapter_scale: float | None = None
+
+
+class SampleRequest(Body):
+    """``POST /v1/recipes/{name}/sample``: images from the recipe's pool.
+
+    Example body::
+
+        {"labels": ["I", "P"], "n": 64, "wait_s": 2.0}
+    """
+
+    labels: str | list[str] | None = None
+    n: int = 64
+    wait_s: float = 0.0
+
+
+class FillRequest(Body):
+    """``POST /v1/recipes/{name}/fill``: fill each label to at least ``per_label`` images."""
+
+    per_label: int
+
+
+@dataclass(frozen=True)
+class ApiModels:
+    """The request models of one app, bounded by its settings, recipes and adapters.
+
+    ``sample`` and ``fill`` hold one model per recipe (its labels are an enum); ``hints`` the
+    fix a 422 names, per route and field; ``defaults`` the (size, steps, guidance) that
+    omitted fields take.
+    """
+
+    generate: type[GenerateRequest]
+    variants: type[VariantParams]
+    sample: Mapping[str, type[SampleRequest]]
+    fill: Mapping[str, type[FillRequest]]
+    hints: Mapping[str, Mapping[str, str]]
+    defaults: tuple[int, int, float]
+    adapters: tuple[str, ...]
+    max_side: int
+
+
+def _choice(names: Sequence[str]) -> Any:
+    return Literal[tuple(names)]  # noqa: F821 - a Literal of runtime values
+
+
+def _generation_fields(
+    s: Settings, adapters: Sequence[str], schedulers: Sequence[str], *, max_images: int
+) -> dict[str, Any]:
+    """Fields shared by generate and the variants' params, with their configured bounds."""
+    side = s.max_side - s.max_side % 8
+    fields: dict[str, Any] = {
+        "prompt": (str, Field(min_length=1, max_length=s.max_prompt_chars, pattern=_NON_BLANK,
+                              description="What to draw.")),
+        "negative_prompt": (str | None, Field(default=None, max_length=s.max_prompt_chars,
+                                              description="What to avoid.")),
+        "output_height": (int | None, Field(default=None, ge=1, le=s.max_side,
+                                            description="Resize the output to this height.")),
+        "output_width": (int | None, Field(default=None, ge=1, le=s.max_side,
+                                           description="Resize the output to this width.")),
+        "steps": (int | None, Field(default=None, ge=1, le=s.max_steps,
+                                    description="Denoising steps.")),
+        "guidance": (float | None, Field(default=None, ge=0, le=MAX_GUIDANCE,
+                                         allow_inf_nan=False,
+                                         description="Classifier-free guidance scale.")),
+        "seed": (int | None, Field(default=None, ge=0, le=SEED_MAX - (max_images - 1),
+                                   description="Seed of the first image; image i uses seed + i.")),
+        "timeout_s": (float | None, Field(default=None, ge=MIN_TIMEOUT_S, le=s.max_timeout_s,
+                                          allow_inf_nan=False,
+                                          description="Deadline; past it the answer is 504.")),
+        "scheduler": (_choice(schedulers) | None, Field(
+            default=None, description="Sampler; default: the service's (GENAUG_SCHEDULER).")),
+    }
+    if side < 8:
+        raise ValueError(f"max_side {s.max_side} leaves no multiple of 8 to generate at")
+    if adapters:
+        fields["adapter"] = (_choice(adapters) | None, Field(
+            default=None, description="LoRA adapter (GENAUG_LORAS)."))
+        fields["adapter_scale"] = (float | None, Field(
+            default=None, ge=0, le=MAX_ADAPTER_SCALE, allow_inf_nan=False,
+            description="Adapter strength (default 1.0)."))
+    else:  # no adapters configured: the fields exist but admit only null
+        fields["adapter"] = (None, Field(default=None, description="No GENAUG_LORAS set."))
+        fields["adapter_scale"] = (None, Field(default=None, description="No adapters."))
+    return fields
+
+
+def _hints(s: Settings, capacity: int) -> dict[str, dict[str, str]]:
+    side = (f"use a multiple of 8 from 8 to max_side {s.max_side}, or set GENAUG_MAX_SIDE")
+    out_side = f"use 1 to max_side {s.max_side}, or set GENAUG_MAX_SIDE"
+    common = {
+        "prompt": f"send 1 to max_prompt_chars {s.max_prompt_chars} characters with some "
+                  "non-space text, or set GENAUG_MAX_PROMPT_CHARS",
+        "negative_prompt": f"send at most max_prompt_chars {s.max_prompt_chars} characters "
+                           "or leave it out",
+        "height": side,
+        "width": side,
+        "output_height": out_side,
+        "output_width": out_side,
+        "steps": f"use 1 to max_steps {s.max_steps}, or set GENAUG_MAX_STEPS",
+        "guidance": f"use a number from 0 to {MAX_GUIDANCE:g}",
+        "seed": "use an integer from 0 up to the schema's maximum (the largest seed less the "
+                "images of one request), or leave it out for random seeds",
+        "priority": "use 'interactive' or 'bulk'",
+        "timeout_s": f"use {MIN_TIMEOUT_S:g} to max_timeout_s {s.max_timeout_s:g} seconds, or "
+                     "set GENAUG_MAX_TIMEOUT_S",
+        "scheduler": f"use one of {', '.join(SCHEDULERS)}",
+        "adapter": "use one of the adapters GET /v1/info lists (GENAUG_LORAS)",
+        "adapter_scale": f"use a number from 0 to {MAX_ADAPTER_SCALE:g}",
+        "strength": "use a number in (0, 1]: the share of the denoising schedule run",
+    }
+    return {
+        "generate": {**common, "n": f"ask for 1 to max_n {s.max_n} images per call (the client "
+                                    "can loop), or set GENAUG_MAX_N"},
+        "variants": {**common, "n_per_image": f"ask for 1 to max_n {s.max_n} variants per "
+                                              "image, or set GENAUG_MAX_N"},
+        "sample": {
+            "labels": "use labels of this recipe (GET /v1/recipes/{name}), or leave labels out "
+                      "for all",
+            "n": f"ask for 0 to max_sample_n {s.max_sample_n} images, or set "
+                 "GENAUG_MAX_SAMPLE_N",
+            "wait_s": f"wait 0 to max_timeout_s {s.max_timeout_s:g} seconds, or set "
+                      "GENAUG_MAX_TIMEOUT_S",
+        },
+        "fill": {"per_label": f"ask for 1 to the pool capacity per label {capacity}, or set "
+                              "GENAUG_POOL_CAPACITY_PER_LABEL"},
+    }
+
+
+def build_api_models(
+    settings: Settings,
+    *,
+    recipes: Mapping[str, Recipe],
+    adapters: Sequence[str],
+    defaults: tuple[int, int, float],
+    schedulers: Sequence[str] = SCHEDULERS,
+) -> ApiModels:
+    """The request models of an app with these settings, recipes, adapter names and the
+    schedulers its worker runs."""
+    s = settings
+    side = s.max_side - s.max_side % 8
+    variant_images = s.max_n * s.max_variant_sources
+    generate = create_model(
+        "GenerateRequest",
+        __base__=GenerateRequest,
+        __doc__=GenerateRequest.__doc__,
+        **_generation_fields(s, adapters, schedulers, max_images=s.max_n),
+        n=(int, Field(default=1, ge=1, le=s.max_n, description="Number of images.")),
+        height=(int | None, Field(default=None, ge=8, le=side, multiple_of=8,
+                                  description="Generation height.")),
+        width=(int | None, Field(default=None, ge=8, le=side, multiple_of=8,
+                                 description="Generation width.")),
+    )
+    variants = create_model(
+        "VariantParams",
+        __base__=VariantParams,
+        __doc__=VariantParams.__doc__,
+        **_generation_fields(s, adapters, schedulers, max_images=variant_images),
+        strength=(float, Field(default=0.5, gt=0, le=1, allow_inf_nan=False,
+                               description="Share of the schedule run: 1.0 ignores the source.")),
+        n_per_image=(int, Field(default=1, ge=1, le=s.max_n, description="Variants per source.")),
+    )
+    sample: dict[str, type[SampleRequest]] = {}
+    fill: dict[str, type[FillRequest]] = {}
+    for name, recipe in recipes.items():
+        label: Any = _choice(recipe.label_names)
+        suffix = "".join(part.capitalize() for part in name.replace("_", "-").split("-"))
+        sample[name] = create_model(
+            f"SampleRequest{suffix}",
+            __base__=SampleRequest,
+            __doc__=f"``POST /v1/recipes/{name}/sample``: images from the pool of {name!r}.",
+            labels=(label | Annotated[list[label], Field(min_length=1)] | None, Field(
+                default=None,
+                description="One label, a list, or none for all of the recipe's labels.")),
+            n=(int, Field(default=64, ge=0, le=s.max_sample_n,
+                          description="Most images to return.")),
+            wait_s=(float, Field(default=0.0, ge=0, le=s.max_timeout_s, allow_inf_nan=False,
+                                 description="Wait up to this long for generation when the pool "
+                                             "holds too few.")),
         )
-    if req.negative_prompt is not None and len(req.negative_prompt) > settings.max_prompt_chars:
-        raise InvalidRequestError(
-            f"negative_prompt has {len(req.negative_prompt)} characters, over max_prompt_chars "
-            f"{settings.max_prompt_chars}; shorten it or set GENAUG_MAX_PROMPT_CHARS",
-            field="negative_prompt",
+        fill[name] = create_model(
+            f"FillRequest{suffix}",
+            __base__=FillRequest,
+            __doc__=f"``POST /v1/recipes/{name}/fill``: fill each label of {name!r}.",
+            per_label=(int, Field(ge=1, le=s.pool_capacity_per_label,
+                                  description="Images per label to fill to.")),
         )
-    if req.n > settings.max_n:
-        raise InvalidRequestError(
-            f"n {req.n} exceeds max_n {settings.max_n}; request at most {settings.max_n} "
-            "images per call (the client can loop) or set GENAUG_MAX_N",
-            field="n",
-        )
-    for name in ("height", "width", "output_height", "output_width"):
-        value = getattr(req, name)
-        if value is not None and value > settings.max_side:
-            raise InvalidRequestError(
-                f"{name} {value} exceeds max_side {settings.max_side}; "
-                "set GENAUG_MAX_SIDE or request a smaller size",
-                field=name,
-            )
-    if req.steps is not None and req.steps > settings.max_steps:
-        raise InvalidRequestError(
-            f"steps {req.steps} exceeds max_steps {settings.max_steps}; "
-            "set GENAUG_MAX_STEPS or request fewer steps",
-            field="steps",
-        )
-    if req.timeout_s is not None and req.timeout_s > settings.max_timeout_s:
-        raise InvalidRequestError(
-            f"timeout_s {req.timeout_s} exceeds max_timeout_s {settings.max_timeout_s}; "
-            "set GENAUG_MAX_TIMEOUT_S or wait less",
-            field="timeout_s",
-        )
-    if req.seed is not None and req.seed + req.n - 1 > SEED_MAX:
-        raise InvalidRequestError(
-            f"seed {req.seed} + n {req.n} - 1 exceeds the largest seed {SEED_MAX}; "
-            "use a smaller seed",
-            field="seed",
-        )
+    return ApiModels(
+        generate=generate,
+        variants=variants,
+        sample=sample,
+        fill=fill,
+        hints=_hints(s, s.pool_capacity_per_label),
+        defaults=defaults,
+        adapters=tuple(adapters),
+        max_side=s.max_side,
+    )
+
+
+# -- responses --------------------------------------------------------------------------------
 
 
 class ErrorDetail(BaseModel):
@@ -129,6 +363,8 @@ class ErrorBody(BaseModel):
 
 
 class Limits(BaseModel):
+    """The operator's bounds (``GENAUG_MAX_*``) and the defaults of omitted fields."""
+
     max_n: int
     max_side: int
     max_steps: int
@@ -137,6 +373,11 @@ class Limits(BaseModel):
     max_wait_ms: float
     max_prompt_chars: int
     max_timeout_s: float
+    min_timeout_s: float
+    max_sample_n: int
+    max_body_bytes: int
+    max_upload_bytes: int
+    max_variant_sources: int
     default_size: int
     default_steps: int
     default_guidance: float
@@ -144,10 +385,50 @@ class Limits(BaseModel):
 
 
 class ModelInfo(BaseModel):
+    """What is loaded: ``kind`` (tiny-digits, tiny-random, diffusers, single-file), where from,
+    a content hash of the weights, and what the embedded default was trained on."""
+
     kind: str
     source: str
-    weights_hash: str
-    scheduler: str
+    hash: str
+    dtype: str
+    trained_on: dict[str, Any] | None = None
+
+
+class DeviceInfo(BaseModel):
+    """Where the pipeline runs. ``cuda_uuid`` and ``pci_bus_id`` identify a CUDA device so a
+    trainer on the same host can hide it from TensorFlow (``configure_devices``)."""
+
+    name: str
+    type: str
+    cuda_uuid: str | None = None
+    pci_bus_id: str | None = None
+    torch_threads: int | None = None
+
+
+class AdapterInfo(BaseModel):
+    name: str
+    hash: str
+    source: str
+
+
+class SpeedInfo(BaseModel):
+    """The speed options in force and the shapes compiled at warm-up."""
+
+    scheduler: str = "default"
+    compile: str = "off"
+    channels_last: bool = False
+    fuse_qkv: bool = False
+    vae_slicing: bool = False
+    vae_tiling: bool = False
+    compiled_shapes: list[str] = Field(default_factory=list)
+
+
+class ReplicaInfo(BaseModel):
+    """Where this replica's pool lives and which part of the seed plan it takes."""
+
+    partition: str | None = None
+    pool_backend: str | None = None
 
 
 class InfoResponse(BaseModel):
@@ -155,51 +436,18 @@ class InfoResponse(BaseModel):
 
     version: str
     ready: bool
-    model: ModelInfo | None
-    device: str
-    dtype: str
-    limits: Limits
     auth: bool
+    model: ModelInfo | None
+    device: DeviceInfo
+    adapters: list[AdapterInfo]
+    speed: SpeedInfo
+    replica: ReplicaInfo
+    limits: Limits
 
 
 class HealthResponse(BaseModel):
     status: str
     detail: str | None = None
-
-
-class SampleRequest(BaseModel):
-    """``POST /v1/recipes/{name}/sample``: images from the recipe's pool.
-
-    Example body::
-
-        {"labels": ["I", "P"], "n": 64, "wait_s": 2.0}
-    """
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    labels: str | list[str] | None = Field(
-        default=None, description="One label, a list, or none for all of the recipe's labels."
-    )
-    n: int = Field(default=64, ge=0, description="Most images to return.")
-    wait_s: float = Field(
-        default=0.0, ge=0, allow_inf_nan=False,
-        description="Wait up to this long for generation when the pool holds too few.",
-    )
-
-    @field_validator("wait_s", mode="before")
-    @classmethod
-    def _ints_are_numbers(cls, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
-
-
-class FillRequest(BaseModel):
-    """``POST /v1/recipes/{name}/fill``: fill each label to at least ``per_label`` images."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    per_label: int = Field(ge=1)
 
 
 class RecipeSummary(BaseModel):

@@ -11,11 +11,16 @@ Example::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .work import SchedulerName
+
+_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 TINY_DEFAULTS = {"size": 64, "steps": 4, "guidance": 5.0}
 SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
@@ -46,6 +51,11 @@ class Settings(BaseSettings):
         default="auto", description="auto: bfloat16 on CUDA, float32 on CPU."
     )
     warmup: bool = Field(default=True, description="Run one batch before reporting ready.")
+    torch_threads: int | None = Field(
+        default=None, ge=1,
+        description="torch intra-op threads. Unset: on the CPU all cores but one (one is left "
+        "to the event loop and the pool store); on CUDA torch's own default.",
+    )
 
     # Network
     host: str = Field(default="127.0.0.1", description="Bind address. 0.0.0.0 exposes it.")
@@ -57,7 +67,13 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated origins allowed by CORS. Empty: none."
     )
-    max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger bodies get 413.")
+    max_body_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="Larger JSON bodies get 413 before parsing."
+    )
+    max_upload_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024,
+        description="Larger uploads to /v1/variants get 413 before parsing.",
+    )
 
     # Batching and admission
     max_batch_images: int = Field(
@@ -71,6 +87,9 @@ class Settings(BaseSettings):
         default=512, ge=1, description="Images waiting before new requests get 429."
     )
     max_n: int = Field(default=64, ge=1, description="Most images one request may ask for.")
+    max_variant_sources: int = Field(
+        default=16, ge=1, description="Most source images one /v1/variants request may send."
+    )
     max_side: int = Field(default=2048, ge=8, description="Largest height or width.")
     max_steps: int = Field(default=150, ge=1, description="Most denoising steps per request.")
     max_prompt_chars: int = Field(default=2000, ge=1, description="Longest prompt.")
@@ -126,6 +145,46 @@ class Settings(BaseSettings):
     )
 
     log_level: str = Field(default="info", description="debug, info, warning or error.")
+
+    # -- engine --
+    scheduler: SchedulerName = Field(
+        default="default",
+        description="Sampler when a recipe or request names none: default (the model's own), "
+        "euler, euler_a, dpmpp_2m, dpmpp_2m_karras, unipc or lcm.",
+    )
+    loras: Annotated[dict[str, Path], NoDecode] = Field(
+        default_factory=dict,
+        description="LoRA adapters loaded at start, name=path[,name=path...] (safetensors, "
+        "diffusers/peft format); none is active unless a recipe or request names it.",
+    )
+
+    @field_validator("loras", mode="before")
+    @classmethod
+    def _parse_loras(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        out: dict[str, str] = {}
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            name, sep, path = (x.strip() for x in part.partition("="))
+            if not sep or not name or not path:
+                raise ValueError(f"LoRA entry {part!r} is not name=path (GENAUG_LORAS)")
+            if name in out:
+                raise ValueError(f"LoRA name {name!r} appears twice (GENAUG_LORAS)")
+            out[name] = path
+        return out
+
+    @field_validator("loras")
+    @classmethod
+    def _check_lora_names(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for name in value:
+            if not _LORA_NAME.fullmatch(name):
+                raise ValueError(
+                    f"LoRA name {name!r} must be letters, digits, '_', '.' or '-' (at most 64, "
+                    "starting with a letter or digit)"
+                )
+        return value
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod

@@ -22,10 +22,9 @@ itself never imports this module.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +34,10 @@ if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
-    from .app import AppState
     from .generator import PipelineWorker
     from .model import LoadedModel
     from .settings import Settings
+    from .state import AppState
     from .work import GroupKey, Item, Outcome, Worker
 
 LOOPBACK = "127.0.0.1"
@@ -169,6 +168,40 @@ class LiveService:
         """One sample from ``/metrics`` (see :func:`read_metric`); 0 when absent."""
         return read_metric(self.url, name, labels, headers=self.headers())
 
+    def clients(self) -> dict[str, dict[str, Any]]:
+        """``GET /v1/clients`` by client identity: requests admitted, images queued ..."""
+        r = httpx.get(self.url + "/v1/clients", headers=self.headers(), timeout=10)
+        r.raise_for_status()
+        return {c["client"]: c for c in r.json()["clients"]}
+
+    def wait_until(
+        self, condition: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition"
+    ) -> None:
+        """Poll ``condition`` until it holds; ``TimeoutError`` naming ``what`` after
+        ``timeout`` s. For tests that must wait for the service's state, never for a clock::
+
+            live.wait_until(lambda: live.queued("b") == 4, what="b's images queued")
+        """
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not happen within {timeout:g} s")
+            time.sleep(0.01)
+
+    def queued(self, client: str | None = None) -> int:
+        """Images waiting in the queue, for ``client`` or in all."""
+        reports = self.clients()
+        if client is not None:
+            return int(reports.get(client, {}).get("queued_images", 0))
+        return sum(int(c["queued_images"]) for c in reports.values())
+
+    def admitted(self, client: str | None = None) -> int:
+        """Requests admitted so far, by ``client`` or by all."""
+        reports = self.clients()
+        if client is not None:
+            return int(reports.get(client, {}).get("requests", 0))
+        return sum(int(c["requests"]) for c in reports.values())
+
     def stop(self) -> None:
         """Ask uvicorn to shut down (lifespan included) and wait for its thread."""
         self.server.should_exit = True
@@ -221,18 +254,6 @@ def start_service(
         return gate[0]
 
     app = create_app(settings, loader=lambda _s: model, wrap_worker=wrap_worker)
-    states: list[AppState] = []
-    app_lifespan = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app_: Any) -> AsyncIterator[Any]:
-        # The app hands its AppState to requests only; keep it for white-box checks.
-        async with app_lifespan(app_) as lifespan_state:
-            assert lifespan_state is not None, "create_app's lifespan yields its state"
-            states.append(lifespan_state["genaug"])
-            yield lifespan_state
-
-    app.router.lifespan_context = lifespan
     config = uvicorn.Config(
         app, host=LOOPBACK, port=settings.port, log_level=log_level, access_log=False
     )
@@ -246,4 +267,5 @@ def start_service(
         server.should_exit = True
         thread.join(timeout=30)
         raise
-    return LiveService(url, app, gate[0] if gate else None, settings, states[0], server, thread)
+    state: AppState = app.state.genaug
+    return LiveService(url, app, gate[0] if gate else None, settings, state, server, thread)

@@ -84,7 +84,7 @@ def build_tiny_pipeline(
     and ``text_time`` embeddings or CLIP's pooled projection, and a batch-1 convolution differ
     from the batched result by about 1e-7), so an image generated alone and the same seed in
     a batch of eight differ by ~1e-6 and occasionally by one uint8 level. With
-    ``batch_invariant=True`` (the default) the UNet, both text encoders and the VAE decoder
+    ``batch_invariant=True`` (the default) the UNet, both text encoders, VAE encoder and decoder
     evaluate each batch element separately, with identical shapes, so an image is a
     bit-identical function of its own seed and prompt, never of its batch mates. The
     pipeline's ``__call__`` path is unchanged; only these modules' calls are wrapped.
@@ -195,6 +195,7 @@ def build_tiny_pipeline(
         for module in (pipeline.unet, pipeline.text_encoder, pipeline.text_encoder_2):
             module.forward = _per_sample(module.forward)
         pipeline.vae.decode = _per_sample(pipeline.vae.decode)
+        pipeline.vae.encode = _per_sample(pipeline.vae.encode)  # img2img sources (engine)
     pipeline.set_progress_bar_config(disable=True)
     log.debug("built tiny SDXL pipeline (seed=%d, batch_invariant=%s)", seed, batch_invariant)
     result: StableDiffusionXLPipeline = pipeline
@@ -243,8 +244,12 @@ def _take(obj: Any, i: int, n: int) -> Any:
 def _concat(parts: list[Any]) -> Any:
     """Concatenate per-element outputs (tensors, tuples, ``ModelOutput``/``BaseOutput``)."""
     import torch
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
     first = parts[0]
+    if isinstance(first, DiagonalGaussianDistribution):  # vae.encode's posterior (engine)
+        params = torch.cat([p.parameters for p in parts])
+        return DiagonalGaussianDistribution(params, deterministic=first.deterministic)
     if isinstance(first, torch.Tensor):
         return torch.cat(parts) if first.dim() > 0 else first
     if isinstance(first, dict):  # transformers ModelOutput and diffusers BaseOutput included

@@ -8,7 +8,8 @@ the pipeline worker all speak about work in the same terms without importing eac
   and scale, and the mode (text-to-image or img2img with its strength).
 - :class:`Item` holds everything that may differ between batch mates: prompt, negative
   prompt, seed, guidance, output size and channels, and for img2img the source image. An
-  image depends on its own item and the key, never on its batch mates.
+  image depends on its own item and the key, never on its batch mates: guidance and the
+  negative prompt are applied per image inside one UNet call (``service/sampler.py``).
 - A :class:`Worker` turns ``(key, items)`` into an :class:`Outcome`, in one thread.
 
 Example::
@@ -23,11 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
 Mode = Literal["text", "img2img"]
+#: Scheduler names (see :data:`SCHEDULERS`), as a type for settings and schemas.
+SchedulerName = Literal[
+    "default", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras", "unipc", "lcm"
+]
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,11 @@ class GroupKey:
     """Pipeline arguments that must be equal for every image of one pipeline call.
 
     ``strength`` only means something in ``img2img`` mode (the share of the denoising
-    schedule that is run, in (0, 1]); text-to-image keys keep the default 1.0.
-    ``scheduler`` is a name from :data:`SCHEDULERS`; ``"default"`` is what the model brings.
+    schedule that is run, in (0, 1]: the last ``max(1, int(steps * strength))`` steps);
+    text-to-image keys keep the default 1.0. ``scheduler`` is a name from :data:`SCHEDULERS`;
+    in a key ``"default"`` means the service's ``GENAUG_SCHEDULER`` (whose own ``"default"``
+    is the scheduler the model brings). ``adapter`` is a loaded LoRA's name (``GENAUG_LORAS``)
+    or ``None``, active at ``adapter_scale`` for the whole call.
     """
 
     height: int
@@ -53,10 +61,12 @@ class GroupKey:
 class Item:
     """One image to make.
 
-    ``negative_prompt`` ``None`` and ``""`` differ: SDXL encodes "no negative prompt" as
-    zeros but an empty one as text. ``channels`` is 3 (RGB) or 1 (luminance, for depth-like
-    inputs). ``source`` is the img2img input, uint8 ``[key.height, key.width, 3]``, and
-    ``source_hash`` names it (kept with the output in the pool).
+    ``guidance`` above 1 applies classifier-free guidance to this image; 1 or less means none
+    (its negative prompt is then ignored), as in diffusers. ``negative_prompt`` ``None`` and
+    ``""`` differ: SDXL encodes "no negative prompt" as zeros but an empty one as text.
+    ``channels`` is 3 (RGB) or 1 (luminance, for depth-like inputs). ``source`` is the img2img
+    input, uint8 ``[key.height, key.width, 3]``, and ``source_hash`` names it (kept with the
+    output in the pool).
     """
 
     prompt: str
@@ -75,16 +85,9 @@ class Item:
         return self.output_height, self.output_width, self.channels
 
 
-#: Scheduler names a key, a recipe or a request may use; ``default`` is the model's own.
-SCHEDULERS: tuple[str, ...] = (
-    "default",
-    "euler",
-    "euler_a",
-    "dpmpp_2m",
-    "dpmpp_2m_karras",
-    "unipc",
-    "lcm",
-)
+#: Scheduler names a key, a recipe or a request may use. ``default`` in a key, a recipe or a
+#: request is the service's setting (``GENAUG_SCHEDULER``); as that setting, the model's own.
+SCHEDULERS: tuple[str, ...] = get_args(SchedulerName)
 
 
 @dataclass

@@ -56,7 +56,7 @@ def test_notebook_walkthrough_runs(
     out = walkthrough.main(live.url, tmp_path / "out")
 
     info = httpx.get(live.url + "/v1/info").json()
-    assert out["info"]["model"]["weights_hash"] == info["model"]["weights_hash"]
+    assert out["info"]["model"]["hash"] == info["model"]["hash"]
     assert out["grid"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert out["images"].shape == (4, 64, 64, 3) and out["images"].dtype == np.uint8
     sample = out["sample"]
@@ -67,7 +67,7 @@ def test_notebook_walkthrough_runs(
     clients = {c["client"]: c for c in httpx.get(live.url + "/v1/clients").json()["clients"]}
     assert clients["notebook-walkthrough"]["requests"] == 2
     printed = capsys.readouterr().out
-    assert info["model"]["weights_hash"] in printed and "wound-phases" in printed
+    assert info["model"]["hash"] in printed and "wound-phases" in printed
 
 
 def test_notebook_walkthrough_without_recipes(service: Any, tmp_path: Path) -> None:

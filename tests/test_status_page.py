@@ -135,13 +135,13 @@ def test_status_page_shows_live_numbers(make_service: Any, tmp_path: Path, brows
         page.screenshot(path=str(ARTIFACTS / "status-page.png"), full_page=True)
         # a second refresh cycle (2 s) runs without errors either
         page.wait_for_timeout(2500)
-        assert page_state(page)["hash"] == info["model"]["weights_hash"]
+        assert page_state(page)["hash"] == info["model"]["hash"]
     finally:
         page.close()
 
-    assert state["hash"] == info["model"]["weights_hash"] and state["hash"] not in ("", "\u2013")
+    assert state["hash"] == info["model"]["hash"] and state["hash"] not in ("", "\u2013")
     assert state["kind"] == info["model"]["kind"]
-    assert (state["device"], state["dtype"]) == (info["device"], info["dtype"])
+    assert (state["device"], state["dtype"]) == (info["device"]["name"], info["model"]["dtype"])
     assert state["ready"] == "ready"
     assert state["queue"].isdigit()
     assert state["clients"]["notebook-a"] == {"requests": 2, "images": 4}, state["clients"]
@@ -207,7 +207,7 @@ def test_status_page_asks_for_the_key(make_service: Any, browser: Any) -> None:
         page.close()
 
     assert stored == KEY
-    assert state["hash"] == info["model"]["weights_hash"]
+    assert state["hash"] == info["model"]["hash"]
     assert not state["auth_visible"]
     assert state["clients"][next(c for c in state["clients"] if c.endswith("/keyed"))] == {
         "requests": 1, "images": 1,

@@ -74,7 +74,7 @@ def test_generate_returns_images_seeds_and_metadata(service: Any, kind: str) -> 
     assert result.seeds.dtype == np.int64 and result.seeds.tolist() == [21, 22, 23]
     assert result.metadata["request"]["prompt"] == "a red circle"
     assert result.metadata["resolved"]["steps"] == 2
-    model_hash = httpx.get(service.url + "/v1/info").json()["model"]["weights_hash"]
+    model_hash = httpx.get(service.url + "/v1/info").json()["model"]["hash"]
     assert result.metadata["model_hash"] == model_hash
 
 
@@ -99,7 +99,7 @@ def test_generate_png(service: Any, kind: str) -> None:
 def test_info(service: Any, kind: str) -> None:
     info = call(kind, service.url, "info")
     assert info["ready"] is True
-    assert info["model"]["kind"] == "tiny" and len(info["model"]["weights_hash"]) == 16
+    assert info["model"]["kind"] == "tiny" and len(info["model"]["hash"]) == 16
     assert info["limits"]["max_batch_images"] == 8
 
 

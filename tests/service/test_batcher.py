@@ -311,7 +311,7 @@ def test_forget_drops_queued_images_at_once() -> None:
         batcher.forget(gone, "disconnected")
         # Freed now, while the worker is still busy, not when it next takes a batch.
         assert batcher.queued_images == 2
-        assert batcher.queued_by_client() == {"b": 2}
+        assert batcher.queue.by_client() == {"b": 2}
         assert sample(batcher, "genaug_dropped_before_pipeline_total",
                       reason="disconnected") == 1
         worker.gate.set()

@@ -31,10 +31,12 @@ def test_probes_info_and_metrics(service: Any) -> None:
     info = httpx.get(service.url + "/v1/info").json()
     assert info["ready"] is True
     assert info["model"]["kind"] == "tiny"
-    assert len(info["model"]["weights_hash"]) == 16
-    assert info["device"] == "cpu" and info["dtype"] == "float32"
+    assert len(info["model"]["hash"]) == 16 and info["model"]["dtype"] == "float32"
+    assert info["device"]["name"] == "cpu" and info["device"]["type"] == "cpu"
+    assert info["device"]["torch_threads"] >= 1 and info["device"]["cuda_uuid"] is None
     assert info["limits"]["max_batch_images"] == 8
     assert info["limits"]["default_size"] == 64
+    assert set(info) >= {"model", "device", "adapters", "speed", "replica", "limits"}
     text = httpx.get(service.url + "/metrics").text
     for name in ("genaug_queue_images", "genaug_batch_images", "genaug_images_generated",
                  "genaug_queue_wait_seconds", "genaug_request_latency_seconds",
@@ -51,7 +53,7 @@ def test_generate_shapes_dtypes_and_seeds(service: Any) -> None:
     assert batch.seeds.dtype == np.int64 and batch.seeds.tolist() == [11, 12, 13]
     assert batch.metadata["request"]["prompt"] == "a red circle"
     assert batch.metadata["model_hash"] == httpx.get(service.url + "/v1/info").json()[
-        "model"]["weights_hash"]
+        "model"]["hash"]
     # Wire overhead is a fixed header: the tensors are raw bytes.
     assert len(r.content) - batch.images.nbytes - batch.seeds.nbytes < 2048
 
@@ -78,9 +80,10 @@ def test_same_seed_same_image_alone_and_in_a_batch_of_8(service: Any) -> None:
     calls_before = len(worker.calls)
     bodies = [{"prompt": f"mate {i}", "seed": i} for i in range(7)]
     bodies.insert(3, {"prompt": "a blue square", "seed": 4242})
+    admitted = service.admitted()
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(post, service, b) for b in bodies]
-        time.sleep(0.5)
+        service.wait_until(lambda: service.admitted() == admitted + 8, what="8 requests admitted")
         worker.gate.set()
         results = [f.result() for f in futures]
     batch_sizes = [len(items) for _, items in worker.calls[calls_before:]]
@@ -95,9 +98,10 @@ def test_16_concurrent_single_requests_are_batched(service: Any) -> None:
     before_count = service.metric("genaug_batch_images_count", 'source="request"')
     before_sum = service.metric("genaug_batch_images_sum", 'source="request"')
     service.worker.gate.clear()
+    admitted = service.admitted()
     with ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(post, service, {"prompt": f"c{i}", "seed": i}) for i in range(16)]
-        time.sleep(0.5)
+        service.wait_until(lambda: service.admitted() == admitted + 16, what="16 admitted")
         service.worker.gate.set()
         assert all(f.result().status_code == 200 for f in futures)
     batches = service.metric("genaug_batch_images_count", 'source="request"') - before_count
@@ -113,9 +117,10 @@ def test_grouping_never_mixes_sizes_or_steps(service: Any) -> None:
     shapes = [(64, 64, 4), (32, 32, 4), (64, 64, 2), (32, 64, 4)]
     bodies = [{"prompt": f"{h}x{w}x{s}#{i}", "height": h, "width": w, "steps": s, "n": 2,
                "seed": i} for i, (h, w, s) in enumerate(shapes * 3)]
+    admitted = service.admitted()
     with ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(post, service, b) for b in bodies]
-        time.sleep(0.5)
+        service.wait_until(lambda: service.admitted() == admitted + 12, what="12 admitted")
         worker.gate.set()
         responses = [f.result() for f in futures]
     for body, r in zip(bodies, responses, strict=True):
@@ -157,7 +162,7 @@ def test_expired_deadline_is_504_and_never_reaches_the_pipeline(make_service: An
     with ThreadPoolExecutor(2) as pool:
         blocker = pool.submit(post, live, {"prompt": "blocker"})
         live.worker.entered.wait(10)
-        r = post(live, {"prompt": "impatient", "timeout_s": 0.3})
+        r = post(live, {"prompt": "impatient", "timeout_s": 0.5})
         assert r.status_code == 504, r.text
         assert r.json()["error"]["type"] == "deadline_exceeded"
         live.worker.gate.set()
@@ -202,9 +207,11 @@ def test_round_robin_a_flood_does_not_starve_a_notebook(make_service: Any) -> No
     with ThreadPoolExecutor(30) as pool:
         flood = [pool.submit(send, {"prompt": f"flood {i}", "n": 8, "priority": "bulk"},
                              "trainer-a") for i in range(25)]
-        time.sleep(0.5)  # 200 bulk images queued behind a held worker
+        # 200 bulk images admitted, one batch of them held in the worker.
+        live.wait_until(lambda: live.admitted("trainer-a") == 25 and worker.entered.is_set(),
+                        what="the flood admitted")
         notebook = pool.submit(send, {"prompt": "notebook"}, "notebook-b")
-        time.sleep(0.3)
+        live.wait_until(lambda: live.queued("notebook-b") == 1, what="the notebook queued")
         worker.gate.set()
         assert notebook.result() == 200
         with lock:
@@ -223,10 +230,12 @@ def test_same_priority_clients_share_batches(make_service: Any) -> None:
     with ThreadPoolExecutor(4) as pool:
         a = pool.submit(post, live, {"prompt": "A", "n": 16, "priority": "bulk"},
                         headers={"X-Client-Id": "a"})
-        time.sleep(0.3)
+        # A's first batch is in the (held) worker, its other 12 images wait.
+        live.wait_until(lambda: live.worker.entered.is_set() and live.queued("a") == 12,
+                        what="A's first batch taken")
         b = pool.submit(post, live, {"prompt": "B", "n": 4, "priority": "bulk"},
                         headers={"X-Client-Id": "b"})
-        time.sleep(0.3)
+        live.wait_until(lambda: live.queued("b") == 4, what="B queued")
         live.worker.gate.set()
         assert a.result().status_code == 200 and b.result().status_code == 200
     batches = ["".join(it.prompt for it in items) for _, items in live.worker.calls]
@@ -250,7 +259,9 @@ BAD_BODIES: list[tuple[str, Any, str]] = [
     ("blank prompt", {"prompt": "   "}, "prompt"),
     ("missing prompt", {"n": 1}, "prompt"),
     ("bad priority", {"prompt": "x", "priority": "urgent"}, "priority"),
-    ("one output side", {"prompt": "x", "output_height": 32}, None),
+    ("timeout below the minimum", {"prompt": "x", "timeout_s": 0.1}, "timeout_s"),
+    ("seed + n past int64", {"prompt": "x", "n": 2, "seed": 2**63 - 1}, "seed"),
+    ("integral float too large", {"prompt": "x", "n": 1e6}, "n"),
     ("negative seed", {"prompt": "x", "seed": -1}, "seed"),
     ("huge seed", {"prompt": "x", "seed": 2**64}, "seed"),
     ("zero timeout", {"prompt": "x", "timeout_s": 0}, "timeout_s"),
@@ -269,6 +280,15 @@ def test_bad_input_is_a_clear_422(service: Any, case: str, body: Any, field: str
         assert error["field"] == field
         assert field in error["message"]
     assert len(error["message"]) > 20
+
+
+def test_one_output_side_keeps_the_aspect_ratio_and_integral_floats_are_integers(
+    service: Any,
+) -> None:
+    r = post(service, {"prompt": "x", "n": 1.0, "height": 64, "width": 32.0,
+                       "output_height": 32, "guidance": 3})
+    assert r.status_code == 200, r.text
+    assert decode_batch(r.content).images.shape == (1, 32, 16, 3)
 
 
 def test_limits_name_the_setting(service: Any) -> None:

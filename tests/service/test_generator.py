@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -11,6 +14,7 @@ import torch
 from genaug.service.generator import PipelineWorker
 from genaug.service.metrics import Metrics
 from genaug.service.model import load_model
+from genaug.service.testing import LiveService
 from genaug.service.work import GroupKey, Item
 
 KEY = GroupKey(height=64, width=64, steps=2)
@@ -143,6 +147,46 @@ def test_per_image_arguments_do_not_depend_on_batch_mates(tiny_model: Any) -> No
         np.testing.assert_array_equal(image, alone)
 
 
+def test_requests_that_differ_in_guidance_share_one_batch_over_http(
+    make_service: Callable[..., LiveService], tiny_model: Any
+) -> None:
+    """Through the real service (GENAUG_SCHEDULER=euler_a): three requests with their own
+    guidance and negative prompt queue behind a held batch, run as one pipeline call, and each
+    image equals its item made alone."""
+    from genaug.client import Client
+
+    live = make_service(max_batch_images=8, max_wait_ms=20, scheduler="euler_a")
+    worker = live.worker
+    assert worker is not None
+    assert worker.inner.schedulers.describe() == "euler_a (EulerAncestralDiscreteScheduler)"
+    asks = [(7.5, None), (1.0, "ignored"), (3.0, "")]
+    with Client(live.url, timeout=60) as client, ThreadPoolExecutor(4) as pool:
+        worker.gate.clear()
+        worker.entered.clear()
+        blocker = pool.submit(client.generate, "blocker", seed=1)
+        assert worker.entered.wait(30), "the worker never started the blocker"
+        futures = [
+            pool.submit(client.generate, f"prompt {i}", seed=10 + i, guidance=g,
+                        negative_prompt=negative)
+            for i, (g, negative) in enumerate(asks)
+        ]
+        deadline = time.monotonic() + 30
+        while live.metric("genaug_queue_images") < len(asks):
+            assert time.monotonic() < deadline, "the requests never queued"
+            time.sleep(0.02)
+        worker.gate.set()
+        blocker.result(timeout=60)
+        results = [f.result(timeout=60) for f in futures]
+    assert len(worker.calls) == 2
+    key, batch = worker.calls[1]
+    assert key.scheduler == "default"  # the request named none: the setting applies
+    assert sorted(it.guidance for it in batch) == sorted(g for g, _ in asks)
+    alone = PipelineWorker(tiny_model, scheduler="euler_a")
+    for i, result in enumerate(results):
+        [it] = [it for it in batch if it.seed == 10 + i]
+        np.testing.assert_array_equal(result.images[0], alone.run(key, [it]).images[0])
+
+
 # -- on a CUDA device (skipped without one) --------------------------------------------------
 
 
@@ -169,3 +213,33 @@ def test_cuda_fp16_vae_overflow_is_caught_and_upcast() -> None:
     assert out.errors == {} or all("NaN/Inf" in m for m in out.errors.values())
     served = [i for i in range(2) if i not in out.errors]
     assert all(np.isfinite(out.images[i]).all() for i in served)
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_per_image_guidance_matches_the_stock_pipeline() -> None:
+    """On the device in bfloat16: a shared-guidance batch equals diffusers' own loop within
+    bf16 rounding (kernels may differ between calls), and a mixed batch matches its images
+    made alone within the same tolerance."""
+    model = load_model(source=None, unet_weights=None, device="cuda:0", dtype="auto")
+    worker = PipelineWorker(model)
+    batch = items(3)
+    with torch.inference_mode():
+        ours = worker.sampler.denoise(KEY, batch)
+        stock = worker.pipe(
+            prompt=[it.prompt for it in batch], num_inference_steps=KEY.steps, guidance_scale=5.0,
+            generator=[torch.Generator("cuda:0").manual_seed(it.seed) for it in batch],
+            output_type="latent",
+        ).images
+    assert ours.dtype == torch.bfloat16 and ours.device == torch.device("cuda:0")
+    torch.testing.assert_close(ours.float(), stock.float(), rtol=2e-2, atol=5e-2)
+    mixed = [
+        Item("a", seed=1, guidance=7.5, output_height=64, output_width=64),
+        Item("b", seed=2, guidance=1.0, output_height=32, output_width=32, channels=1),
+        Item("c", seed=3, guidance=3.0, output_height=64, output_width=64, negative_prompt=""),
+    ]
+    together = worker.run(KEY, mixed)
+    assert together.errors == {}
+    for it, image in zip(mixed, together.images, strict=True):
+        alone = worker.run(KEY, [it]).images[0]
+        assert np.abs(alone.astype(int) - image.astype(int)).max() <= 2
+

@@ -1,0 +1,176 @@
+"""LoRA adapters: all loaded at start, one (or none) active per batch, switched without reload.
+
+``GENAUG_LORAS=name=path[,name=path...]`` names safetensors files in the diffusers or peft
+LoRA format (what ``StableDiffusionXLPipeline.save_lora_weights`` writes, or kohya-style
+files diffusers converts). Each is loaded once, through diffusers' LoRA loading with the
+``peft`` backend, into the pipeline's UNet (and text encoders where the file has weights for
+them) under its name. None is active by default; :meth:`Adapters.activate` turns on the key's
+adapter at the key's scale before a batch (``set_adapters``) or turns all off
+(``disable_lora``), which only flips flags and scales on the injected layers: switching
+costs no reload and no copy of any weight.
+
+The file is read with ``safetensors`` (never unpickled); its content hash (16 hex chars of
+blake2b, like the model's ``weights_hash``) names it in ``/v1/info`` and in pool identity.
+
+Example::
+
+    adapters = Adapters(pipeline, {"wounds": Path("/loras/wounds.safetensors")})
+    adapters.names  # frozenset({"wounds"})
+    adapters.activate("wounds", 0.8)  # before a batch of key.adapter == "wounds"
+    adapters.activate(None, 1.0)  # the base model again
+    adapters.info()  # [{"name": "wounds", "hash": "1c0f...", "source": "/loras/..."}]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .sampler import quiet_diffusers
+
+__all__ = ["AdapterInfo", "AdapterLoadError", "Adapters", "UnknownAdapterError", "file_hash"]
+
+log = logging.getLogger(__name__)
+
+_HASH_CHUNK = 8 * 1024 * 1024
+
+
+class UnknownAdapterError(ValueError):
+    """A key, recipe or request names an adapter that was not loaded.
+
+    ``known`` is the sorted tuple of loaded names (the API answers 422 naming them).
+    """
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        self.name = name
+        self.known = known
+        listed = ", ".join(known) if known else "none (GENAUG_LORAS is empty)"
+        super().__init__(
+            f"unknown adapter {name!r}; loaded adapters: {listed}. Load it with "
+            "GENAUG_LORAS=name=path (or --lora name=path) or name a loaded one"
+        )
+
+
+class AdapterLoadError(RuntimeError):
+    """A LoRA file could not be loaded; the message names the file and the setting."""
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """One loaded adapter: its name, file and content hash (16 hex chars)."""
+
+    name: str
+    source: str
+    hash: str
+
+
+def file_hash(path: Path) -> str:
+    """16 hex chars of blake2b over the file's bytes (a rename changes nothing)."""
+    hasher = hashlib.blake2b(digest_size=8)
+    with path.open("rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+class Adapters:
+    """The LoRA adapters of one pipeline (module docstring). Used by the worker thread only.
+
+    Example::
+
+        adapters = Adapters(pipeline, {"a": Path("a.safetensors"), "b": Path("b.safetensors")})
+        adapters.activate("a", 1.0)
+        adapters.hash("a")  # "9e1d5c0a7b3f2e11"
+    """
+
+    def __init__(self, pipeline: Any, loras: Mapping[str, Path]) -> None:
+        self.pipe: Any = pipeline
+        self._infos: dict[str, AdapterInfo] = {}
+        self._active: tuple[str, float] | None = None
+        for name, path in loras.items():
+            self._infos[name] = self._load(name, Path(path).expanduser())
+        if self._infos:
+            self.pipe.disable_lora()
+            log.info("loaded %d LoRA adapter(s): %s; none active", len(self._infos),
+                     ", ".join(f"{i.name} ({i.hash})" for i in self._infos.values()))
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The names a key's ``adapter`` may take."""
+        return frozenset(self._infos)
+
+    @property
+    def active(self) -> tuple[str, float] | None:
+        """``(name, scale)`` of the active adapter, ``None`` when the base model runs."""
+        return self._active
+
+    def hash(self, name: str) -> str:
+        """Content hash of a loaded adapter's file."""
+        return self._info(name).hash
+
+    def info(self) -> list[dict[str, str]]:
+        """``[{name, hash, source}]`` in load order, for ``/v1/info``'s ``adapters``."""
+        return [{"name": i.name, "hash": i.hash, "source": i.source} for i in self._infos.values()]
+
+    def check(self, name: str | None) -> None:
+        """Raise :class:`UnknownAdapterError` unless ``name`` is ``None`` or loaded."""
+        if name is not None:
+            self._info(name)
+
+    def activate(self, name: str | None, scale: float = 1.0) -> None:
+        """Make ``name`` at ``scale`` the only active adapter (``None``: none); a no-op when it
+        already is."""
+        self.check(name)
+        wanted = None if name is None else (name, float(scale))
+        if wanted == self._active:
+            return
+        if wanted is None:
+            self.pipe.disable_lora()
+        else:
+            if self._active is None:
+                self.pipe.enable_lora()  # set_adapters alone does not undo disable_lora
+            self.pipe.set_adapters([wanted[0]], adapter_weights=[wanted[1]])
+        self._active = wanted
+
+    def _info(self, name: str) -> AdapterInfo:
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise UnknownAdapterError(name, tuple(sorted(self._infos))) from None
+
+    def _load(self, name: str, path: Path) -> AdapterInfo:
+        from safetensors.torch import load_file
+
+        where = f"LoRA adapter {name!r} ({str(path)!r}, GENAUG_LORAS)"
+        if not path.is_file():
+            raise AdapterLoadError(f"{where} does not exist; point GENAUG_LORAS at a file")
+        if path.suffix.lower() != ".safetensors":
+            raise AdapterLoadError(
+                f"{where} is not a .safetensors file; LoRA adapters load from safetensors only "
+                "(pickled files can run code)"
+            )
+        try:
+            state = load_file(str(path))
+            with quiet_diffusers(), warnings.catch_warnings():
+                # peft warns on every adapter after the first: several are the point here.
+                warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+                self.pipe.load_lora_weights(state, adapter_name=name)
+        except Exception as exc:  # diffusers and peft raise many types; all mean "not loadable"
+            raise AdapterLoadError(
+                f"{where} could not be loaded: {type(exc).__name__}: {exc}. It must be a "
+                "diffusers/peft-format SDXL LoRA for this model's UNet (needs the 'peft' "
+                "package)"
+            ) from exc
+        loaded = {a for adapters in self.pipe.get_list_adapters().values() for a in adapters}
+        if name not in loaded:
+            raise AdapterLoadError(
+                f"{where} holds no LoRA weights that match this model's UNet or text encoders"
+            )
+        info = AdapterInfo(name=name, source=str(path), hash=file_hash(path))
+        log.info("loaded %s, hash %s", where, info.hash)
+        return info
