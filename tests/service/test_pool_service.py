@@ -343,3 +343,38 @@ def test_pool_list_and_drop_commands(tmp_path: Path) -> None:
     nowhere = subprocess.run([*base, "list", "--pool-path", str(tmp_path / "none.db")],
                              capture_output=True, text=True, timeout=120)
     assert nowhere.returncode == 2 and "no pool database" in nowhere.stderr
+
+
+def test_variant_pool_from_real_images_with_the_real_pipeline(
+    make_service: Any, tmp_path: Path
+) -> None:
+    """A label with `images:` is filled with img2img variants by the real pipeline, and the
+    pool remembers each variant's source."""
+    from PIL import Image
+
+    from genaug.service.recipes import source_hash
+
+    folder = tmp_path / "real" / "circles"
+    folder.mkdir(parents=True)
+    sources = []
+    for k, colour in enumerate([(200, 30, 30), (30, 30, 200)]):
+        pixels = np.zeros((32, 32, 3), np.uint8)
+        pixels[8:24, 8:24] = colour
+        Image.fromarray(pixels).save(folder / f"{k}.png")
+        sources.append(source_hash(pixels))
+    text = RECIPE.replace(
+        'circle: {prompts: ["a circle", "a round circle"]}',
+        'circle: {prompts: ["a circle"], images: circles, strength: 0.5, variants_per_image: 2}',
+    )
+    live = make_service(recipes=write_recipe(tmp_path, text), pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=3, max_batch_images=4,
+                        data_root=tmp_path / "real")
+    detail = wait_fill(live, 2)
+    assert detail["fill"] == {"circle": 3, "square": 3, "triangle": 3}  # 2 x 2 capped at 3
+    modes = {(key.mode, key.strength) for key, items in live.worker.calls
+             if items and items[0].prompt == "a circle"}
+    assert modes == {("img2img", 0.5)}
+    store = live.state.store
+    sample = store.sample(live.state.pools.pool_ids["shapes"], ["circle"], 10)
+    assert sample.sources is not None and set(sample.sources) <= set(sources)
+    assert len(set(sample.sources)) == 2 and len(set(sample.seeds.tolist())) == 3
