@@ -174,7 +174,8 @@ def test_database_outage_while_serving(tmp_path: Path) -> None:
                 assert httpx.get(f"{a.url}/v1/status", timeout=30).status_code == 200
             finally:
                 cluster.start()
-            wait_until(lambda: sum(detail(a)["fill"].values()) == 90, what="the pool to resume")
+            # 503 until the replica's next look at the database finds it back
+            wait_until(lambda: sum(_fill(a).values()) == 90, what="the pool to resume")
             time.sleep(1.0)
             indices, seeds = pool_contents(url, pid)
             assert set(before) <= set(seeds) and len(set(seeds)) == 90
