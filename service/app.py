@@ -39,7 +39,7 @@ from .batcher import Batcher
 from .guard import GuardMiddleware
 from .metrics import Metrics
 from .openapi import build_openapi
-from .pool import PoolStore
+from .pool import open_pool_store, replica_info
 from .pregen import PoolManager, pool_model_hash
 from .recipes import load_recipes
 from .schemas import build_api_models
@@ -123,10 +123,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
     state: AppState = app.state.genaug
     settings = state.settings
     state.device_info = check_startup(settings)
+    state.replica_info = replica_info(settings)
     if state.recipes:
-        state.store = await asyncio.to_thread(
-            PoolStore, settings.pool_path, capacity_per_label=settings.pool_capacity_per_label
-        )
+        state.store = await asyncio.to_thread(open_pool_store, settings)
     _sample_device_memory(state)
     loading = asyncio.create_task(_load_and_warm(state), name="genaug-load")
     try:
@@ -210,11 +209,16 @@ async def _load_and_warm(state: AppState) -> None:
         state.adapters_info = pipeline_worker.adapters.info()
         state.speed_info.update(scheduler=pipeline_worker.schedulers.describe())
         if state.store is not None:
-            state.pools = PoolManager(
-                state.recipes,
-                state.store,
-                model_hash=pool_model_hash(model),
-                pregenerate=settings.pregenerate,
+            store = state.store
+            # In a thread: it reads the recipes' label image folders (GENAUG_DATA_ROOT).
+            state.pools = await asyncio.to_thread(
+                lambda: PoolManager(
+                    state.recipes,
+                    store,
+                    model_hash=pool_model_hash(model),
+                    pregenerate=settings.pregenerate,
+                    data_root=settings.data_root,
+                )
             )
         batcher = Batcher(
             worker,
