@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.genaug-installed
 
-.PHONY: demo test lint bench reliability install clean
+.PHONY: demo test test-slow lint bench reliability install clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The minutes-long tests (torch.compile variants, ...): CI runs them after `make test`.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

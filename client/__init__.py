@@ -11,6 +11,9 @@ Example::
         client.wait_ready()
         batch = client.generate("depth image of a healing wound", n=8, seed=0)
         batch.images  # uint8 [8, H, W, 3]
+        variants = client.variants(batch.images[:2], "a healing wound", strength=0.5,
+                                   n_per_image=3, seed=0)
+        variants.sources  # [0, 0, 0, 1, 1, 1]: which input each variant came from
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
+import numpy as np
 
 from ._base import PROBE_TIMEOUT_S, BaseClient, Call, Endpoint, GenerateResult, SampleResult
 from .errors import GenaugError, TransportError, UnavailableError
@@ -78,7 +79,7 @@ class AsyncClient:
             endpoint.outstanding += 1
             try:
                 response = await self._http.request(
-                    call.method, endpoint.url + call.path, json=call.body,
+                    call.method, endpoint.url + call.path, **call.content(),
                     headers=base.headers(call.accept), timeout=call.timeout or base.timeout,
                 )
             except httpx.TransportError as exc:
@@ -123,12 +124,20 @@ class AsyncClient:
         seed: int | None = None,
         priority: str = "interactive",
         timeout_s: float | None = None,
+        adapter: str | None = None,
+        adapter_scale: float | None = None,
+        scheduler: str | None = None,
     ) -> GenerateResult:
-        """Generate ``n`` images; ``seed`` makes them reproducible (image i uses seed + i)."""
+        """Generate ``n`` images; ``seed`` makes them reproducible (image i uses seed + i).
+
+        ``adapter`` / ``adapter_scale`` pick one of the service's LoRA adapters
+        (``info()["adapters"]``), ``scheduler`` one of its schedulers; unset: its defaults.
+        """
         result: GenerateResult = await self._call(self._base.calls.generate(
             prompt, n=n, negative_prompt=negative_prompt, height=height, width=width,
             output_height=output_height, output_width=output_width, steps=steps,
             guidance=guidance, seed=seed, priority=priority, timeout_s=timeout_s,
+            adapter=adapter, adapter_scale=adapter_scale, scheduler=scheduler,
         ))
         return result
 
@@ -147,14 +156,61 @@ class AsyncClient:
         seed: int | None = None,
         priority: str = "interactive",
         timeout_s: float | None = None,
+        adapter: str | None = None,
+        adapter_scale: float | None = None,
+        scheduler: str | None = None,
     ) -> bytes:
         """Like :meth:`generate`, but one PNG (a grid when n > 1), e.g. to show in a notebook."""
         png: bytes = await self._call(self._base.calls.generate(
             prompt, png=True, n=n, negative_prompt=negative_prompt, height=height, width=width,
             output_height=output_height, output_width=output_width, steps=steps,
             guidance=guidance, seed=seed, priority=priority, timeout_s=timeout_s,
+            adapter=adapter, adapter_scale=adapter_scale, scheduler=scheduler,
         ))
         return png
+
+    async def variants(
+        self,
+        images: np.ndarray,
+        prompt: str,
+        *,
+        strength: float = 0.5,
+        n_per_image: int = 1,
+        negative_prompt: str | None = None,
+        output_height: int | None = None,
+        output_width: int | None = None,
+        steps: int | None = None,
+        guidance: float | None = None,
+        seed: int | None = None,
+        priority: str = "interactive",
+        timeout_s: float | None = None,
+        adapter: str | None = None,
+        adapter_scale: float | None = None,
+        scheduler: str | None = None,
+    ) -> GenerateResult:
+        """``n_per_image`` img2img variants of each of ``images`` (uint8 ``[N, H, W, 3]`` or
+        one ``[H, W, 3]``), guided by ``prompt``.
+
+        ``strength`` in (0, 1]: how far from the source a variant may go (1 ignores it). The
+        sources are generated at their own size (all one size, a multiple of 8); the
+        result's ``sources`` says which input each output came from, source-major, and
+        ``seed`` makes them reproducible. Raises ``ValueError`` for images of another
+        dtype or shape, before anything is sent.
+
+        Example::
+
+            out = client.variants(real_images, "a handwritten three", strength=0.5,
+                                  n_per_image=4, seed=0)
+            out.images[out.sources == 0]   # the 4 variants of the first image
+        """
+        result: GenerateResult = await self._call(self._base.calls.variants(
+            images, prompt, strength=strength, n_per_image=n_per_image,
+            negative_prompt=negative_prompt, output_height=output_height,
+            output_width=output_width, steps=steps, guidance=guidance, seed=seed,
+            priority=priority, timeout_s=timeout_s, adapter=adapter,
+            adapter_scale=adapter_scale, scheduler=scheduler,
+        ))
+        return result
 
     async def sample(
         self, recipe: str, *, labels: str | Sequence[str] | None = None, n: int = 64,

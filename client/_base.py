@@ -26,7 +26,13 @@ from .errors import (
     UnavailableError,
     error_class,
 )
-from .wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, WireError, decode_batch
+from .wire import (
+    PNG_MEDIA_TYPE,
+    SAFETENSORS_MEDIA_TYPE,
+    WireError,
+    decode_batch,
+    encode_image_upload,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 PROBE_TIMEOUT_S = 2.0
@@ -35,8 +41,11 @@ RETRYABLE = (TransportError, RateLimitedError, UnavailableError)
 
 @dataclass
 class GenerateResult:
-    """Images from ``generate``: ``images`` uint8 ``[n, h, w, 3]``, ``seeds`` int64 ``[n]``.
+    """Images from ``generate`` or ``variants``: ``images`` uint8 ``[n, h, w, 3]``, ``seeds``
+    int64 ``[n]``.
 
+    ``sources`` int32 ``[n]``: for ``variants``, which input image each output came from
+    (source-major: all variants of image 0, then of image 1...); ``None`` for text-to-image.
     ``metadata`` holds the request as the service understood it (``request``,
     ``resolved``) and the model's ``model_hash``.
     """
@@ -44,6 +53,7 @@ class GenerateResult:
     images: np.ndarray
     seeds: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
+    sources: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -62,6 +72,32 @@ class SampleResult:
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
+
+
+def backoff_s(
+    attempt: int, *, initial_s: float, max_s: float, jitter: float = 0.0,
+    rng: random.Random | None = None,
+) -> float:
+    """The one backoff formula: ``initial_s * 2**(attempt - 1)`` capped at ``max_s``, times a
+    uniform factor in ``[1 - jitter, 1]`` (``jitter=1``: "full jitter").
+
+    Used by the clients' retries, their replica cooldown and the trainer's feeder. Why not a
+    retry library (stamina, tenacity, backoff): none of these loops re-invokes one function.
+    The client picks a replica per attempt, probes a resting one's ``/readyz``, skips the
+    wait when another replica is healthy and honours ``Retry-After`` as a floor; the feeder
+    never gives up, counts every failure in its stats and must stop at once when asked.
+    Expressed through a library's callbacks that is more code than this, and the client
+    extra (small enough for a notebook) would carry two more dependencies.
+
+    Example::
+
+        backoff_s(3, initial_s=0.5, max_s=30.0)   # 2.0
+    """
+    exp = initial_s * 2.0 ** min(max(attempt, 1) - 1, 60)
+    delay = min(max_s, exp)
+    if jitter:
+        delay *= (rng or random).uniform(1.0 - jitter, 1.0)
+    return delay
 
 
 def _env_urls() -> list[str]:
@@ -106,7 +142,7 @@ class Endpoints:
     def mark_down(self, endpoint: Endpoint, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         endpoint.failures += 1
-        endpoint.down_until = now + min(30.0, 0.5 * 2 ** min(endpoint.failures, 6))
+        endpoint.down_until = now + backoff_s(endpoint.failures, initial_s=1.0, max_s=30.0)
 
     def mark_up(self, endpoint: Endpoint) -> None:
         endpoint.failures = 0
@@ -136,7 +172,7 @@ class RetryState:
             raise error
         self.attempt += 1
         remaining = self.deadline - time.monotonic()
-        backoff = random.uniform(0, min(self.cap_s, self.base_s * 2**self.attempt))
+        backoff = backoff_s(self.attempt, initial_s=2 * self.base_s, max_s=self.cap_s, jitter=1.0)
         if failover:
             backoff = 0.0
         retry_after = error.retry_after if isinstance(error, StatusError) else None
@@ -251,15 +287,81 @@ def generate_body(
     seed: int | None,
     priority: str,
     timeout_s: float | None,
+    adapter: str | None = None,
+    adapter_scale: float | None = None,
+    scheduler: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt, "n": n, "priority": priority}
     optional = {
         "negative_prompt": negative_prompt, "height": height, "width": width,
         "output_height": output_height, "output_width": output_width, "steps": steps,
-        "guidance": guidance, "seed": seed, "timeout_s": timeout_s,
+        "guidance": guidance, "seed": seed, "timeout_s": timeout_s, "adapter": adapter,
+        "adapter_scale": adapter_scale, "scheduler": scheduler,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     return body
+
+
+def source_images(images: Any) -> np.ndarray:
+    """``images`` as uint8 ``[N, H, W, 3]`` (one ``[H, W, 3]`` becomes N = 1).
+
+    Raises:
+        ValueError: another dtype or shape, or no image (nothing was sent).
+    """
+    arr = np.asarray(images)
+    if arr.ndim == 3:
+        arr = arr[None]
+    if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3 or arr.shape[0] == 0:
+        raise ValueError(
+            f"variants() takes uint8 images [N, H, W, 3] or one [H, W, 3]; got {arr.dtype} "
+            f"{tuple(arr.shape)}. Convert with np.clip(x * 255, 0, 255).astype(np.uint8) "
+            "for float images in [0, 1], or np.repeat(x, 3, axis=-1) for one channel"
+        )
+    return arr
+
+
+def variants_params(
+    prompt: str,
+    *,
+    strength: float,
+    n_per_image: int,
+    negative_prompt: str | None,
+    output_height: int | None,
+    output_width: int | None,
+    steps: int | None,
+    guidance: float | None,
+    seed: int | None,
+    priority: str,
+    timeout_s: float | None,
+    adapter: str | None,
+    adapter_scale: float | None,
+    scheduler: str | None,
+) -> dict[str, Any]:
+    """The ``params`` part of ``POST /v1/variants`` (the generation size is the sources')."""
+    body: dict[str, Any] = {
+        "prompt": prompt, "strength": strength, "n_per_image": n_per_image, "priority": priority,
+    }
+    optional = {
+        "negative_prompt": negative_prompt, "output_height": output_height,
+        "output_width": output_width, "steps": steps, "guidance": guidance, "seed": seed,
+        "timeout_s": timeout_s, "adapter": adapter, "adapter_scale": adapter_scale,
+        "scheduler": scheduler,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return body
+
+
+Multipart = list[tuple[str, tuple[str | None, bytes, str]]]
+
+
+def variants_parts(images: Any, params: dict[str, Any]) -> Multipart:
+    """``multipart/form-data`` parts: one ``images`` part (a genaug safetensors batch, so
+    no image library is needed here) and the ``params`` JSON part."""
+    payload = encode_image_upload(source_images(images))
+    return [
+        ("images", ("images.safetensors", payload, SAFETENSORS_MEDIA_TYPE)),
+        ("params", (None, json.dumps(params).encode("utf-8"), "application/json")),
+    ]
 
 
 def sample_body(labels: str | Sequence[str] | None, n: int, wait_s: float) -> dict[str, Any]:
@@ -274,7 +376,9 @@ def decode_generate(payload: bytes) -> GenerateResult:
         batch = decode_batch(payload)
     except WireError as exc:
         raise DecodeError(f"the service sent a body that is not a genaug batch: {exc}") from exc
-    return GenerateResult(images=batch.images, seeds=batch.seeds, metadata=batch.metadata)
+    return GenerateResult(
+        images=batch.images, seeds=batch.seeds, metadata=batch.metadata, sources=batch.sources
+    )
 
 
 def decode_sample(payload: bytes, recipe: str) -> SampleResult:
@@ -309,6 +413,13 @@ class Call(Generic[T]):
     body: dict[str, Any] | None = None
     accept: str | None = None
     timeout: float | None = None
+    files: Multipart | None = None
+
+    def content(self) -> dict[str, Any]:
+        """The request body as httpx keyword arguments: JSON, or multipart parts."""
+        if self.files is not None:
+            return {"files": self.files}
+        return {"json": self.body}
 
 
 def _json(content: bytes) -> Any:
@@ -336,6 +447,14 @@ class Calls:
             "POST", "/v1/generate",
             decode=expect_png if png else decode_generate,
             body=body, accept=PNG_MEDIA_TYPE if png else SAFETENSORS_MEDIA_TYPE,
+            timeout=http_timeout(options.get("timeout_s"), self.default_timeout),
+        )
+
+    def variants(self, images: Any, prompt: str, **options: Any) -> Call[GenerateResult]:
+        params = variants_params(prompt, **options)
+        return Call(
+            "POST", "/v1/variants", decode=decode_generate,
+            files=variants_parts(images, params), accept=SAFETENSORS_MEDIA_TYPE,
             timeout=http_timeout(options.get("timeout_s"), self.default_timeout),
         )
 

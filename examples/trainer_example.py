@@ -11,19 +11,25 @@ from __future__ import annotations
 import argparse
 import os
 
-import keras
-import numpy as np
-import tensorflow as tf
-
-from genaug.client import Client
-from genaug.trainer import ReservoirFeeder, SyntheticReservoir, assert_no_python_ops
+from genaug.trainer import configure_devices
 
 
 def main(url: str, recipe: str = "wound-phases", epochs: int = 2, steps: int = 4) -> dict:
+    # First, before TensorFlow initialises: hide the generator's GPU (if it runs on this
+    # machine), memory growth on the rest. Returns every other GPU, or the CPU.
+    devices = configure_devices(service_url=url)
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from genaug.client import Client
+    from genaug.trainer import ReservoirFeeder, SyntheticReservoir, assert_no_python_ops
+
     with Client(url) as client:  # the recipe says the labels and the image size
         spec = client.recipe(recipe)
     labels, size = spec["labels"], spec["spec"]["output_height"] or spec["spec"]["height"]
-    strategy = tf.distribute.MirroredStrategy()  # all local GPUs, or the CPU
+    strategy = tf.distribute.MirroredStrategy(devices)  # never the generator's GPU
 
     # Outside strategy.scope(): one host variable the input pipeline reads, refreshed in place.
     reservoir = SyntheticReservoir(len(labels), slots_per_class=32, image_shape=(size, size, 3))

@@ -40,7 +40,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
-    overrides = {k: v for k, v in vars(args).items() if k not in {"command", "func"}}
+    overrides = {k: v for k, v in vars(args).items() if k not in {"command", "func", "lora"}}
+    loras = list(getattr(args, "lora", []))
+    if loras:  # --lora a=x --lora b=y, together with --loras / GENAUG_LORAS if given
+        overrides["loras"] = ",".join([*([overrides["loras"]] if "loras" in overrides else []),
+                                       *loras])
     code: int = serve(overrides)
     return code
 
@@ -63,6 +67,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the generation service")
     _settings_flags(serve)
+    serve.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                       help="a LoRA adapter a recipe or request may name; repeatable (adds to "
+                            "--loras / GENAUG_LORAS)")
     serve.set_defaults(func=_cmd_serve)
 
     demo = sub.add_parser(

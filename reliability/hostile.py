@@ -47,7 +47,11 @@ def _schemathesis(url: str, examples: int, seed: int, report_dir: Path,
     exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or "schemathesis"
     cmd = [exe, "--config-file", str(CONFIG), "run", url + "/openapi.json", "--checks", "all",
            "--max-examples", str(examples), "--seed", str(seed), "--workers", "1",
-           "--report", "junit", "--report-dir", str(report_dir)]
+           "--report", "junit", "--report-dir", str(report_dir),
+           # The JSON routes: /v1/variants takes images as binary multipart parts, whose
+           # pixels no schema describes (its 422s are listed in docs/reliability.md and
+           # tested in tests/service/test_variants_api.py).
+           "--exclude-path", "/v1/variants"]
     for name, value in headers.items():
         cmd += ["-H", f"{name}: {value}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)

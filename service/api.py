@@ -67,6 +67,7 @@ from .schemas import (
     StatusResponse,
 )
 from .state import AppState
+from .uploads import Upload, read_upload, source_hash
 from .work import GroupKey, Item
 
 log = logging.getLogger(__name__)
@@ -230,8 +231,7 @@ def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[It
         width=width,
         steps=req.steps or steps,
         scheduler=req.scheduler or "default",
-        adapter=req.adapter,
-        adapter_scale=1.0 if req.adapter_scale is None else req.adapter_scale,
+        **adapter_of(req.adapter, req.adapter_scale),
     )
     if req.seed is not None:
         seeds = [req.seed + i for i in range(req.n)]
@@ -251,6 +251,14 @@ def plan_items(req: GenerateRequest, state: AppState) -> tuple[GroupKey, list[It
         for seed in seeds
     ]
     return key, items
+
+
+def adapter_of(adapter: str | None, scale: float | None) -> dict[str, Any]:
+    """The key's adapter and scale: without an adapter the scale means nothing, so it is
+    normalised (equal work must have equal keys to share a batch)."""
+    if adapter is None:
+        return {"adapter": None, "adapter_scale": 1.0}
+    return {"adapter": adapter, "adapter_scale": 1.0 if scale is None else scale}
 
 
 def output_size(
@@ -358,6 +366,93 @@ async def generate(request: Request) -> Response:
         media = SAFETENSORS_MEDIA_TYPE
     state.metrics.request_latency.labels("generate").observe(time.monotonic() - started)
     return Response(payload, media_type=media, headers={"X-Genaug-Seeds": _seed_header(seeds)})
+
+
+@router.post(
+    "/v1/variants",
+    tags=["generation"],
+    responses={
+        200: {
+            "content": {SAFETENSORS_MEDIA_TYPE: {}, PNG_MEDIA_TYPE: {}},
+            "description": "safetensors batch (images uint8 [n,h,w,c], seeds int64 [n], "
+            "sources int32 [n]: the source each variant came from, source-major) or, with "
+            "Accept: image/png, one PNG grid",
+        },
+        **GENERATE_ERRORS,
+    },
+)
+async def variants(request: Request) -> Response:
+    """img2img variants of the uploaded sources (Real Guidance / DA-Fusion): ``n_per_image``
+    each, ``strength`` of the schedule run from the noised source."""
+    started = time.monotonic()
+    state = state_of(request)
+    settings = state.settings
+    upload = await read_upload(
+        request, state.api.variants, state.api.hints["variants"],
+        max_sources=settings.max_variant_sources, max_side=settings.max_side,
+    )
+    client = client_identity(request)
+    batcher = state.require_batcher()
+    key, items, sources = plan_variants(upload, state)
+    params = upload.params
+    timeout = params.timeout_s or settings.request_timeout_s
+    job = batcher.submit(key, items, client=client, priority=params.priority, timeout_s=timeout)
+    images = await wait_for_job(job, batcher, request)
+    if images is None:
+        return Response(status_code=499)
+    seeds = np.array([item.seed for item in items], dtype=np.int64)
+    if wants_png(request):
+        payload = await asyncio.to_thread(encode_png_grid, images)
+        media = PNG_MEDIA_TYPE
+    else:
+        metadata = {
+            "request": params.model_dump(mode="json"),
+            "resolved": {"height": key.height, "width": key.width, "steps": key.steps,
+                         "strength": key.strength, "guidance": items[0].guidance,
+                         "scheduler": key.scheduler},
+            "source_hashes": [source_hash(s) for s in upload.sources],
+            "model_hash": state.model.weights_hash if state.model else "",
+            "genaug_version": __version__,
+        }
+        payload = await encoded(images, lambda: encode_batch(
+            images, seeds, sources=sources, metadata=metadata))
+        media = SAFETENSORS_MEDIA_TYPE
+    state.metrics.request_latency.labels("variants").observe(time.monotonic() - started)
+    return Response(payload, media_type=media, headers={"X-Genaug-Seeds": _seed_header(seeds)})
+
+
+def plan_variants(upload: Upload, state: AppState) -> tuple[GroupKey, list[Item], np.ndarray]:
+    """The img2img work of an upload: ``n_per_image`` items per source, source-major."""
+    params = upload.params
+    _, steps, guidance = state.defaults()
+    height, width = upload.size
+    key = GroupKey(
+        height=height,
+        width=width,
+        steps=params.steps or steps,
+        scheduler=params.scheduler or "default",
+        **adapter_of(params.adapter, params.adapter_scale),
+        mode="img2img",
+        strength=params.strength,
+    )
+    count = len(upload.sources) * params.n_per_image
+    if params.seed is not None:
+        seeds = [params.seed + i for i in range(count)]
+    else:
+        seeds = [int(s) for s in np.random.default_rng().integers(0, 2**63 - 1, size=count)]
+    out_h, out_w = output_size(params.output_height, params.output_width, height, width)
+    item_guidance = params.guidance if params.guidance is not None else guidance
+    items: list[Item] = []
+    for j, source in enumerate(upload.sources):
+        digest = source_hash(source)
+        for k in range(params.n_per_image):
+            items.append(Item(
+                params.prompt, seed=seeds[j * params.n_per_image + k], guidance=item_guidance,
+                output_height=out_h, output_width=out_w, negative_prompt=params.negative_prompt,
+                source=source, source_hash=digest,
+            ))
+    sources = np.repeat(np.arange(len(upload.sources), dtype=np.int32), params.n_per_image)
+    return key, items, sources
 
 
 def _seed_header(seeds: np.ndarray) -> str:

@@ -44,8 +44,9 @@ from .pregen import PoolManager, pool_model_hash
 from .recipes import load_recipes
 from .schemas import build_api_models
 from .settings import Settings
+from .speed import Speed
 from .state import AppState, ModelLoader, Startup, WorkerWrapper
-from .work import GroupKey, Worker
+from .work import Worker
 
 if TYPE_CHECKING:
     from .model import LoadedModel
@@ -76,9 +77,8 @@ def create_app(
     api = build_api_models(
         settings,
         recipes=recipes,
-        adapters=(),
+        adapters=tuple(settings.loras),
         defaults=settings.request_defaults(tiny=settings.model is None),
-        schedulers=("default",),  # what PipelineWorker runs today
     )
     state = AppState(
         settings=settings,
@@ -198,12 +198,16 @@ async def _load_and_warm(state: AppState) -> None:
             "torch_threads": threads,
         }
         state.model = model
+        speed = await asyncio.to_thread(Speed.setup, model, settings, state.metrics,
+                                        lambda info: state.speed_info.update(info))
         pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
             PipelineWorker.from_settings, model, settings, state.metrics
         )
-        worker: Worker = (
+        worker: Worker = speed.wrap(
             startup.wrap_worker(pipeline_worker) if startup.wrap_worker else pipeline_worker
         )
+        state.adapters_info = pipeline_worker.adapters.info()
+        state.speed_info.update(scheduler=pipeline_worker.schedulers.describe())
         if state.store is not None:
             store = state.store
             # In a thread: it reads the recipes' label image folders (GENAUG_DATA_ROOT).
@@ -222,18 +226,19 @@ async def _load_and_warm(state: AppState) -> None:
             max_wait_ms=settings.max_wait_ms,
             max_queue_images=settings.max_queue_images,
             metrics=state.metrics,
-            idle_source=state.pools,
         )
-        if state.pools is not None:
-            state.pools.attach(batcher)
         await batcher.start()
         state.batcher = batcher
         if settings.warmup:
-            size, steps, guidance = state.defaults()
-            key = GroupKey(height=size, width=size, steps=steps)
+            plan = speed.plan(settings, state.recipes.values(), defaults=state.defaults())
             started = time.monotonic()
-            await batcher.run_in_worker(lambda: pipeline_worker.warmup(key, guidance))
+            await batcher.run_in_worker(lambda: speed.warm_up(pipeline_worker, plan))
             log.info("warm-up done in %.2f s", time.monotonic() - started)
+        if state.pools is not None:
+            # Only now: a pool batch before the warm-up would run an uncompiled shape first.
+            state.pools.attach(batcher)
+            batcher.idle_source = state.pools
+            batcher.poke()
         state.ready = True
         log.info(
             "ready: %s model %s (weights %s) on %s as %s, %s torch threads",

@@ -76,6 +76,7 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.recompiles = Counter("genaug_recompiles", "Batches of new compiled shapes", registry=r)
         self._before_render: list[Callable[[], None]] = []
 
     def on_render(self, hook: Callable[[], None]) -> None:

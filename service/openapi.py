@@ -24,6 +24,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from genaug.client.wire import SAFETENSORS_MEDIA_TYPE
+
 from .api import CLIENT_ID_PATTERN
 from .guard import OPEN_PATHS
 from .state import AppState
@@ -59,6 +61,27 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
     generate = paths["/v1/generate"]["post"]
     generate["requestBody"] = json_body(state.api.generate)
     generate.setdefault("parameters", []).append(CLIENT_ID_HEADER)
+    variants = paths["/v1/variants"]["post"]
+    params = json_body(state.api.variants)["content"]["application/json"]["schema"]
+    variants["requestBody"] = {
+        "required": True,
+        "content": {"multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "image": {"type": "array", "description": "one PNG per source",
+                              "items": {"type": "string", "contentMediaType": "image/png"}},
+                    "images": {"type": "string", "contentMediaType": SAFETENSORS_MEDIA_TYPE,
+                               "description": "or: one genaug safetensors batch, "
+                                              "images uint8 [N,H,W,3]"},
+                    "params": params,
+                },
+                "required": ["params"],
+            },
+            "encoding": {"params": {"contentType": "application/json"}},
+        }},
+    }
+    variants.setdefault("parameters", []).append(CLIENT_ID_HEADER)
     templates = {path: paths.pop(path) for path in _RECIPE_TEMPLATES if path in paths}
     for name in state.recipes:
         bodies = {"sample": state.api.sample[name], "fill": state.api.fill[name]}

@@ -133,7 +133,12 @@ class Schedulers:
             raise UnknownSchedulerError(default)
         self.default = default
         self._model_scheduler: Any = pipeline.scheduler
-        self._cache: dict[str, Any] = {"default": pipeline.scheduler}
+        # Never the pipeline's own instance: its state (step index, multistep history) would
+        # be shared by every worker built on this model (two services in one process).
+        model_scheduler = pipeline.scheduler
+        self._cache: dict[str, Any] = {
+            "default": type(model_scheduler).from_config(model_scheduler.config)
+        }
 
     def resolve(self, name: str) -> str:
         """The scheduler a key's ``name`` runs: ``"default"`` is the service's setting."""

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from .speed import WarmupShape, parse_warmup_shapes
 from .work import SchedulerName
 
 _LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -185,6 +186,54 @@ class Settings(BaseSettings):
                     "starting with a letter or digit)"
                 )
         return value
+
+    # -- speed --
+    compile: Literal["off", "unet", "regional"] = Field(
+        default="off",
+        description="torch.compile: off; unet (the whole UNet); regional (only its repeated "
+        "transformer blocks: most of the gain, several times shorter warm-up). Each new "
+        "generation size or batch size compiles once (counted in genaug_recompiles_total).",
+    )
+    channels_last: bool = Field(
+        default=False, description="UNet and VAE weights in channels_last (NHWC) memory layout."
+    )
+    fuse_qkv: bool = Field(
+        default=False,
+        description="Fuse each attention's query/key/value projections into one matrix product.",
+    )
+    vae_slicing: bool = Field(
+        default=False, description="Decode a batch one image at a time (less memory, same images)."
+    )
+    vae_tiling: bool = Field(
+        default=False,
+        description="Decode large images in blended tiles (less memory; pixels differ slightly).",
+    )
+    warmup_shapes: Annotated[tuple[WarmupShape, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated HxW:batch shapes run at warm-up, before /readyz is 200; "
+        "with GENAUG_COMPILE also every recipe size and the default size at max_batch_images.",
+    )
+
+    @field_validator("warmup_shapes", mode="before")
+    @classmethod
+    def _parse_warmup_shapes(cls, value: object) -> object:
+        return parse_warmup_shapes(value)
+
+    @model_validator(mode="after")
+    def _check_warmup_shapes(self) -> Settings:
+        for shape in self.warmup_shapes:
+            if max(shape.height, shape.width) > self.max_side:
+                raise ValueError(
+                    f"GENAUG_WARMUP_SHAPES entry {shape} exceeds max_side {self.max_side}; "
+                    "raise GENAUG_MAX_SIDE or warm up a smaller size"
+                )
+            if shape.batch > self.max_batch_images:
+                raise ValueError(
+                    f"GENAUG_WARMUP_SHAPES entry {shape}: batch {shape.batch} exceeds "
+                    f"max_batch_images {self.max_batch_images}, so no batch of that size ever "
+                    "runs; raise GENAUG_MAX_BATCH_IMAGES or warm up a smaller batch"
+                )
+        return self
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod

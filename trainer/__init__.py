@@ -5,20 +5,28 @@
 - :class:`ReservoirFeeder`: a daemon thread that keeps the reservoir fresh from the service.
 - :func:`assert_no_python_ops` and friends: walk the op types of a dataset and of a model's
   step functions and fail on ops that call back into Python.
+- :func:`configure_devices`: the devices to train on, with the generator's GPU hidden from
+  TensorFlow (call it first, before TensorFlow initialises its GPUs).
 
 Example::
 
-    from genaug.trainer import ReservoirFeeder, SyntheticReservoir, assert_no_python_ops
+    from genaug.trainer import (ReservoirFeeder, SyntheticReservoir, assert_no_python_ops,
+                                configure_devices)
 
+    devices = configure_devices(service_url="http://127.0.0.1:8000")  # first: hides its GPU
+    strategy = tf.distribute.MirroredStrategy(devices)                # before the reservoir
     reservoir = SyntheticReservoir(num_classes=3, slots_per_class=256, image_shape=(64, 64, 3))
     feeder = ReservoirFeeder(reservoir, url="http://127.0.0.1:8000", recipe="demo",
                              label_map={"cat": 0, "dog": 1, "fox": 2})
     ds = real_ds.batch(64, drop_remainder=True).map(reservoir.mix(p=0.5)).prefetch(2)
-    assert_no_python_ops(dataset=ds)
-    model.fit(ds, epochs=3, callbacks=[feeder.callback()])
+    with strategy.scope():
+        model = build_model()
+        model.compile(...)
+    assert_no_python_ops(dataset=ds, model=model)
+    model.fit(ds, epochs=3, callbacks=[feeder.callback()])  # strict: config errors raise here
 
-Names are imported lazily: ``genaug.trainer.feeder`` does not import TensorFlow, the reservoir
-and the audit do.
+Names are imported lazily: ``genaug.trainer.feeder`` and ``genaug.trainer.devices`` do not
+import TensorFlow at import time, the reservoir and the audit do.
 """
 
 from __future__ import annotations
@@ -38,10 +46,13 @@ if TYPE_CHECKING:
         step_functions,
         tracing_counts,
     )
-    from genaug.trainer.feeder import FeederStats, ReservoirFeeder
+    from genaug.trainer.devices import DeviceError, configure_devices
+    from genaug.trainer.feeder import FeederConfigError, FeederStats, ReservoirFeeder
     from genaug.trainer.reservoir import SyntheticReservoir
 
 __all__ = [
+    "DeviceError",
+    "FeederConfigError",
     "FeederStats",
     "Finding",
     "PYTHON_OP_TYPES",
@@ -49,6 +60,7 @@ __all__ = [
     "ReservoirFeeder",
     "SyntheticReservoir",
     "assert_no_python_ops",
+    "configure_devices",
     "python_ops_in_dataset",
     "python_ops_in_graph_def",
     "python_ops_in_model",
@@ -58,6 +70,9 @@ __all__ = [
 
 _WHERE = {
     "PYTHON_OP_TYPES": "audit",
+    "DeviceError": "devices",
+    "FeederConfigError": "feeder",
+    "configure_devices": "devices",
     "FeederStats": "feeder",
     "Finding": "audit",
     "PythonInGraphError": "audit",

@@ -257,6 +257,14 @@ def _trace_step(model: Any, step: str, dataset: tf.data.Dataset) -> None:
     if not fns:
         return
     strategy = model.distribute_strategy
+    build = getattr(model, "_symbolic_build", None)
+    if callable(build):
+        # Build what fit builds before its first trace (layers, loss and metric state, the
+        # optimizer's slots), as fit does: created inside this trace instead, that state
+        # would be traced as placeholders and the first real step would fail with "You must
+        # feed a value for placeholder tensor '.../cond/Placeholder'".
+        with strategy.scope():
+            build(data_batch=dataset.element_spec)
     dist = strategy.experimental_distribute_dataset(dataset)
     iterator = iter(dist)
     if step == "predict":

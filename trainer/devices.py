@@ -1,53 +1,379 @@
-"""Device selection for the reference trainer: which GPUs (or CPU replicas) it trains on.
+"""Which devices a trainer trains on, and keeping them apart from the generator's GPU.
 
 :func:`configure_devices` makes exactly the requested devices visible and returns their names
-for ``MirroredStrategy``: the GPUs given by index as TensorFlow lists them (leave out the
-service's), or the CPU, split into ``cpu_replicas`` logical devices if asked. Devices can only
-be configured before TensorFlow initialises its runtime, which is why the trainer calls this
-first and why this module, like :mod:`genaug.trainer.train`, imports TensorFlow only inside
-functions.
+for ``MirroredStrategy``. With ``service_url`` it first asks the genaug service which GPU it
+runs on (``/v1/info`` ``device.cuda_uuid`` / ``device.pci_bus_id``), finds that GPU among the
+local ones through NVML (``nvidia-ml-py``), and hides it from TensorFlow (through
+``CUDA_VISIBLE_DEVICES``, by UUID, so the order CUDA enumerates devices in cannot matter).
+TensorFlow then cannot take the generator's memory; memory growth is on for the GPUs it keeps.
+
+All of it must happen before TensorFlow initialises its GPUs: the function refuses, with an
+error saying so, once it has. That is why this module imports TensorFlow only inside
+functions, and why the reference trainer calls it first.
 
 Example::
 
-    devices = configure_devices(cpu_replicas=4)   # ['/cpu:0', '/cpu:1', '/cpu:2', '/cpu:3']
+    from genaug.trainer import configure_devices
+
+    devices = configure_devices(service_url="http://127.0.0.1:8000")  # all GPUs but the service's
     strategy = tf.distribute.MirroredStrategy(devices)
+
+    configure_devices(cpu_replicas=4)   # ['/cpu:0', '/cpu:1', '/cpu:2', '/cpu:3'] (tests, CPUs)
+
+The matching itself (:func:`match_service_gpu`, :func:`visible_after_hiding`,
+:func:`cuda_order`) is pure and takes the NVML table as data, so it is unit-tested without a
+GPU.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
 
-__all__ = ["DeviceError", "configure_devices"]
+__all__ = [
+    "DeviceError",
+    "GpuInfo",
+    "ServiceDevice",
+    "configure_devices",
+    "cuda_order",
+    "match_service_gpu",
+    "normalize_pci_bus_id",
+    "normalize_uuid",
+    "nvml_gpus",
+    "service_device",
+    "tensorflow_sees_service_gpu",
+    "visible_after_hiding",
+]
 
 log = logging.getLogger(__name__)
 
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "[::1]"}
+
 
 class DeviceError(RuntimeError):
-    """The devices asked for cannot be used (missing GPU index, TensorFlow already started)."""
+    """The devices asked for cannot be used (missing GPU index, TensorFlow already started,
+    the generator's GPU cannot be told apart)."""
 
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One local GPU as NVML lists it (NVML index order is PCI bus order)."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ServiceDevice:
+    """Where the service's pipeline runs, from ``/v1/info`` ``device``."""
+
+    type: str
+    name: str = ""
+    cuda_uuid: str | None = None
+    pci_bus_id: str | None = None
+    local: bool = True
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.type == "cuda"
+
+
+def normalize_uuid(uuid: str | None) -> str | None:
+    """``GPU-3b1f...`` / ``3B1F...`` -> ``3b1f...`` (lower case, no ``GPU-``/``MIG-`` prefix)."""
+    if not uuid:
+        return None
+    text = str(uuid).strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    return text or None
+
+
+def normalize_pci_bus_id(bus_id: str | None) -> str | None:
+    """``00000000:3B:00.0`` (NVML) / ``0000:3b:00.0`` / ``3b:00.0`` -> ``0000:3b:00.0``."""
+    if not bus_id:
+        return None
+    text = str(bus_id).strip().lower()
+    parts = text.split(":")
+    try:
+        if len(parts) == 2:
+            domain, bus, rest = 0, parts[0], parts[1]
+        elif len(parts) == 3:
+            domain, bus, rest = int(parts[0], 16), parts[1], parts[2]
+        else:
+            return text
+        device, _, function = rest.partition(".")
+        return f"{domain:04x}:{int(bus, 16):02x}:{int(device, 16):02x}.{int(function or '0', 16)}"
+    except ValueError:
+        return text
+
+
+def match_service_gpu(table: Sequence[GpuInfo], device: ServiceDevice) -> GpuInfo | None:
+    """The local GPU the service runs on, or ``None`` (CPU service, another host, not listed).
+
+    The CUDA UUID is unique across machines, so it decides wherever it is known. The PCI bus
+    id only identifies a GPU within one machine: it is used when the service reports no UUID
+    and its URL is on this host.
+    """
+    if not device.on_cuda:
+        return None
+    uuid = normalize_uuid(device.cuda_uuid)
+    if uuid is not None:
+        return next((g for g in table if normalize_uuid(g.uuid) == uuid), None)
+    pci = normalize_pci_bus_id(device.pci_bus_id)
+    if pci is not None and device.local:
+        return next((g for g in table if normalize_pci_bus_id(g.pci_bus_id) == pci), None)
+    return None
+
+
+def cuda_order(
+    table: Sequence[GpuInfo], environ: Mapping[str, str] | None = None
+) -> list[GpuInfo] | None:
+    """The GPUs a CUDA process (TensorFlow) enumerates, in its order; ``None`` if unknown.
+
+    ``CUDA_VISIBLE_DEVICES`` may list UUIDs (any unique prefix, ``GPU-`` optional), which
+    fixes the order, or indices, which count in CUDA's order: PCI bus order when
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or when all GPUs are one model (CUDA's default
+    "fastest first" order cannot differ then), else unknown. Unset: every GPU. An invalid
+    entry ends the list there, as in CUDA.
+    """
+    env = os.environ if environ is None else environ
+    by_pci = sorted(table, key=lambda g: normalize_pci_bus_id(g.pci_bus_id) or "")
+    pci_order_known = env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" or len(
+        {g.name for g in table}
+    ) <= 1
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return by_pci if pci_order_known else None
+    out: list[GpuInfo] = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            break
+        if entry.lstrip("-").isdigit():
+            if not pci_order_known:
+                return None
+            k = int(entry)
+            if not 0 <= k < len(by_pci) or by_pci[k] in out:
+                break
+            out.append(by_pci[k])
+        else:
+            want = normalize_uuid(entry) or ""
+            found = [g for g in table if (normalize_uuid(g.uuid) or "").startswith(want)]
+            if len(found) != 1 or found[0] in out:
+                break
+            out.append(found[0])
+    return out
+
+
+def visible_after_hiding(
+    table: Sequence[GpuInfo], hide: GpuInfo, environ: Mapping[str, str] | None = None
+) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value that shows this process what it sees now, less
+    ``hide``: a comma-separated UUID list (``""`` when nothing is left).
+
+    Raises:
+        DeviceError: the current ``CUDA_VISIBLE_DEVICES`` uses indices whose order cannot be
+            known (mixed GPU models without ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+    """
+    order = cuda_order(table, environ)
+    if order is None:
+        raise DeviceError(
+            "CUDA_VISIBLE_DEVICES lists GPU indices, and with GPUs of different models their "
+            "order is CUDA's 'fastest first', which NVML cannot tell; set "
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID or list GPU UUIDs (nvidia-smi -L)"
+        )
+    return ",".join(g.uuid for g in order if g.uuid != hide.uuid)
+
+
+def nvml_gpus() -> list[GpuInfo] | None:
+    """The local GPUs as NVML lists them, or ``None`` without NVML (no driver, no
+    ``nvidia-ml-py``: ``pip install 'genaug[trainer]'``)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded...
+        return None
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            out.append(GpuInfo(
+                index=i,
+                uuid=text(pynvml.nvmlDeviceGetUUID(handle)),
+                pci_bus_id=text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                name=text(pynvml.nvmlDeviceGetName(handle)),
+            ))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _is_local(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    if host in LOCAL_HOSTS or host.startswith("127."):
+        return True
+    import socket
+
+    try:
+        names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+        return host in names
+    except OSError:
+        return False
+
+
+def service_device(info: Mapping[str, Any], url: str = "") -> ServiceDevice:
+    """The service's device from a ``/v1/info`` answer (the ``device`` group, or the plain
+    device string older services send)."""
+    raw = info.get("device")
+    local = _is_local(url) if url else True
+    if isinstance(raw, Mapping):
+        name = str(raw.get("name") or "")
+        kind = str(raw.get("type") or name.split(":")[0] or "cpu")
+        return ServiceDevice(
+            type=kind, name=name, cuda_uuid=raw.get("cuda_uuid"),
+            pci_bus_id=raw.get("pci_bus_id"), local=local,
+        )
+    name = str(raw or "cpu")
+    return ServiceDevice(type=name.split(":")[0], name=name, local=local)
+
+
+def _fetch_service_device(url: str) -> ServiceDevice:
+    from genaug.client import Client, GenaugError
+
+    try:
+        with Client(url, retry_deadline=10.0, timeout=10.0) as client:
+            info = client.info()
+    except GenaugError as exc:
+        raise DeviceError(
+            f"cannot ask the genaug service at {url} which GPU it uses ({exc}); start it "
+            "first, or leave out service_url= and pass gpus= yourself"
+        ) from exc
+    return service_device(info, url)
+
+
+def _tf_gpus_initialized() -> bool:
+    """TensorFlow has enumerated its GPUs in this process (hiding by environment is too late)."""
+    if "tensorflow" not in sys.modules:
+        return False
+    try:
+        from tensorflow.python.eager import context
+    except ImportError:
+        return False
+    ctx = context.context()
+    return (getattr(ctx, "_physical_devices", None) is not None
+            or getattr(ctx, "_context_handle", None) is not None)
+
+
+def _hide_service_gpu(url: str, *, explicit_gpus: bool) -> str:
+    """Hide the service's GPU through CUDA_VISIBLE_DEVICES; return what was done, in words."""
+    try:
+        device = _fetch_service_device(url)
+    except DeviceError:
+        table = nvml_gpus()
+        if not table:  # no GPU here: nothing TensorFlow could take from the generator
+            return f"the genaug service at {url} did not answer; this machine has no GPU to hide"
+        if explicit_gpus:
+            log.warning("the genaug service at %s did not answer; trusting gpus= to leave its "
+                        "GPU out", url)
+            return f"the genaug service at {url} did not answer; nothing hidden"
+        raise
+    if not device.on_cuda:
+        return f"the genaug service at {url} runs on {device.name or device.type}: no GPU to hide"
+    if device.cuda_uuid is None and device.pci_bus_id is None:
+        message = (
+            f"the genaug service at {url} runs on {device.name} but does not report its GPU's "
+            "identity (cuda_uuid/pci_bus_id in /v1/info; an older genaug?)"
+        )
+        if explicit_gpus:
+            log.warning("%s; trusting gpus= to leave it out", message)
+            return message + "; nothing hidden"
+        raise DeviceError(message + "; upgrade the service or pass gpus= without its GPU")
+    table = nvml_gpus()
+    if table is None:
+        if not device.local:
+            return f"the genaug service at {url} runs on another host: no local GPU hidden"
+        message = (
+            f"the genaug service at {url} runs on {device.name} (UUID {device.cuda_uuid}) but "
+            "NVML is not available here to find that GPU (pip install nvidia-ml-py; NVIDIA "
+            "driver)"
+        )
+        if explicit_gpus:
+            log.warning("%s; trusting gpus= to leave it out", message)
+            return message + "; nothing hidden"
+        raise DeviceError(message + "; or pass gpus= without the service's GPU")
+    found = match_service_gpu(table, device)
+    if found is None:
+        return (
+            f"the genaug service at {url} runs on GPU {device.cuda_uuid or device.pci_bus_id}, "
+            f"which is not one of this machine's {len(table)} GPU(s) (it is on another host): "
+            "no local GPU hidden"
+        )
+    visible = visible_after_hiding(table, found)
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    return (
+        f"hid GPU {found.index} ({found.name}, {found.uuid}, PCI {found.pci_bus_id}) from "
+        f"TensorFlow: the genaug service at {url} runs on it; CUDA_VISIBLE_DEVICES={visible!r}"
+    )
 
 
 def configure_devices(
-    gpus: Sequence[int] | None = None, cpu_replicas: int | None = None
+    gpus: Sequence[int] | None = None,
+    cpu_replicas: int | None = None,
+    service_url: str | None = None,
 ) -> list[str]:
     """Make exactly the requested devices visible; return the names for ``MirroredStrategy``.
 
-    Must run before TensorFlow initialises its runtime (before any op or ``tf.config`` query
-    that creates devices). ``gpus`` are indices into ``tf.config.list_physical_devices("GPU")``
-    (list the service's GPU nowhere); without them the CPU is used, and GPUs TensorFlow would
-    otherwise grab are hidden. ``cpu_replicas`` splits the CPU into that many logical devices.
+    Must run before TensorFlow initialises its GPUs (before any op or ``tf.config`` query
+    that lists devices).
+
+    * ``service_url``: first ask that genaug service for its GPU's identity and hide that
+      GPU from TensorFlow (NVML maps it to a local GPU). A service on the CPU, or on another
+      host, hides nothing (logged). Without ``gpus`` every remaining GPU is used.
+    * ``gpus``: indices into ``tf.config.list_physical_devices("GPU")`` as they are *after*
+      the service's GPU is hidden (without ``service_url``: list the service's GPU nowhere).
+    * neither: the CPU, and GPUs TensorFlow would otherwise grab are hidden.
+    * ``cpu_replicas``: on the CPU, split it into that many logical devices.
+
+    Memory growth is turned on for every GPU kept, so TensorFlow takes memory as it needs it.
 
     Raises:
-        DeviceError: a GPU index that does not exist, ``cpu_replicas < 1``, both options, or
-            TensorFlow already initialised.
+        DeviceError: a GPU index that does not exist, ``cpu_replicas < 1``, GPUs and CPU
+            replicas both asked for, the service's GPU cannot be told apart, or TensorFlow
+            already initialised.
     """
-    import tensorflow as tf
-
     if gpus and cpu_replicas:
         raise DeviceError("pass --gpus or --cpu-replicas, not both")
-    physical_gpus = tf.config.list_physical_devices("GPU")
+    if service_url is not None:
+        if _tf_gpus_initialized():
+            raise DeviceError(
+                "configure_devices(service_url=...) was called after TensorFlow initialised "
+                "its GPUs, so the generator's GPU can no longer be hidden from it; call it "
+                "first thing, before any tf.config call, tf.distribute strategy or op"
+            )
+        decision = _hide_service_gpu(service_url, explicit_gpus=bool(gpus))
+        log.info("genaug devices: %s", decision)
+
+    import tensorflow as tf
+
     try:
+        physical_gpus = tf.config.list_physical_devices("GPU")
+        use_all = service_url is not None and gpus is None and not cpu_replicas
+        if use_all and physical_gpus:
+            gpus = list(range(len(physical_gpus)))
         if gpus:
             if not physical_gpus:
                 raise DeviceError(
@@ -95,3 +421,51 @@ def configure_devices(
             "process. --gpus / --cpu-replicas must be applied before any TensorFlow op runs; "
             "start training in a fresh process"
         ) from exc
+
+
+def tensorflow_sees_service_gpu(
+    info: Mapping[str, Any], url: str = "", *, table: Sequence[GpuInfo] | None = None,
+    environ: Mapping[str, str] | None = None, visible_indices: Sequence[int] | None = None,
+) -> str | None:
+    """A warning when TensorFlow in this process can use the generator's GPU, else ``None``.
+
+    Only looks when TensorFlow is already imported (the feeder never imports it). Which TF
+    GPUs are visible comes from ``tf.config.get_visible_devices`` unless ``visible_indices``
+    is given; ``table`` / ``environ`` replace NVML and ``os.environ`` (tests).
+    """
+    device = service_device(info, url)
+    if not device.on_cuda or (device.cuda_uuid is None and device.pci_bus_id is None):
+        return None
+    if table is None:
+        table = nvml_gpus()
+        if table is None:
+            return None
+    found = match_service_gpu(table, device)
+    if found is None:
+        return None
+    order = cuda_order(table, environ)
+    if visible_indices is None:
+        if "tensorflow" not in sys.modules:
+            return None
+        import tensorflow as tf
+
+        visible_indices = [
+            int(d.name.rsplit(":", 1)[-1]) for d in tf.config.get_visible_devices("GPU")
+        ]
+    if order is None:
+        if not visible_indices:
+            return None
+        return (
+            f"TensorFlow sees {len(visible_indices)} GPU(s) and the genaug service at {url} "
+            f"runs on GPU {found.index} of this machine; which TensorFlow GPU that is cannot "
+            "be told (mixed GPU models): call configure_devices(service_url=...) first"
+        )
+    if any(0 <= i < len(order) and order[i].uuid == found.uuid for i in visible_indices):
+        return (
+            f"TensorFlow can use GPU {found.index} ({found.name}, {found.uuid}), where the "
+            f"genaug service at {url} runs its generator: TensorFlow will take most of its "
+            "memory and the service will run out. Call "
+            f"genaug.trainer.configure_devices(service_url={url!r}) before anything else "
+            "touches TensorFlow"
+        )
+    return None

@@ -7,6 +7,15 @@ is down it backs off exponentially and retries, and nothing it does ever raises 
 Training never waits for it; the reservoir's map falls back to real images while a class is
 empty.
 
+Configuration mistakes are another matter: a training run that quietly goes on without
+synthetic images because of a typo is worse than one that stops. A strict feeder (the
+default) checks its first contact with the service (at :meth:`ReservoirFeeder.start`, which
+the Keras callback calls when ``fit`` begins) and raises :class:`FeederConfigError` before any
+training step for a rejected API key, an unknown recipe, a ``label_map`` name the recipe
+lacks, images of another size or channel count than the reservoir's, or a pool that is empty
+with nothing to fill it. Outages (connection refused, 503, 429, timeouts) are not mistakes:
+they stay tolerant, and the check runs at the first contact that gets an answer.
+
 Importing this module imports neither TensorFlow nor torch; ``genaug.client`` is imported when
 the feeder thread builds its client from ``url``.
 """
@@ -16,11 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -28,7 +36,7 @@ import numpy as np
 if TYPE_CHECKING:
     from genaug.trainer.reservoir import SyntheticReservoir
 
-__all__ = ["FeederStats", "ReservoirFeeder"]
+__all__ = ["FeederConfigError", "FeederStats", "ReservoirFeeder", "first_contact_problems"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,117 @@ class _ReservoirLike(Protocol):
 
     def write(self, label: int, images: np.ndarray) -> int: ...
     def fill_counts(self) -> np.ndarray: ...
+
+
+class FeederConfigError(RuntimeError):
+    """A strict feeder's first contact found a configuration mistake; the message lists each
+    one with its fix. Raised by :meth:`ReservoirFeeder.start` (and so by ``fit`` through the
+    callback) before any training step."""
+
+
+# Errors that mean "the service is not answering now", never "the configuration is wrong".
+_OUTAGE_NAMES = {
+    "TransportError", "UnavailableError", "RateLimitedError", "DeadlineExceededError",
+    "ServerError", "DecodeError",
+}
+
+
+def _is_outage(exc: BaseException) -> bool:
+    if isinstance(exc, OSError | asyncio.TimeoutError | TimeoutError):
+        return True
+    return any(t.__name__ in _OUTAGE_NAMES for t in type(exc).__mro__)
+
+
+def _is_config_status(exc: BaseException) -> bool:
+    """401/403 (AuthenticationError) or 404 (NotFoundError) from the client."""
+    return any(t.__name__ in {"AuthenticationError", "NotFoundError"} for t in type(exc).__mro__)
+
+
+def _output_size(spec: Mapping[str, Any], info: Mapping[str, Any]) -> tuple[int, int] | None:
+    limits = info.get("limits") if isinstance(info.get("limits"), Mapping) else {}
+    default = limits.get("default_size") if isinstance(limits, Mapping) else None
+    h = spec.get("output_height") or spec.get("height") or default
+    w = spec.get("output_width") or spec.get("width") or default
+    return (int(h), int(w)) if isinstance(h, int) and isinstance(w, int) else None
+
+
+def first_contact_problems(
+    *,
+    info: Mapping[str, Any],
+    recipe_detail: Mapping[str, Any] | None,
+    recipe: str | None,
+    label_map: Mapping[str, int],
+    image_shape: tuple[int, int, int],
+    wait_s: float = 0.0,
+) -> list[str]:
+    """What a strict feeder refuses, from ``/v1/info`` and ``/v1/recipes/{name}`` answers.
+
+    Each problem is one sentence naming the value found, the value expected and the fix.
+    Pure: no I/O (unit-testable on recorded answers).
+
+    Example::
+
+        first_contact_problems(info=client.info(), recipe_detail=client.recipe("digits"),
+                               recipe="digits", label_map={"3": 0},
+                               image_shape=(64, 64, 1))
+        # ['recipe digits makes 3-channel images; the reservoir holds 1 ...']
+    """
+    h, w, c = image_shape
+    problems: list[str] = []
+    if recipe is None or recipe_detail is None:
+        limits = info.get("limits") if isinstance(info.get("limits"), Mapping) else {}
+        max_side = limits.get("max_side") if isinstance(limits, Mapping) else None
+        if isinstance(max_side, int) and max(h, w) > max_side:
+            problems.append(
+                f"the reservoir holds {h}x{w} images but the service makes at most "
+                f"{max_side} px (max_side); build a smaller reservoir or set GENAUG_MAX_SIDE"
+            )
+        if c != 3:
+            problems.append(
+                f"the reservoir holds {c}-channel images but generate makes RGB; sample a "
+                "recipe with output_channels: 1 instead of prompts="
+            )
+        return problems
+    labels = [str(x) for x in recipe_detail.get("labels") or []]
+    unknown = sorted(set(label_map) - set(labels))
+    if unknown:
+        problems.append(
+            f"label_map names {unknown}, which recipe {recipe!r} lacks (its labels: {labels}); "
+            "fix the label_map keys (recipe label -> class index)"
+        )
+    spec = recipe_detail.get("spec") if isinstance(recipe_detail.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+    size = _output_size(spec, info)
+    if size is not None and size != (h, w):
+        problems.append(
+            f"recipe {recipe!r} makes {size[0]}x{size[1]} images but the reservoir holds "
+            f"{h}x{w}; build the reservoir with image_shape=({size[0]}, {size[1]}, {c}) and "
+            f"resize the real images to match, or set the recipe's output_height/output_width "
+            f"to {h}/{w}"
+        )
+    channels = int(spec.get("output_channels") or 3)
+    if channels != c:
+        problems.append(
+            f"recipe {recipe!r} makes {channels}-channel images but the reservoir holds {c}; "
+            f"build the reservoir with image_shape=({h}, {w}, {channels}) or set the recipe's "
+            f"output_channels: {c}"
+        )
+    fill = recipe_detail.get("fill") if isinstance(recipe_detail.get("fill"), Mapping) else {}
+    targets = recipe_detail.get("target_per_label")
+    if isinstance(fill, Mapping) and isinstance(targets, Mapping) and wait_s <= 0:
+        starved = sorted(
+            name for name in label_map
+            if name in labels and not fill.get(name) and not targets.get(name)
+        )
+        if starved:
+            problems.append(
+                f"recipe {recipe!r} holds no image for labels {starved} and nothing will "
+                "make any: pre-generation is off (GENAUG_PREGENERATE=false) and no fill "
+                f"target is set. Fill it first (genaug pregenerate --recipe {recipe} "
+                f"--per-label N, or client.fill({recipe!r}, per_label=N)), turn "
+                "pre-generation on, or give the feeder wait_s > 0 so samples ask for images"
+            )
+    return problems
 
 
 @dataclass(frozen=True)
@@ -56,6 +175,7 @@ class FeederStats:
         last_refresh: ``time.time()`` of the last write of at least one image, or ``None``.
         last_error: text of the most recent error, or ``None``.
         running: the feeder thread is alive.
+        checked: a strict feeder's first-contact checks passed.
     """
 
     images_received: int = 0
@@ -67,6 +187,7 @@ class FeederStats:
     last_refresh: float | None = None
     last_error: str | None = None
     running: bool = False
+    checked: bool = False
 
 
 class ReservoirFeeder:
@@ -76,6 +197,11 @@ class ReservoirFeeder:
     every class is full, so slots keep being replaced by fresh images), writes them, and sleeps
     ``interval_s``. Failures back off from ``backoff_initial_s`` doubling up to
     ``backoff_max_s`` (with jitter) until the service answers again.
+
+    With ``strict=True`` (the default), :meth:`start` checks the first contact and raises
+    :class:`FeederConfigError` for configuration mistakes (see the module docstring);
+    ``strict=False`` only logs and keeps trying, as the feeder did before. It also warns
+    loudly when TensorFlow in this process can use the generator's GPU.
 
     Example::
 
@@ -106,6 +232,9 @@ class ReservoirFeeder:
             ``retry_deadline`` defaults to 5 s there: the feeder has its own backoff, and a
             short client deadline keeps :attr:`stats` close to the service's real state.
         generate_kwargs: extra keyword arguments for ``generate`` (``steps``, ``priority``...).
+        strict: check the first contact and raise :class:`FeederConfigError` on mistakes.
+        first_contact_timeout_s: how long :meth:`start` waits for that first answer; past
+            it (a service that hangs) training starts and the check runs when it comes.
     """
 
     def __init__(
@@ -125,6 +254,8 @@ class ReservoirFeeder:
         api_key: str | None = None,
         client_kwargs: Mapping[str, Any] | None = None,
         generate_kwargs: Mapping[str, Any] | None = None,
+        strict: bool = True,
+        first_contact_timeout_s: float = 20.0,
     ) -> None:
         if url is not None and client is not None:
             raise ValueError("pass url= or client=, not both")
@@ -158,6 +289,11 @@ class ReservoirFeeder:
         self._api_key = api_key
         self._client_kwargs = dict(client_kwargs or {})
         self._generate_kwargs = dict(generate_kwargs or {})
+        self.strict = bool(strict)
+        self.first_contact_timeout_s = float(first_contact_timeout_s)
+        self._checked = False  # strict checks passed (sticky across restarts)
+        self._contact = threading.Event()  # first contact answered (or failed by outage)
+        self._config_error: FeederConfigError | None = None
 
         self._stats_lock = threading.Lock()
         self._stats = FeederStats()
@@ -175,16 +311,34 @@ class ReservoirFeeder:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        """Start the feeder thread (no-op if it is running). Returns at once."""
+        """Start the feeder thread (no-op if it is running).
+
+        Non-strict: returns at once. Strict, before its checks have passed: waits for the
+        first contact (at most ``first_contact_timeout_s``) and raises
+        :class:`FeederConfigError` if it found a mistake (the thread has ended then). An
+        outage is not a mistake: it returns and the feeder keeps trying.
+        """
         if self.running:
             return
         self._stopping.clear()
+        self._contact.clear()
+        self._config_error = None
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._thread_main, args=(ready,), name="genaug-feeder", daemon=True
         )
         self._thread.start()
         ready.wait(timeout=10.0)
+        if self.strict and not self._checked:
+            if not self._contact.wait(self.first_contact_timeout_s):
+                log.warning(
+                    "genaug feeder: no answer from the service within %.0f s; training starts "
+                    "on real images and the configuration is checked when it answers",
+                    self.first_contact_timeout_s,
+                )
+            if self._config_error is not None:
+                self.stop()
+                raise self._config_error
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the thread: cancel the request in flight, close the client, join.
@@ -218,7 +372,7 @@ class ReservoirFeeder:
         """A consistent snapshot of the counters."""
         with self._stats_lock:
             s = self._stats
-        return FeederStats(**{**s.__dict__, "running": self.running})
+        return replace(s, running=self.running, checked=self._checked)
 
     def callback(self) -> Any:
         """A Keras callback that starts the feeder at ``on_train_begin`` and stops it at
@@ -286,21 +440,78 @@ class ReservoirFeeder:
                 try:
                     if client is None:
                         client, owned = self._make_client()
+                    if self.strict and not self._checked:
+                        await self._first_contact(client)
                     await self._cycle_once(client)
                 except asyncio.CancelledError:
                     raise
+                except FeederConfigError as exc:
+                    self._record_failure(exc)
+                    self._config_error = exc
+                    if self._contact.is_set():  # training already runs: say it loudly, stop
+                        log.error("genaug feeder stopped: %s", exc)
+                    self._contact.set()
+                    return
                 except Exception as exc:  # noqa: BLE001 - never raise into training
                     self._record_failure(exc)
+                    self._contact.set()  # an outage: start() returns, training goes on
                     await asyncio.sleep(self._backoff_delay(exc))
                 else:
                     await asyncio.sleep(self.interval_s)
         except asyncio.CancelledError:
             pass
         finally:
+            self._contact.set()
             if client is not None and owned:
                 await self._close(client)
             with self._stats_lock:
-                self._stats = FeederStats(**{**self._stats.__dict__, "connected": False})
+                self._stats = replace(self._stats, connected=False)
+
+    async def _first_contact(self, client: Any) -> None:
+        """Strict checks; raises :class:`FeederConfigError` for mistakes, the client's error
+        for an outage (the caller backs off and comes back here)."""
+        where = ", ".join(getattr(client, "urls", None) or [str(self._url or "the service")])
+        try:
+            info = await client.info()
+            detail = await client.recipe(self.recipe) if self.recipe is not None else None
+        except Exception as exc:
+            if _is_config_status(exc) and not _is_outage(exc):
+                status = getattr(exc, "status", None)
+                if status in (401, 403):
+                    raise FeederConfigError(
+                        f"the genaug service at {where} refused the API key ({exc}); pass "
+                        "api_key= (or set GENAUG_API_KEY) to one of its keys"
+                    ) from exc
+                raise FeederConfigError(
+                    f"recipe {self.recipe!r} is unknown to the genaug service at {where} "
+                    f"({exc}); check recipe= or start the service with --recipes FILE"
+                ) from exc
+            raise
+        self._warn_if_tensorflow_sees_generator_gpu(info, where)
+        problems = first_contact_problems(
+            info=info, recipe_detail=detail, recipe=self.recipe, label_map=self.label_map,
+            image_shape=self.reservoir.image_shape,
+            wait_s=self.wait_s,
+        )
+        if problems:
+            raise FeederConfigError(
+                f"genaug feeder: {len(problems)} configuration problem(s) with the service at "
+                f"{where}:\n  - " + "\n  - ".join(problems)
+            )
+        self._checked = True
+        self._contact.set()
+
+    @staticmethod
+    def _warn_if_tensorflow_sees_generator_gpu(info: Mapping[str, Any], where: str) -> None:
+        from genaug.trainer.devices import tensorflow_sees_service_gpu
+
+        try:
+            warning = tensorflow_sees_service_gpu(info, where)
+        except Exception:  # noqa: BLE001 - a warning must never stop the feeder
+            log.debug("could not compare TensorFlow's GPUs with the service's", exc_info=True)
+            return
+        if warning:
+            log.warning("!" * 78 + "\n%s\n" + "!" * 78, warning)
 
     @staticmethod
     async def _close(client: Any) -> None:
@@ -315,9 +526,13 @@ class ReservoirFeeder:
             log.debug("closing the feeder's client failed", exc_info=True)
 
     def _backoff_delay(self, exc: BaseException | None = None) -> float:
-        k = max(self._stats.consecutive_failures, 1)
-        delay = min(self.backoff_max_s, self.backoff_initial_s * 2.0 ** min(k - 1, 30))
-        delay *= random.uniform(0.8, 1.0)  # jitter: trainers don't retry in lockstep
+        from genaug.client._base import backoff_s
+
+        # jitter: trainers don't retry in lockstep
+        delay: float = backoff_s(
+            self._stats.consecutive_failures, initial_s=self.backoff_initial_s,
+            max_s=self.backoff_max_s, jitter=0.2,
+        )
         retry_after = getattr(exc, "retry_after", None)  # a 429/503 saying when to come back
         if isinstance(retry_after, int | float) and retry_after > 0:
             delay = max(delay, min(float(retry_after), self.backoff_max_s))
@@ -327,16 +542,14 @@ class ReservoirFeeder:
         with self._stats_lock:
             s = self._stats
             first = s.consecutive_failures == 0
-            self._stats = FeederStats(
-                **{
-                    **s.__dict__,
-                    "errors": s.errors + 1,
-                    "consecutive_failures": s.consecutive_failures + 1,
-                    "connected": False,
-                    "last_error": f"{type(exc).__name__}: {exc}",
-                }
+            self._stats = replace(
+                s,
+                errors=s.errors + 1,
+                consecutive_failures=s.consecutive_failures + 1,
+                connected=False,
+                last_error=f"{type(exc).__name__}: {exc}",
             )
-        if first:
+        if first and not isinstance(exc, FeederConfigError):
             log.warning(
                 "genaug feeder: request failed (%s: %s); training continues on real images, "
                 "retrying with backoff up to %.1f s",
@@ -389,16 +602,14 @@ class ReservoirFeeder:
         with self._stats_lock:
             s = self._stats
             reconnected = s.consecutive_failures > 0
-            self._stats = FeederStats(
-                **{
-                    **s.__dict__,
-                    "images_received": s.images_received + received,
-                    "images_dropped": s.images_dropped + dropped,
-                    "requests": s.requests + 1,
-                    "consecutive_failures": 0,
-                    "connected": True,
-                    "last_refresh": time.time() if received else s.last_refresh,
-                }
+            self._stats = replace(
+                s,
+                images_received=s.images_received + received,
+                images_dropped=s.images_dropped + dropped,
+                requests=s.requests + 1,
+                consecutive_failures=0,
+                connected=True,
+                last_refresh=time.time() if received else s.last_refresh,
             )
         if reconnected:
             log.info("genaug feeder: service reachable again")

@@ -1,10 +1,13 @@
 """A class-indexed reservoir of synthetic images that a ``tf.data`` map can sample.
 
 The reservoir is the trainer-side half of genaug: a fixed-shape host tensor
-``images[C, M, H, W, 3]`` (uint8) plus ``fill[C]`` (how many of the ``M`` slots of each class
+``images[C, M, H, W, K]`` (uint8, ``K`` 3 for RGB or 1 for a luminance/depth channel) plus
+``fill[C]`` (how many of the ``M`` slots of each class
 hold an image). A feeder thread writes into it; :meth:`SyntheticReservoir.mix` returns a map
-function that swaps real examples for synthetic ones with pure graph ops. Nothing in the map
-calls Python, does I/O, or waits: an empty class keeps its real image.
+function that swaps real examples for synthetic ones with pure graph ops, optionally
+rebalancing the classes (the replacement's class drawn from given weights, its label changed
+with its pixels). Nothing in the map calls Python, does I/O, or waits: an empty class keeps
+its real image.
 
 Why the variables live on ``/CPU:0`` and outside any ``strategy.scope()``:
 
@@ -38,7 +41,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -69,7 +73,9 @@ class SyntheticReservoir:
     Args:
         num_classes: number of classes ``C``; labels are sparse ints in ``[0, C)``.
         slots_per_class: images kept per class ``M``.
-        image_shape: ``(H, W, 3)`` of one image, equal to the real images it replaces.
+        image_shape: ``(H, W, K)`` of one image with ``K`` 3 (RGB) or 1 (one channel, e.g. a
+            depth map; ask the recipe for ``output_channels: 1``), equal to the real images
+            it replaces.
     """
 
     def __init__(
@@ -83,8 +89,10 @@ class SyntheticReservoir:
                 f"num_classes={num_classes} and slots_per_class={slots_per_class} must both be >= 1"
             )
         shape = tuple(int(d) for d in image_shape)
-        if len(shape) != 3 or shape[2] != 3 or min(shape) < 1:
-            raise ValueError(f"image_shape {image_shape!r} must be (H, W, 3) with H, W >= 1")
+        if len(shape) != 3 or shape[2] not in (1, 3) or min(shape) < 1:
+            raise ValueError(
+                f"image_shape {image_shape!r} must be (H, W, 3) or (H, W, 1) with H, W >= 1"
+            )
         if tf.distribute.has_strategy():
             raise RuntimeError(
                 "SyntheticReservoir was created inside a tf.distribute strategy scope; its "
@@ -114,11 +122,15 @@ class SyntheticReservoir:
             self.seen_counter = tf.Variable(
                 tf.constant(0, tf.int64), trainable=False, name="genaug_reservoir_seen"
             )
+            self.replaced_per_class = tf.Variable(
+                tf.zeros([self.num_classes], tf.int64), trainable=False,
+                name="genaug_reservoir_replaced_per_class",
+            )
 
     # ----------------------------------------------------------------------------- writing
 
     def write(self, label: int, images: np.ndarray) -> int:
-        """Store ``images`` (uint8 ``[n, H, W, 3]`` or one ``[H, W, 3]``) as class ``label``.
+        """Store ``images`` (uint8 ``[n, H, W, K]`` or one ``[H, W, K]``) as class ``label``.
 
         Safe to call from any thread while a dataset is reading. When ``n`` exceeds the slots
         of a class only the last ``slots_per_class`` images are kept. Returns how many were
@@ -136,8 +148,9 @@ class SyntheticReservoir:
         if arr.ndim != 4 or tuple(arr.shape[1:]) != self.image_shape:
             raise ValueError(
                 f"images of shape {tuple(arr.shape)} do not fit the reservoir: expected "
-                f"[n, {', '.join(map(str, self.image_shape))}]; request that output size from "
-                "the service (recipe or output_height/output_width)"
+                f"[n, {', '.join(map(str, self.image_shape))}]; request that output size and "
+                "channel count from the service (recipe output_height/output_width/"
+                "output_channels)"
             )
         if arr.dtype != np.uint8:
             raise ValueError(f"images have dtype {arr.dtype}; expected uint8 in [0, 255]")
@@ -178,18 +191,25 @@ class SyntheticReservoir:
         seen = int(self.seen_counter.numpy())
         return int(self.mixed_counter.numpy()) / seen if seen else 0.0
 
+    def replaced_counts(self) -> np.ndarray:
+        """Replacements per (new) class since the last :meth:`reset_counters`, int64 ``[C]``."""
+        return np.asarray(self.replaced_per_class.numpy())
+
     def reset_counters(self) -> None:
-        """Zero :attr:`mixed_counter` and :attr:`seen_counter`."""
+        """Zero :attr:`mixed_counter`, :attr:`seen_counter` and :attr:`replaced_per_class`."""
         self.mixed_counter.assign(0)
         self.seen_counter.assign(0)
+        self.replaced_per_class.assign(tf.zeros([self.num_classes], tf.int64))
 
     # ----------------------------------------------------------------------------- mixing
 
     def mix(
         self,
-        p: float = 0.5,
+        p: float | Sequence[float] = 0.5,
         *,
         key: str | None = None,
+        rebalance: Sequence[float] | None = None,
+        other_inputs: str = "keep",
         scale: float | None = None,
         offset: float = 0.0,
         seed: int | None = None,
@@ -197,21 +217,46 @@ class SyntheticReservoir:
         """Return a ``tf.data`` map function that replaces real images by synthetic ones.
 
         The function takes ``(features, label, *rest)`` and returns the same structure, where
-        ``features`` is an image tensor ``[B, H, W, 3]`` / ``[H, W, 3]`` or a dict holding one
-        under ``key`` (only that entry changes; e.g. the ``depth_rgb`` modality of a multimodal
-        model). Each example whose class holds at least one image is replaced with probability
-        ``p`` by an image drawn uniformly from the filled slots of its own class, converted to
-        the real image's dtype as ``pixel * scale + offset``. Labels are unchanged.
+        ``features`` is an image tensor ``[B, H, W, C]`` / ``[H, W, C]`` or a dict holding one
+        under ``key`` (the ``depth_rgb`` modality of a multimodal model, say).
 
+        Which examples are replaced: an example of class ``c`` is replaced with probability
+        ``p[c]`` (``p`` is one number for every class or one per class).
+
+        What replaces it:
+
+        * without ``rebalance``: an image of its own class ``c``, drawn uniformly from the
+          filled slots; while class ``c`` is empty the example keeps its real image. Labels
+          are unchanged.
+        * with ``rebalance`` (``C`` non-negative weights): an image of class ``k`` drawn from
+          that distribution, renormalised over the classes that hold at least one image
+          (classes still empty get no replacements; ``p`` is unchanged). The label changes
+          with the pixels: a sparse label becomes ``k`` (same dtype and shape), a one-hot or
+          soft label becomes ``k``'s one-hot. ``rebalance=[1, 1, 4]`` makes 4 in 6
+          replacements class 2: the rare class is oversampled without a second dataset.
+
+        The pixels are converted to the real image's dtype as ``pixel * scale + offset``.
         Labels may be sparse ints (``[B]``, ``[B, 1]`` or a scalar) or one-hot / soft vectors
         ``[B, C]`` (the class is their argmax). Labels outside ``[0, C)`` are never replaced.
 
-        Every replaced example adds 1 to :attr:`mixed_counter`, every example to
-        :attr:`seen_counter`.
+        The other inputs of a dict example (``metadata``, ``depth_map``...) are not touched by
+        default (``other_inputs="keep"``): a replaced example pairs a synthetic ``key`` image
+        with the real example's other inputs. Without ``rebalance`` those belong to the same
+        class, so the example stays consistent. With ``rebalance`` the class may change: the
+        other inputs then belong to the old class while the label says the new one. Pass
+        ``other_inputs="zero"`` to zero every other input of the replaced examples (the
+        model sees "this modality only", as in modality dropout); or leave ``rebalance`` off
+        for multimodal data whose modalities must agree.
+
+        Every replaced example adds 1 to :attr:`mixed_counter` and to its new class in
+        :attr:`replaced_per_class`; every example adds 1 to :attr:`seen_counter`.
 
         Args:
-            p: replacement probability in ``[0, 1]``.
+            p: replacement probability in ``[0, 1]``, one number or one per class (indexed
+                by the example's own class).
             key: the dict key of the image when features are a dict.
+            rebalance: ``C`` non-negative class weights for the class of a replacement.
+            other_inputs: ``"keep"`` or ``"zero"`` (dict features only; see above).
             scale: multiplier from uint8 pixels to the real images' range. Default: 1 for
                 integer real images, ``1/255`` for floating ones (real images in ``[0, 1]``);
                 pass ``1.0`` for float images in ``[0, 255]``.
@@ -221,12 +266,19 @@ class SyntheticReservoir:
 
         Example::
 
-            ds = ds.map(reservoir.mix(p=0.5, key="depth_rgb"),
+            ds = ds.map(reservoir.mix(p=[0.3, 0.3, 0.9], key="depth_rgb", rebalance=[1, 1, 4]),
                         num_parallel_calls=tf.data.AUTOTUNE)
         """
-        if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"p={p} must be within [0, 1]")
-        prob = float(p)
+        probs = self._per_class("p", p, upper=1.0)
+        weights = None if rebalance is None else self._per_class("rebalance", rebalance)
+        if weights is not None and not any(w > 0 for w in weights):
+            raise ValueError(
+                f"rebalance={list(rebalance or [])} has no positive weight; give each class "
+                "the share of replacements it should get, e.g. [1, 1, 4]"
+            )
+        if other_inputs not in ("keep", "zero"):
+            raise ValueError(f"other_inputs={other_inputs!r} must be 'keep' or 'zero'")
+        options = _MixOptions(probs, weights, scale, offset, seed)
 
         def mix_fn(features: Any, label: Any, *rest: Any) -> tuple[Any, ...]:
             if key is None:
@@ -241,26 +293,53 @@ class SyntheticReservoir:
                     found = sorted(features) if isinstance(features, Mapping) else type(features)
                     raise ValueError(f"mix(key={key!r}) but features are {found}")
                 image = features[key]
-            mixed = self._mix_tensor(tf.convert_to_tensor(image), label, prob, scale, offset, seed)
+            mixed, new_label, replaced = self._mix_tensor(
+                tf.convert_to_tensor(image), label, options
+            )
             if key is None:
-                return (mixed, label, *rest)
-            replaced = dict(features)
-            replaced[key] = mixed
-            return (replaced, label, *rest)
+                return (mixed, new_label, *rest)
+            out = dict(features)
+            out[key] = mixed
+            if other_inputs == "zero":
+                for name, value in features.items():
+                    if name != key:
+                        out[name] = _zero_where(
+                            tf.convert_to_tensor(value), replaced, mixed.shape.rank == 4
+                        )
+            return (out, new_label, *rest)
 
         # No Python control flow on tensors inside: AutoGraph has nothing to convert.
         return cast(MapFn, tf.autograph.experimental.do_not_convert(mix_fn))
 
-    def _sparse_labels(self, label: Any, batched: bool) -> tf.Tensor:
+    def _per_class(
+        self, name: str, value: float | Sequence[float], *, upper: float | None = None
+    ) -> list[float]:
+        if isinstance(value, int | float):
+            values = [float(value)] * self.num_classes
+        else:
+            values = [float(v) for v in value]
+            if len(values) != self.num_classes:
+                raise ValueError(
+                    f"{name} has {len(values)} values; the reservoir has {self.num_classes} "
+                    f"classes: give one per class or {'one number' if upper else 'none'}"
+                )
+        for i, v in enumerate(values):
+            if not (v >= 0.0 and (upper is None or v <= upper)) or v != v:
+                bound = f"within [0, {upper:g}]" if upper is not None else ">= 0"
+                raise ValueError(f"{name}[{i}]={v} must be {bound}")
+        return values
+
+    def _labels(self, label: Any, batched: bool) -> tuple[tf.Tensor, str]:
+        """(sparse int32 [n], kind) with kind in {"sparse", "column", "dense"}."""
         label = tf.convert_to_tensor(label)
         base = 1 if batched else 0
         rank = label.shape.rank
         if rank == base:
-            sparse = label
+            sparse, kind = label, "sparse"
         elif rank == base + 1 and label.shape[-1] == 1:
-            sparse = tf.squeeze(label, -1)
+            sparse, kind = tf.squeeze(label, -1), "column"
         elif rank == base + 1 and label.shape[-1] == self.num_classes:
-            sparse = tf.argmax(label, axis=-1)
+            sparse, kind = tf.argmax(label, axis=-1), "dense"
         else:
             raise ValueError(
                 f"label of shape {label.shape} does not match images "
@@ -269,48 +348,81 @@ class SyntheticReservoir:
             )
         if not batched:
             sparse = tf.reshape(sparse, [1])
-        return tf.cast(sparse, tf.int32)
+        return tf.cast(sparse, tf.int32), kind
+
+    def _relabel(
+        self, label: Any, kind: str, batched: bool, replaced: tf.Tensor, new_class: tf.Tensor
+    ) -> tf.Tensor:
+        """``label`` with the replaced examples set to ``new_class`` (shape and dtype kept)."""
+        label = tf.convert_to_tensor(label)
+        if kind == "dense":
+            onehot = tf.one_hot(new_class, self.num_classes, dtype=label.dtype)
+            rows = label if batched else label[None]
+            out = tf.where(replaced[:, None], onehot, rows)
+            return out if batched else out[0]
+        flat = tf.reshape(label, [-1])
+        out = tf.where(replaced, tf.cast(new_class, label.dtype), flat)
+        return tf.reshape(out, tf.shape(label))
 
     def _mix_tensor(
-        self,
-        image: tf.Tensor,
-        label: Any,
-        p: float,
-        scale: float | None,
-        offset: float,
-        seed: int | None,
-    ) -> tf.Tensor:
+        self, image: tf.Tensor, label: Any, options: _MixOptions
+    ) -> tuple[tf.Tensor, Any, tf.Tensor]:
+        """(mixed images, labels, replaced bool [n])."""
         rank = image.shape.rank
+        channels = self.image_shape[2]
         if rank not in (3, 4):
             raise ValueError(
-                f"image of shape {image.shape} must be [B, H, W, 3] or [H, W, 3] with a known rank"
+                f"image of shape {image.shape} must be [B, H, W, {channels}] or "
+                f"[H, W, {channels}] with a known rank"
             )
         batched = rank == 4
         inner = image.shape[1:] if batched else image.shape
         if not inner.is_compatible_with(self.image_shape):
             raise ValueError(
                 f"real images have shape {inner}, the reservoir holds {self.image_shape}; "
-                "build the reservoir with the training image size"
+                "build the reservoir with the training image size and channels"
             )
         dtype = image.dtype
+        scale = options.scale
         if scale is None:
             scale = 1.0 / 255.0 if dtype.is_floating else 1.0
-        labels = self._sparse_labels(label, batched)
+        offset = options.offset
+        seed = options.seed
+        labels, kind = self._labels(label, batched)
         images = image if batched else image[None]
         n = tf.shape(labels)[0]
 
         valid = (labels >= 0) & (labels < self.num_classes)
-        safe = tf.where(valid, labels, tf.zeros_like(labels))
-        fill = tf.where(valid, tf.gather(self.fill.read_value(), safe), tf.zeros_like(labels))
+        own = tf.where(valid, labels, tf.zeros_like(labels))
+        fill = self.fill.read_value()
+        p = tf.where(valid, tf.gather(tf.constant(options.p, tf.float32), own), 0.0)
         draw = tf.random.uniform([n], seed=seed)
-        replace = (draw < p) & (fill > 0)
+        if options.weights is None:
+            target = own
+            available = tf.gather(fill, own) > 0
+        else:
+            # Renormalise the weights over the classes that hold an image: an empty class
+            # gets no replacements, the others share its weight.
+            weights = tf.constant(options.weights, tf.float32) * tf.cast(fill > 0, tf.float32)
+            total = tf.reduce_sum(weights)
+            logits = tf.where(weights > 0, tf.math.log(tf.maximum(weights, 1e-30)), -1e30)
+            target = tf.cast(
+                tf.random.categorical(
+                    logits[None], n, seed=None if seed is None else seed + 2
+                )[0],
+                tf.int32,
+            )
+            target = tf.clip_by_value(target, 0, self.num_classes - 1)
+            available = tf.fill([n], total > 0) & (tf.gather(weights, target) > 0)
+        replace = valid & (draw < p) & available
+        target_fill = tf.gather(fill, target)
         pick = tf.random.uniform([n], seed=None if seed is None else seed + 1)
-        slot = tf.cast(tf.floor(pick * tf.cast(fill, tf.float32)), tf.int32)
-        slot = tf.clip_by_value(slot, 0, tf.maximum(fill - 1, 0))
+        slot = tf.cast(tf.floor(pick * tf.cast(target_fill, tf.float32)), tf.int32)
+        slot = tf.clip_by_value(slot, 0, tf.maximum(target_fill - 1, 0))
 
         rows = tf.where(replace)  # int64 [k, 1]
-        where_idx = tf.stack([tf.gather_nd(safe, rows), tf.gather_nd(slot, rows)], axis=1)
-        synthetic = self.images.gather_nd(where_idx)  # uint8 [k, H, W, 3]
+        where_idx = tf.stack([tf.gather_nd(target, rows), tf.gather_nd(slot, rows)], axis=1)
+        synthetic = self.images.gather_nd(where_idx)  # uint8 [k, H, W, C]
         if dtype == tf.uint8 and scale == 1.0 and offset == 0.0:
             converted = synthetic
         elif dtype.is_floating:
@@ -318,9 +430,40 @@ class SyntheticReservoir:
         else:
             converted = tf.cast(tf.round(tf.cast(synthetic, tf.float32) * scale + offset), dtype)
         out = tf.tensor_scatter_nd_update(images, rows, converted)
+        new_label = label
+        if options.weights is not None:
+            new_label = self._relabel(label, kind, batched, replace, target)
 
-        count_mixed = self.mixed_counter.assign_add(tf.cast(tf.shape(rows)[0], tf.int64))
-        count_seen = self.seen_counter.assign_add(tf.cast(n, tf.int64))
-        with tf.control_dependencies([count_mixed, count_seen]):
+        replaced_classes = tf.gather_nd(target, rows)
+        per_class = tf.math.bincount(
+            replaced_classes, minlength=self.num_classes, maxlength=self.num_classes,
+            dtype=tf.int64,
+        )
+        updates = [
+            self.mixed_counter.assign_add(tf.cast(tf.shape(rows)[0], tf.int64)),
+            self.seen_counter.assign_add(tf.cast(n, tf.int64)),
+            self.replaced_per_class.assign_add(per_class),
+        ]
+        with tf.control_dependencies(updates):
             out = tf.identity(out)
-        return out if batched else out[0]
+        return (out if batched else out[0]), new_label, replace
+
+
+@dataclass(frozen=True)
+class _MixOptions:
+    p: list[float]
+    weights: list[float] | None
+    scale: float | None
+    offset: float
+    seed: int | None
+
+
+def _zero_where(value: tf.Tensor, replaced: tf.Tensor, batched: bool) -> tf.Tensor:
+    """``value`` with the inputs of replaced examples zeroed."""
+    if not batched or value.shape.rank == 0:
+        return tf.where(replaced[0], tf.zeros_like(value), value)
+    rank = value.shape.rank
+    if rank is None:
+        raise ValueError("other_inputs='zero' needs inputs of known rank")
+    mask = tf.reshape(replaced, [-1] + [1] * (rank - 1))
+    return tf.where(mask, tf.zeros_like(value), value)

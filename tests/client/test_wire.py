@@ -122,6 +122,13 @@ GARBAGE: list[tuple[str, bytes]] = [
                            "seeds": np.zeros(1, np.int64)})),
     ("rgba images", save({"images": np.zeros((1, 2, 2, 4), np.uint8),
                           "seeds": np.zeros(1, np.int64)})),
+    ("two-channel images", save({"images": np.zeros((1, 2, 2, 2), np.uint8),
+                                 "seeds": np.zeros(1, np.int64)})),
+    ("int64 sources", save({"images": np.zeros((1, 2, 2, 3), np.uint8),
+                            "seeds": np.zeros(1, np.int64), "sources": np.zeros(1, np.int64)})),
+    ("sources of another length", save({"images": np.zeros((1, 2, 2, 3), np.uint8),
+                                        "seeds": np.zeros(1, np.int64),
+                                        "sources": np.zeros(2, np.int32)})),
     ("seeds of another length", save({"images": np.zeros((2, 2, 2, 3), np.uint8),
                                       "seeds": np.zeros(3, np.int64)})),
     ("int32 seeds", save({"images": np.zeros((1, 2, 2, 3), np.uint8),
@@ -147,13 +154,35 @@ def test_decode_rejects_what_is_not_a_genaug_batch(payload: bytes) -> None:
         np.zeros((1, 4, 4, 3), np.int8),
         np.zeros((4, 4, 3), np.uint8),
         np.zeros((1, 4, 4, 4), np.uint8),
+        np.zeros((1, 4, 4, 2), np.uint8),
         np.zeros((1, 4, 4), np.uint8),
     ],
-    ids=["float32", "int16", "int8", "no batch axis", "rgba", "gray"],
+    ids=["float32", "int16", "int8", "no batch axis", "rgba", "two channels", "gray no axis"],
 )
 def test_encode_rejects_images_that_are_not_uint8_nhwc_rgb(images: np.ndarray) -> None:
-    with pytest.raises(WireError, match=r"uint8 \[N,H,W,3\]"):
+    with pytest.raises(WireError, match=r"uint8 \[N,H,W,C\] with C in \{1, 3\}"):
         encode_batch(images, np.zeros(len(images), np.int64))
+
+
+def test_one_channel_images_and_sources_round_trip() -> None:
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, size=(4, 5, 7, 1), dtype=np.uint8)
+    sources = np.array([0, 0, 1, 1])
+    decoded = decode_batch(encode_batch(images, np.arange(4), sources=sources))
+    assert decoded.images.shape == (4, 5, 7, 1) and decoded.labels is None
+    np.testing.assert_array_equal(decoded.images, images)
+    assert decoded.sources is not None and decoded.sources.dtype == np.int32
+    np.testing.assert_array_equal(decoded.sources, sources)
+    assert decode_batch(encode_batch(images, np.arange(4))).sources is None
+    with pytest.raises(WireError, match="sources"):
+        encode_batch(images, np.arange(4), sources=np.zeros(3, np.int32))
+
+
+def test_one_channel_png_grid_is_greyscale() -> None:
+    images = np.stack([np.full((6, 10, 1), 40 * (i + 1), np.uint8) for i in range(2)])
+    image = Image.open(io.BytesIO(encode_png_grid(images)))
+    assert image.mode == "L" and image.size == (20, 6)
+    assert np.asarray(image)[0, 0] == 40 and np.asarray(image)[0, 10] == 80
 
 
 def test_encode_rejects_seeds_or_labels_of_another_length() -> None:
@@ -185,3 +214,33 @@ def test_png_grid_with_explicit_columns() -> None:
     images = np.zeros((3, 6, 10, 3), np.uint8)
     assert Image.open(io.BytesIO(encode_png_grid(images, columns=3))).size == (30, 6)
     assert Image.open(io.BytesIO(encode_png_grid(images, columns=1))).size == (10, 18)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_the_safetensors_library_reads_what_genaug_writes(n: int) -> None:
+    """genaug writes safetensors itself (one copy instead of the library's several); the
+    library, which validates every offset, must read it back exactly, with each tensor at an
+    offset that is a multiple of its item size."""
+    import json as _json
+    import struct
+
+    from safetensors.numpy import load
+
+    rng = np.random.default_rng(n)
+    images = rng.integers(0, 256, (n, 16, 24, 1), dtype=np.uint8)
+    seeds = rng.integers(0, 2**62, n, dtype=np.int64)
+    labels = rng.integers(0, 9, n, dtype=np.int32)
+    payload = encode_batch(images, seeds, labels=labels, sources=labels[::-1].copy(),
+                           metadata={"recipe": "r", "n": n})
+    tensors = load(payload)
+    np.testing.assert_array_equal(tensors["images"], images)
+    np.testing.assert_array_equal(tensors["seeds"], seeds)
+    np.testing.assert_array_equal(tensors["labels"], labels)
+    np.testing.assert_array_equal(tensors["sources"], labels[::-1])
+    (size,) = struct.unpack("<Q", payload[:8])
+    assert (8 + size) % 8 == 0  # the data section starts 8-byte aligned
+    header = _json.loads(payload[8 : 8 + size])
+    assert header["__metadata__"] == {"recipe": "r", "n_json": str(n)}
+    for name, item in (("seeds", 8), ("labels", 4), ("sources", 4)):
+        assert header[name]["data_offsets"][0] % item == 0, header
+    assert len(payload) == 8 + size + images.nbytes + seeds.nbytes + 2 * labels.nbytes

@@ -18,7 +18,7 @@ from genaug.client.wire import SAFETENSORS_MEDIA_TYPE, decode_batch
 def post(live: Any, body: Any, **kwargs: Any) -> httpx.Response:
     headers = kwargs.pop("headers", {})
     if isinstance(body, (dict, list)):
-        return httpx.post(live.url + "/v1/generate", json=body, headers=headers, timeout=60,
+        return httpx.post(live.url + "/v1/generate", json=body, headers=headers, timeout=300,
                           **kwargs)
     return httpx.post(live.url + "/v1/generate", content=body,
                       headers={"content-type": "application/json", **headers}, timeout=60,

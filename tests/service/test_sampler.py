@@ -380,3 +380,40 @@ def test_a_bad_source_fails_alone(worker: PipelineWorker) -> None:
     np.testing.assert_array_equal(out.images[0], worker.run(key, [good]).images[0])
     text = worker.run(GroupKey(height=64, width=64, steps=2), [good])
     assert list(text.errors) == [0] and "img2img key" in text.errors[0]
+
+
+def test_workers_sharing_a_model_own_their_scheduler_state(tiny_model: Any) -> None:
+    """Two services in one process share the loaded model (tests do); scheduler state (step
+    index, multistep history) must not be shared, or concurrent batches break each other
+    (IndexError: index 5 is out of bounds)."""
+    import threading
+
+
+
+    first, second = PipelineWorker(tiny_model), PipelineWorker(tiny_model)
+    for name in ("default", "euler_a"):
+        a, b = first.schedulers.get(name), second.schedulers.get(name)
+        assert a is not b and a is not tiny_model.pipeline.scheduler
+    key = GroupKey(height=64, width=64, steps=4)
+    batch = [Item(f"p{i}", seed=i, guidance=5.0, output_height=64, output_width=64)
+             for i in range(2)]
+    alone = [np.stack(w.run(key, batch).images) for w in (first, second)]
+    results: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    errors: list[BaseException] = []
+
+    def run(index: int, worker: PipelineWorker) -> None:
+        try:
+            for _ in range(4):
+                results[index].append(np.stack(worker.run(key, batch).images))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, w)) for i, w in enumerate((first, second))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    for index in (0, 1):
+        for images in results[index]:
+            np.testing.assert_array_equal(images, alone[index])

@@ -60,6 +60,30 @@ class FakeAsyncClient:
         self.value_of = value_of or {n: class_value(i) for i, n in enumerate(self.label_names)}
         self.calls: list[dict[str, Any]] = []
         self.closed = False
+        self.channels = 3
+        self.detail_overrides: dict[str, Any] = {}
+        self.info_calls = 0
+
+    async def info(self) -> dict[str, Any]:
+        self.info_calls += 1
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.down:
+            raise ConnectionError("connection refused (fake)")
+        return {"device": "cpu", "limits": {"default_size": self.size[0], "max_side": 2048}}
+
+    async def recipe(self, name: str) -> dict[str, Any]:
+        """A ``GET /v1/recipes/{name}`` answer: a full, pre-generating pool of this size."""
+        if self.down:
+            raise ConnectionError("connection refused (fake)")
+        return {
+            "name": name, "labels": list(self.label_names),
+            "fill": dict.fromkeys(self.label_names, 8),
+            "target_per_label": dict.fromkeys(self.label_names, 8),
+            "spec": {"height": self.size[0], "width": self.size[1], "output_height": None,
+                     "output_width": None, "output_channels": self.channels},
+            **self.detail_overrides,
+        }
 
     async def _gate(self) -> None:
         if self.hang:
@@ -114,6 +138,14 @@ class ClosedPortClient:
         writer.close()  # pragma: no cover - nothing listens there
 
     async def sample(self, recipe: str, **kwargs: Any) -> Any:
+        await self._connect()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def info(self) -> Any:
+        await self._connect()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def recipe(self, name: str) -> Any:
         await self._connect()
         raise AssertionError("unreachable")  # pragma: no cover
 

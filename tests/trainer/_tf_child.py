@@ -261,13 +261,127 @@ def _dict_and_formats_check(out: dict[str, Any]) -> None:
     out["dict"] = {"dict_error": dict_error, "size_error": size_error}
 
 
+def _rebalance_check(out: dict[str, Any]) -> None:
+    """Issue 12: per-class p and rebalance over 10,000 examples; labels follow pixels."""
+    tf.random.set_seed(2)
+    classes, n = 4, 10_000
+    p = [0.2, 0.4, 0.6, 0.8]
+    weights = [1.0, 1.0, 4.0, 2.0]  # class 3 stays empty: its weight is shared by the others
+    res = SyntheticReservoir(classes, 8, (H, W, 3))
+    for c in range(3):
+        res.write(c, filled(class_value(c), 8))
+    own = np.random.default_rng(3).integers(0, classes, n).astype(np.int32)
+    ds = (
+        tf.data.Dataset.from_tensor_slices((np.full([n, H, W, 3], 255, np.uint8), own, own))
+        .batch(200, drop_remainder=True)
+        .map(res.mix(p=p, rebalance=weights), num_parallel_calls=2)
+    )
+    replaced_by_own = np.zeros(classes)
+    seen_by_own = np.zeros(classes)
+    new_classes = np.zeros(classes)
+    disagree = 0
+    for x, y, y_own in ds.as_numpy_iterator():
+        pixel = x[:, 0, 0, 0].astype(np.int64)
+        is_replaced = pixel != 255
+        # a label never disagrees with its pixels: replaced -> the pixels' class, else own
+        pixel_class = (pixel - 10) // 20
+        disagree += int(np.sum(is_replaced & (y != pixel_class)))
+        disagree += int(np.sum(~is_replaced & (y != y_own)))
+        disagree += int(np.sum(is_replaced & ~np.all(x == x[:, :1, :1, :1], axis=(1, 2, 3))))
+        np.add.at(replaced_by_own, y_own, is_replaced)
+        np.add.at(seen_by_own, y_own, 1)
+        np.add.at(new_classes, y[is_replaced], 1)
+    assert seen_by_own.sum() == n
+    share = replaced_by_own / seen_by_own
+    sigma = np.sqrt(np.array(p) * (1 - np.array(p)) / seen_by_own)
+    assert np.all(np.abs(share - p) < 3 * sigma), (share, sigma)
+    total = new_classes.sum()
+    expected = np.array([1.0, 1.0, 4.0, 0.0]) / 6.0
+    hist = new_classes / total
+    hist_sigma = np.sqrt(expected * (1 - expected) / total)
+    assert np.all(np.abs(hist - expected) <= 3 * hist_sigma), (hist, expected, hist_sigma)
+    assert new_classes[3] == 0 and disagree == 0, (new_classes, disagree)
+    counter = res.replaced_per_class.numpy().tolist()
+    assert counter == new_classes.astype(int).tolist(), (counter, new_classes)
+
+    # one-hot labels become the new class's one-hot; [B, 1] labels stay [B, 1]; unbatched
+    tf.random.set_seed(4)
+    onehot = np.eye(classes, dtype=np.float32)[own[:400]]
+    ds = tf.data.Dataset.from_tensor_slices((np.full([400, H, W, 3], 255, np.uint8), onehot))
+    x, y = next(iter(ds.batch(400).map(res.mix(p=1.0, rebalance=[0, 0, 1, 0]))))
+    x, y = x.numpy(), y.numpy()
+    assert np.all(x[:, 0, 0, 0] == class_value(2)) and np.all(y == np.eye(classes)[2]), y[:3]
+    col = own[:64, None].astype(np.int64)
+    x, y = next(iter(
+        tf.data.Dataset.from_tensor_slices((np.zeros([64, H, W, 3], np.float32), col))
+        .batch(64).map(res.mix(p=1.0, rebalance=[1, 0, 0, 0]))
+    ))
+    assert y.shape == (64, 1) and y.dtype == tf.int64 and np.all(y.numpy() == 0)
+    x, y = next(iter(
+        tf.data.Dataset.from_tensor_slices((np.zeros([8, H, W, 3], np.float32), own[:8]))
+        .map(res.mix(p=1.0, rebalance=[0, 1, 0, 0])).batch(8)
+    ))
+    assert np.all(y.numpy() == 1) and np.allclose(x.numpy(), class_value(1) / 255.0)
+
+    # nothing filled: rebalancing replaces nothing, labels unchanged
+    empty = SyntheticReservoir(classes, 4, (H, W, 3))
+    x, y = next(iter(
+        tf.data.Dataset.from_tensor_slices((np.zeros([64, H, W, 3], np.uint8), own[:64]))
+        .batch(64).map(empty.mix(p=1.0, rebalance=weights))
+    ))
+    assert np.all(x.numpy() == 0) and np.array_equal(y.numpy(), own[:64])
+
+    # multimodal: key= replaces one input; other_inputs="zero" zeroes the rest of those rows
+    gray = SyntheticReservoir(classes, 4, (H, W, 1))  # one channel (output_channels: 1)
+    gray.write(3, np.full([4, H, W, 1], 77, np.uint8))
+    feats = {
+        "depth_rgb": np.zeros([64, H, W, 1], np.float32),
+        "metadata": np.ones([64, 5], np.float32),
+        "thermal_map": np.ones([64, H, W, 3], np.float32),
+    }
+    tf.random.set_seed(5)
+    f, y = next(iter(
+        tf.data.Dataset.from_tensor_slices((feats, own[:64])).batch(64)
+        .map(gray.mix(p=0.5, key="depth_rgb", rebalance=[0, 0, 0, 1], other_inputs="zero"))
+    ))
+    rep = f["depth_rgb"].numpy()[:, 0, 0, 0] > 0
+    assert 0 < rep.sum() < 64 and np.all(y.numpy()[rep] == 3)
+    assert np.allclose(f["depth_rgb"].numpy()[rep], 77 / 255.0)
+    assert np.all(f["metadata"].numpy()[rep] == 0) and np.all(f["metadata"].numpy()[~rep] == 1)
+    assert np.all(f["thermal_map"].numpy()[rep] == 0)
+    assert np.array_equal(y.numpy()[~rep], own[:64][~rep])
+    errors = {}
+    for name, kwargs in {
+        "p_length": {"p": [0.5, 0.5]},
+        "p_range": {"p": 1.5},
+        "rebalance_zero": {"p": 0.5, "rebalance": [0, 0, 0, 0]},
+        "rebalance_negative": {"p": 0.5, "rebalance": [1, -1, 0, 0]},
+    }.items():
+        try:
+            res.mix(**kwargs)
+            raise AssertionError(f"{name} must be refused")
+        except ValueError as e:
+            errors[name] = str(e)
+    out["rebalance"] = {
+        "examples": n,
+        "share_by_own_class": share.tolist(),
+        "p": p,
+        "replacement_histogram": hist.tolist(),
+        "expected_histogram": expected.tolist(),
+        "disagreements": disagree,
+        "errors": errors,
+    }
+
+
 def _dataset_audit_check(out: dict[str, Any]) -> None:
     """Item 1 (dataset half): a planted py_function / generator is found, the mix is clean."""
     res = SyntheticReservoir(2, 4, (H, W, 3))
     base = tf.data.Dataset.from_tensor_slices(
         (np.zeros([16, H, W, 3], np.float32), np.zeros([16], np.int32))
     )
-    clean = base.batch(4).map(res.mix(p=0.5)).prefetch(2)
+    clean = (
+        base.batch(4).map(res.mix(p=0.5)).map(res.mix(p=[0.1, 0.9], rebalance=[1, 3])).prefetch(2)
+    )
     assert python_ops_in_dataset(clean) == []
     assert_no_python_ops(dataset=clean)
 
@@ -313,6 +427,7 @@ def mixing() -> dict[str, Any]:
         _dict_and_formats_check,
         _mixed_fraction_check,
         _tearing_check,
+        _rebalance_check,
         _dataset_audit_check,
     ):
         t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +13,12 @@ import numpy as np
 import pytest
 from _standins import FakeAsyncClient, class_value, closed_port
 
-from genaug.trainer.feeder import FeederStats, ReservoirFeeder
+from genaug.trainer.feeder import (
+    FeederConfigError,
+    FeederStats,
+    ReservoirFeeder,
+    first_contact_problems,
+)
 
 SIZE = (8, 8)
 
@@ -144,7 +150,7 @@ def test_backoff_grows_exponentially_capped_and_honours_retry_after() -> None:
 def test_never_raises_on_bad_responses() -> None:
     res = NumpyReservoir(3, 4)
     wrong_size = FakeAsyncClient(list(LABELS), (16, 16))  # service sends the wrong size
-    with make(res, wrong_size) as feeder:
+    with make(res, wrong_size, strict=False) as feeder:  # strict would refuse at start
         wait_for(lambda: feeder.stats.errors >= 2)
         assert feeder.running
     assert "do not fit" in (feeder.stats.last_error or "")
@@ -160,7 +166,7 @@ def test_unmapped_labels_are_dropped() -> None:
             return result
 
     fake = ExtraLabels(["a", "zzz"], SIZE)
-    with make(res, fake, label_map={"a": 0, "c": 2}, interval_s=5.0) as feeder:
+    with make(res, fake, label_map={"a": 0, "c": 2}, interval_s=5.0, strict=False) as feeder:
         wait_for(lambda: feeder.stats.requests >= 1)
     assert feeder.stats.images_dropped == 2 and feeder.stats.images_received == 2
     assert res.fill_counts().tolist() == [2, 0, 0]
@@ -173,7 +179,7 @@ def test_stop_cancels_hanging_request_and_closes_owned_client() -> None:
         made.append(FakeAsyncClient(list(LABELS), SIZE, hang=True))
         return made[-1]
 
-    feeder = make(NumpyReservoir(3, 4), factory)
+    feeder = make(NumpyReservoir(3, 4), factory, strict=False)  # hangs in sample
     feeder.start()
     wait_for(lambda: bool(made) and len(made[0].calls) == 1)
     t0 = time.monotonic()
@@ -256,3 +262,91 @@ def test_feeder_thread_has_its_own_loop() -> None:
             return feeder.stats
 
     assert asyncio.run(main()).images_received > 0
+
+
+# -- strict: configuration mistakes stop training before it starts; outages never do ----------
+
+
+def test_strict_start_passes_and_marks_checked() -> None:
+    res = NumpyReservoir(3, 8)
+    with make(res, FakeAsyncClient(list(LABELS), SIZE)) as feeder:
+        assert feeder.stats.checked
+        wait_for(lambda: res.fill_counts().min() == 8)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"labels": ["a", "b"]}, "label_map names ['c'], which recipe 'demo' lacks"),
+        ({"spec": {"height": 16, "width": 16}}, "makes 16x16 images but the reservoir holds 8x8"),
+        ({"spec": {"height": 8, "width": 8, "output_channels": 1}},
+         "makes 1-channel images but the reservoir holds 3"),
+        ({"fill": {"a": 0, "b": 0, "c": 0}, "target_per_label": {"a": 0, "b": 0, "c": 0}},
+         "holds no image for labels ['a', 'b', 'c'] and nothing will make any"),
+    ],
+    ids=["label", "size", "channels", "empty pool"],
+)
+def test_strict_start_raises_on_configuration_mistakes(
+    change: dict[str, Any], message: str
+) -> None:
+    fake = FakeAsyncClient(list(LABELS), SIZE)
+    fake.detail_overrides = change
+    feeder = make(NumpyReservoir(3, 4), fake)
+    with pytest.raises(FeederConfigError, match=re.escape(message)):
+        feeder.start()
+    assert not feeder.running and fake.calls == []  # nothing sampled, thread ended
+    # the same mistakes with strict=False: today's tolerant behaviour, nothing raised
+    lenient = make(NumpyReservoir(3, 4), fake, strict=False)
+    lenient.start()
+    assert lenient.running
+    lenient.stop()
+
+
+def test_an_empty_demand_only_pool_is_fine_when_samples_may_wait() -> None:
+    fake = FakeAsyncClient(list(LABELS), SIZE)
+    fake.detail_overrides = {"fill": {"a": 0}, "target_per_label": {"a": 0}}
+    with make(NumpyReservoir(3, 4), fake, wait_s=1.0) as feeder:
+        assert feeder.stats.checked
+
+
+def test_strict_outage_is_tolerated_and_checked_when_the_service_answers() -> None:
+    fake = FakeAsyncClient(list(LABELS), SIZE)
+    fake.down = True
+    res = NumpyReservoir(3, 4)
+    with make(res, fake) as feeder:  # start() returns: an outage is not a mistake
+        assert feeder.running and not feeder.stats.checked
+        wait_for(lambda: feeder.stats.errors >= 2)
+        fake.down = False
+        wait_for(lambda: feeder.stats.checked and res.fill_counts().min() == 4)
+
+
+def test_a_mistake_found_after_an_outage_stops_the_feeder_not_training(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeAsyncClient(list(LABELS), SIZE)
+    fake.down = True
+    fake.detail_overrides = {"labels": ["a"]}
+    feeder = make(NumpyReservoir(3, 4), fake)
+    feeder.start()
+    wait_for(lambda: feeder.stats.errors >= 1)
+    fake.down = False
+    wait_for(lambda: not feeder.running)
+    assert "lacks" in (feeder.stats.last_error or "")
+    assert any("genaug feeder stopped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_hanging_service_delays_start_by_the_first_contact_timeout_only() -> None:
+    fake = FakeAsyncClient(list(LABELS), SIZE, hang=True)
+    feeder = make(NumpyReservoir(3, 4), fake, first_contact_timeout_s=0.2)
+    feeder.start()
+    assert feeder.running and not feeder.stats.checked
+    feeder.stop(timeout=5)
+    assert not feeder.running
+
+
+def test_first_contact_problems_for_prompts() -> None:
+    info = {"limits": {"max_side": 32, "default_size": 64}}
+    problems = first_contact_problems(info=info, recipe_detail=None, recipe=None,
+                                      label_map={"a": 0}, image_shape=(64, 64, 1))
+    assert len(problems) == 2
+    assert "at most 32 px" in problems[0] and "RGB" in problems[1]

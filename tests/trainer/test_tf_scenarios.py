@@ -118,3 +118,18 @@ def test_mixed_fraction_within_3_sigma_and_zero_for_empty_classes(mixing: dict[s
 def test_dict_features_only_named_key_changes(mixing: dict[str, Any]) -> None:
     assert "pass mix(key=...)" in mixing["dict"]["dict_error"]
     assert "expected [n, 8, 8, 3]" in mixing["dict"]["size_error"]
+
+
+# --- issue 12: per-class p, rebalance, one channel, multimodal -----------------------------
+
+
+def test_rebalance_labels_follow_pixels_and_match_weights(mixing: dict[str, Any]) -> None:
+    r = mixing["rebalance"]
+    assert r["examples"] == 10_000 and r["disagreements"] == 0
+    # shares and histogram are checked within 3 sigma inside the child; the empty class
+    # got no replacement
+    assert r["replacement_histogram"][3] == 0.0
+    assert "4 classes" in r["errors"]["p_length"]
+    assert "p[0]=1.5" in r["errors"]["p_range"]
+    assert "no positive weight" in r["errors"]["rebalance_zero"]
+    assert "rebalance[1]=-1.0" in r["errors"]["rebalance_negative"]

@@ -8,6 +8,8 @@ import sys
 import genaug.trainer
 
 EXPECTED = [
+    "DeviceError",
+    "FeederConfigError",
     "FeederStats",
     "Finding",
     "PYTHON_OP_TYPES",
@@ -15,6 +17,7 @@ EXPECTED = [
     "ReservoirFeeder",
     "SyntheticReservoir",
     "assert_no_python_ops",
+    "configure_devices",
     "python_ops_in_dataset",
     "python_ops_in_graph_def",
     "python_ops_in_model",
@@ -31,7 +34,8 @@ def test_public_names_are_pinned_and_sorted() -> None:
 def test_importing_package_and_feeder_imports_neither_tensorflow_nor_torch() -> None:
     code = (
         "import sys, genaug.trainer, genaug.trainer.feeder\n"
-        "from genaug.trainer import ReservoirFeeder, FeederStats\n"
+        "from genaug.trainer import ReservoirFeeder, FeederStats, configure_devices\n"
+        "from genaug.trainer import DeviceError, FeederConfigError\n"
         "heavy = sorted(m for m in ('tensorflow', 'torch', 'keras') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )
@@ -50,3 +54,32 @@ def test_importing_train_and_its_modules_imports_neither_tensorflow_nor_torch() 
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_every_train_config_field_is_a_flag_named_after_it() -> None:
+    """One source per setting: the flags come from TrainConfig (issue 10)."""
+    import argparse
+    from dataclasses import MISSING, fields
+
+    from genaug.trainer.train import TrainConfig, add_train_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    flags = {s for a in parser._actions for s in a.option_strings}
+    for f in fields(TrainConfig):
+        assert "--" + f.name.replace("_", "-") in flags, f.name
+    # no arguments: exactly the dataclass defaults
+    assert config_from_args(parser.parse_args([])) == TrainConfig()
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    assert defaults["feeder_wait_s"] == 0.0 and defaults["cache"] is True
+    args = parser.parse_args([
+        "--gpus", "1,2", "--prompt", "I=a wound", "--prompts", "P=another", "--label-map",
+        "I=i", "--rebalance", "1,1,4", "--no-cache", "--feeder-wait-s", "2.5",
+        "--feeder-interval", "0.1", "--no-strict", "--steps-per-epoch", "3",
+    ])
+    config = config_from_args(args)
+    assert config == TrainConfig(
+        gpus=[1, 2], prompts={"I": "a wound", "P": "another"}, label_map={"I": "i"},
+        rebalance=[1.0, 1.0, 4.0], cache=False, feeder_wait_s=2.5, feeder_interval_s=0.1,
+        strict=False, steps_per_epoch=3,
+    )

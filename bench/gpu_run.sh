@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The one command for a lent GPU machine (the device tool), from the repository root:
+#
+#   python bench/gpu_wheels.py                       # here, once: the wheels it lacks -> .whl/
+#   device run: command "bash bench/gpu_run.sh", carry [".whl"]
+#   device run: command "bash bench/gpu_run.sh --plan sizes", carry [".whl"]
+#   device run: command "bash bench/gpu_run.sh --plan options", carry [".whl"]
+#
+# Arguments go to bench/gpu_sdxl.py. GPU_TESTS=1 first runs the gpu-marked tests (device
+# pinning, bf16 and fp16, the NaN guard with an fp16 VAE). What comes back under $OUT:
+# env.txt (GPU, driver, versions), gpu_sdxl.log (the tables), gpu_sdxl.json (every figure,
+# written after each cell, so a run cut short keeps what it measured), gpu_tests.log.
+set -uo pipefail
+OUT="${OUT:-/tmp/genaug-out}"
+SITE=/tmp/genaug-site
+mkdir -p "$OUT"
+
+# The carried wheels, then genaug itself straight from the working tree (pyproject's
+# package-dir mapping: genaug/, genaug.service = service/, ...), with no build step.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl || { echo "gpu_run: installing .whl/ failed" >&2; exit 1; }
+rm -rf "$SITE/genaug" && mkdir -p "$SITE/genaug"
+cp genaug/*.py genaug/py.typed "$SITE/genaug/"
+for part in service client trainer; do ln -s "$PWD/$part" "$SITE/genaug/$part"; done
+export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
+        --format=csv
+    echo "cpus: $(nproc)"
+    python3 - <<'PY'
+import importlib.metadata as m
+import sys
+
+import torch
+
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)
+for name in ("diffusers", "transformers", "fastapi", "uvicorn", "pydantic", "httpx"):
+    print(name, m.version(name))
+import genaug.service.app  # noqa: F401  (the service imports with what was carried)
+PY
+} 2>&1 | tee "$OUT/env.txt"
+
+if [ "${GPU_TESTS:-0}" = 1 ]; then
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/service/test_generator.py \
+        tests/service/test_model.py 2>&1 | tee "$OUT/gpu_tests.log"
+fi
+python3 bench/gpu_sdxl.py --json "$OUT/gpu_sdxl.json" "$@" 2>&1 | tee "$OUT/gpu_sdxl.log"

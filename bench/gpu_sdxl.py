@@ -1,0 +1,779 @@
+"""SDXL at full size, random weights: images/s, MFU, memory and warm-up for each speed option.
+
+Builds Stable Diffusion XL base 1.0 from its published configs (``bench/sdxl/*.json``,
+transcribed: nothing is downloaded) with seeded random weights: the UNet (2,567,463,684
+parameters), both text encoders (CLIP ViT-L/14 and OpenCLIP ViT-bigG/14 text towers), the
+VAE, the Euler scheduler; the repo's byte-level tiny tokenizer stands in for CLIP's BPE (random
+weights make every token equally meaningless). Then, per speed option (``GENAUG_COMPILE``,
+``GENAUG_CHANNELS_LAST``, ...: :mod:`genaug.service.speed`), per batch size, 1024x1024,
+30 steps, guidance 5:
+
+- *direct*: ``PipelineWorker.run(key, items)`` in this process, one batch of B images;
+- *service*: the same model served by ``create_app`` under uvicorn in this process
+  (``genaug.service.testing.start_service``, ``max_batch_images=B``), two async HTTP clients
+  asking for n=B back to back;
+
+interleaved (direct, service, service, direct, ...); images/s is the median per phase.
+
+MFU (model FLOPs utilisation) = images/s x UNet FLOPs per image / measured matmul peak. UNet
+FLOPs per pass are counted from the model, not estimated: ``torch.utils.flop_counter.
+FlopCounterMode`` over one forward of the UNet built on the ``meta`` device (shapes only, no
+memory, no arithmetic) at batch 1 and the benchmark's size (SDXL at 1024x1024: 6.761 TFLOP;
+convolutions, linear layers and attention products, a multiply-add counted as 2). With
+guidance each step runs the UNet on two latents (conditional and unconditional), so one image
+costs 2 x steps x that (405.7 TFLOP for 30 steps); text encoders and the VAE are left out of
+the count. The peak is a dense 8192^3 bf16 matmul timed with CUDA events on the same device
+(median of 20; float32 on the CPU for ``--tiny``).
+
+Plans (a lent H100 gives 10-minute commands and 30 minutes in all: the first command
+measures what matters most, two more the rest)::
+
+    python bench/gpu_sdxl.py                 # --plan first: baseline and best at batch 1, 8,
+                                             # then warm-up with a warm compile cache
+    python bench/gpu_sdxl.py --plan sizes    # baseline and best at batch 4 and 16
+    python bench/gpu_sdxl.py --plan options  # baseline and each option alone at batch 8
+    python bench/gpu_sdxl.py --tiny --quick  # the same code, tiny model, CPU (CI keeps it working)
+    python bench/gpu_sdxl.py --configs baseline,compile=unet+channels_last --batches 8
+
+On the GPU machine, with the wheels it lacks (``python bench/gpu_wheels.py`` here first):
+``bash bench/gpu_run.sh [--plan sizes|options]`` (docs/benchmarks.md, "GPU"). ``--budget-s``
+stops before a cell that would not fit (default 530 s on CUDA) and every cell is written to
+``--json`` as soon as it is measured, so a command cut short keeps what it measured.
+
+Goals (issue 13, on an H100): the best combination at >= 0.70 images/s through HTTP
+(about 36 % MFU against ~790 TFLOP/s), service >= 0.95 of in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import median, table  # noqa: E402
+
+CONFIG_DIR = Path(__file__).resolve().parent / "sdxl"
+PROMPT = "a photograph of an astronaut riding a horse on the moon, detailed, 8k"
+GUIDANCE = 5.0
+GOAL_IMAGES_S = 0.70
+GOAL_RATIO = 0.95
+BEST = "compile=regional+channels_last+fuse_qkv"
+# Shortest warm-up first: a whole-UNet compile may not fit what is left of a command.
+SINGLES = (
+    "channels_last",
+    "fuse_qkv",
+    "vae_slicing",
+    "vae_tiling",  # a no-op at 1024 px for SDXL (its VAE tiles only above its 1024 sample size)
+    "compile=regional",
+    "compile=unet",
+)
+GIB = 1024**3
+
+
+def flops_text(value: float, per_s: bool = False) -> str:
+    """``6.761 TFLOP``, ``0.83 GFLOP/s``: the unit that keeps 1-999 before the point."""
+    unit = "FLOP/s" if per_s else "FLOP"
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g} {prefix}{unit}"
+    return f"{value:.4g} {unit}"
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--tiny", action="store_true", help="tiny model on the CPU (CI)")
+    p.add_argument("--quick", action="store_true", help="fewest rounds and steps")
+    p.add_argument("--plan", choices=("first", "sizes", "options", "all"), default="first",
+                   help="first: baseline and best at batch 1 and 8, warm-cache warm-up; "
+                   "sizes: both at 4 and 16; options: baseline and each option alone at 8")
+    p.add_argument("--configs", default=None,
+                   help="comma-separated configs, options joined by '+' "
+                   "(baseline, fuse_qkv, compile=regional+channels_last, best)")
+    p.add_argument("--batches", default=None, help="comma-separated batch sizes for --configs")
+    p.add_argument("--best", default=BEST, help=f"the best combination (default {BEST})")
+    p.add_argument("--size", type=int, default=None, help="generation size (1024; tiny 64)")
+    p.add_argument("--steps", type=int, default=None, help="steps (30; tiny --quick 4)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per cell")
+    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--dtype", default=None, help="bfloat16 (CUDA default) or float32")
+    p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop before a cell that would end later (default 530 on CUDA)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="TorchInductor cache (default: a fresh one, so compiles start cold)")
+    p.add_argument("--no-cache-check", action="store_true",
+                   help="skip the warm-cache warm-up (a child process)")
+    p.add_argument("--warmup-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = p.parse_args(argv)
+    args.size = args.size or (64 if args.tiny else 1024)
+    args.steps = args.steps or (4 if args.tiny and args.quick else 30)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    return args
+
+
+def options_of(spec: str, best: str) -> Any:
+    from genaug.service.speed import SpeedOptions
+
+    spec = spec.strip()
+    if spec == "best":
+        spec = best
+    return SpeedOptions.parse(spec.replace("+", ","))
+
+
+def plan_cells(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
+    """(config, batch sizes) in the order they are measured.
+
+    Each plan measures the baseline too, so its speed-ups are taken within one run. On an
+    H100 each takes 6-9 minutes (one device command); ``all`` is the three in one process.
+    """
+    if args.configs:
+        batches = [int(b) for b in (args.batches or "1,8").split(",")]
+        return [(c.strip(), batches) for c in args.configs.split(",") if c.strip()]
+    small, large = ([1, 2], [4, 8]) if args.tiny else ([1, 8], [4, 16])
+    plans = {
+        "first": [("baseline", small), ("best", small)],
+        "sizes": [("baseline", large), ("best", large)],
+        "options": [("baseline", small[1:]), *((single, small[1:]) for single in SINGLES)],
+        "all": [("baseline", small + large), ("best", small + large),
+                *((single, small[1:]) for single in SINGLES)],
+    }
+    return plans[args.plan]
+
+
+# -- the model ------------------------------------------------------------------------------
+
+
+def load_config(name: str) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((CONFIG_DIR / f"{name}.json").read_text())
+    return config
+
+
+def clip_config(name: str) -> Any:
+    """A text encoder's ``CLIPTextConfig`` (the file's bookkeeping keys left out: the model is
+    built in float32 and cast, whatever dtype the published weights were saved in)."""
+    from transformers import CLIPTextConfig
+
+    skip = ("architectures", "torch_dtype", "transformers_version")
+    return CLIPTextConfig(**{k: v for k, v in load_config(name).items() if k not in skip})
+
+
+def build_sdxl(device: Any, dtype: Any, seed: int = 0) -> Any:
+    """SDXL base 1.0 from ``bench/sdxl/*.json`` with random weights, on ``device``.
+
+    Modules are constructed directly on the device (``with torch.device(...)``: PyTorch's
+    default initialisation runs there, seconds on a GPU), in float32, then cast.
+    """
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        EulerDiscreteScheduler,
+        StableDiffusionXLPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    from genaug.service.model import LoadedModel
+    from genaug.service.tiny import tiny_tokenizer_dir
+
+    tokenizer = CLIPTokenizer.from_pretrained(tiny_tokenizer_dir(), local_files_only=True)
+    tokenizer_2 = CLIPTokenizer.from_pretrained(tiny_tokenizer_dir(), local_files_only=True)
+    index = load_config("model_index")
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            unet = UNet2DConditionModel.from_config(load_config("unet"))
+            vae = AutoencoderKL.from_config(load_config("vae"))
+            text_encoder = CLIPTextModel(clip_config("text_encoder"))
+            text_encoder_2 = CLIPTextModelWithProjection(clip_config("text_encoder_2"))
+    scheduler = EulerDiscreteScheduler.from_config(load_config("scheduler"))
+    pipeline: Any = StableDiffusionXLPipeline(  # diffusers is untyped
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=unet,
+        scheduler=scheduler,
+        force_zeros_for_empty_prompt=index["force_zeros_for_empty_prompt"],
+        add_watermarker=False,
+    )
+    pipeline.to(device=device, dtype=dtype)
+    for module in (pipeline.unet, pipeline.vae, pipeline.text_encoder, pipeline.text_encoder_2):
+        module.eval()
+    pipeline.set_progress_bar_config(disable=True)
+    return LoadedModel(
+        pipeline=pipeline,
+        kind="sdxl-random",
+        source=str(CONFIG_DIR),
+        weights_hash=f"random-seed-{seed}",
+        device=device,
+        dtype=dtype,
+    )
+
+
+def build_tiny(device: Any, dtype: Any) -> Any:
+    """The tiny pipeline with true batching (as SDXL runs), as the service loads it."""
+    import dataclasses
+
+    from genaug.service.testing import load_tiny
+    from genaug.service.tiny import build_tiny_pipeline
+
+    model = load_tiny(threads=None)
+    pipeline = build_tiny_pipeline(batch_invariant=False)
+    pipeline.to(device=device, dtype=dtype)
+    return dataclasses.replace(model, pipeline=pipeline, device=device, dtype=dtype)
+
+
+def parameter_counts(pipeline: Any) -> dict[str, int]:
+    return {
+        name: sum(p.numel() for p in getattr(pipeline, name).parameters())
+        for name in ("unet", "text_encoder", "text_encoder_2", "vae")
+    }
+
+
+def count_unet_flops(config: dict[str, Any], height: int, width: int) -> int:
+    """FLOPs of one UNet forward at batch 1 and ``height`` x ``width`` pixels, counted by
+    ``FlopCounterMode`` on the meta device (a multiply-add is 2 FLOPs)."""
+    import torch
+    from diffusers import UNet2DConditionModel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(config)
+        c = unet.config
+        pooled = c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim
+        sample = torch.randn(1, c.in_channels, height // 8, width // 8)
+        context = torch.randn(1, 77, c.cross_attention_dim)
+        added = {"text_embeds": torch.randn(1, pooled), "time_ids": torch.randn(1, 6)}
+        timestep = torch.tensor([500])
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        unet(sample, timestep, encoder_hidden_states=context, added_cond_kwargs=added)
+    return int(counter.get_total_flops())
+
+
+def matmul_peak(device: Any, dtype: Any, *, quick: bool = False) -> float:
+    """Dense matmul FLOP/s on ``device``: median of timed products of random matrices."""
+    import torch
+
+    n = 8192 if device.type == "cuda" else (256 if quick else 1024)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    times: list[float] = []
+    reps = 5 if quick else 20
+    for i in range(3 + reps):
+        if device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.mm(a, b)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000
+        else:
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            seconds = time.perf_counter() - t0
+        if i >= 3:
+            times.append(seconds)
+    return 2 * n**3 / median(times)
+
+
+# -- measurement ----------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    config: str
+    batch: int
+    direct_images_s: list[float] = field(default_factory=list)
+    service_images_s: list[float] = field(default_factory=list)
+    direct: float = float("nan")
+    service: float = float("nan")
+    ratio: float = float("nan")
+    mfu_direct: float = float("nan")
+    mfu_service: float = float("nan")
+    peak_memory_gib: float = float("nan")
+    failed_images: int = 0
+    service_recompiles: float = 0.0
+    graphs_compiled_while_measuring: int = 0
+    skipped: str | None = None
+
+
+@dataclass
+class ConfigRun:
+    config: str
+    options: dict[str, Any]
+    build_s: float = 0.0
+    apply_s: float = 0.0
+    warmup_s: dict[str, float] = field(default_factory=dict)
+    warmup_warm_cache_s: dict[str, float] = field(default_factory=dict)
+    compiled_graphs: int = 0
+    graph_breaks: int = 0
+    skipped: str | None = None
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    device: Any
+    dtype: Any
+    deadline: float
+    results: dict[str, Any]
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        if self.args.json is not None:
+            self.args.json.write_text(json.dumps(self.results, indent=2, default=str))
+
+    def key(self, steps: int | None = None) -> Any:
+        from genaug.service.work import GroupKey
+
+        return GroupKey(self.args.size, self.args.size, steps or self.args.steps)
+
+    def items(self, n: int, seed: int = 0) -> list[Any]:
+        from genaug.service.work import Item
+
+        size = self.args.size
+        return [
+            Item(PROMPT, seed=seed + i, guidance=GUIDANCE, output_height=size, output_width=size)
+            for i in range(n)
+        ]
+
+    def build(self) -> Any:
+        if self.args.tiny:
+            return build_tiny(self.device, self.dtype)
+        return build_sdxl(self.device, self.dtype)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+
+def dynamo_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    graphs = int(counters["stats"]["unique_graphs"])
+    breaks = int(sum(counters["graph_break"].values()))
+    return graphs, breaks
+
+
+def release(device: Any) -> None:
+    import torch
+
+    gc.collect()
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def warm_up(bench: Bench, worker: Any, batches: Sequence[int]) -> dict[str, float]:
+    """Seconds of the first batch of each shape (compilation included), WARMUP_STEPS steps."""
+    from genaug.service.speed import WARMUP_STEPS
+
+    out: dict[str, float] = {}
+    for batch in batches:
+        t0 = time.perf_counter()
+        worker.run(bench.key(WARMUP_STEPS), bench.items(batch))
+        bench.sync()
+        out[f"{bench.args.size}x{bench.args.size}:{batch}"] = time.perf_counter() - t0
+    return out
+
+
+def probe_seconds_per_image(bench: Bench, worker: Any, batch: int) -> float:
+    """A compiled-and-warm batch of WARMUP_STEPS steps, scaled to the bench's steps."""
+    from genaug.service.speed import WARMUP_STEPS
+
+    t0 = time.perf_counter()
+    worker.run(bench.key(WARMUP_STEPS), bench.items(batch))
+    bench.sync()
+    return (time.perf_counter() - t0) / WARMUP_STEPS * bench.args.steps / batch
+
+
+@contextlib.contextmanager
+def serving(bench: Bench, model: Any, options: Any, batch: int) -> Iterator[Any]:
+    from genaug.demo import free_port
+    from genaug.service.settings import Settings
+    from genaug.service.testing import start_service
+
+    size = bench.args.size
+    settings = Settings(
+        port=free_port(),
+        max_batch_images=batch,
+        max_wait_ms=5,
+        max_queue_images=4 * batch,
+        max_n=max(64, batch),
+        default_size=size,
+        default_steps=bench.args.steps,
+        default_guidance=GUIDANCE,
+        request_timeout_s=3600,
+        warmup=True,
+        warmup_shapes=f"{size}x{size}:{batch}",
+        log_level="warning",
+        **options.as_dict(),
+    )
+    with start_service(model, settings=settings, record=False, ready_timeout=900) as live:
+        yield live
+
+
+async def _saturate(client: Any, bench: Bench, batch: int, requests: int, seed: int) -> float:
+    todo = list(range(requests))
+
+    async def one() -> None:
+        while todo:
+            i = todo.pop()
+            result = await client.generate(
+                PROMPT, n=batch, seed=seed + 1000 * i, height=bench.args.size,
+                width=bench.args.size, steps=bench.args.steps, guidance=GUIDANCE,
+                timeout_s=3600,
+            )
+            assert len(result.images) == batch
+
+    t0 = time.perf_counter()
+    await asyncio.gather(one(), one())
+    return requests * batch / (time.perf_counter() - t0)
+
+
+def measure_cell(
+    bench: Bench, model: Any, worker: Any, options: Any, config: str, batch: int,
+    flops_per_image: float, peak: float,
+) -> Cell:
+    import torch
+
+    from genaug.client import AsyncClient
+
+    cell = Cell(config=config, batch=batch)
+    batches_per_phase = max(1, 4 // batch) if not bench.args.quick else 1
+    if bench.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(bench.device)
+
+    def direct(round_: int) -> float:
+        t0 = time.perf_counter()
+        for k in range(batches_per_phase):
+            out = worker.run(bench.key(), bench.items(batch, seed=10_000 * round_ + 100 * k))
+            cell.failed_images += len(out.errors)
+        bench.sync()
+        return batches_per_phase * batch / (time.perf_counter() - t0)
+
+    with serving(bench, model, options, batch) as live:
+        graphs_before, _ = dynamo_counts()
+        loop = asyncio.new_event_loop()
+        client = AsyncClient(live.url, client_id="bench", timeout=3600)
+        try:
+            for r in range(bench.args.rounds):
+                phases = [("direct", direct), ("service", None)]
+                for name, _ in phases if r % 2 == 0 else phases[::-1]:
+                    if name == "direct":
+                        cell.direct_images_s.append(direct(r))
+                    else:
+                        cell.service_images_s.append(loop.run_until_complete(
+                            _saturate(client, bench, batch, batches_per_phase, 10_000 * r)
+                        ))
+        finally:
+            loop.run_until_complete(client.aclose())
+            loop.close()
+        cell.service_recompiles = live.metric("genaug_recompiles_total")
+        # Both paths must run what warm-up compiled: a graph compiled here would be timed.
+        cell.graphs_compiled_while_measuring = dynamo_counts()[0] - graphs_before
+    if bench.device.type == "cuda":
+        cell.peak_memory_gib = torch.cuda.max_memory_allocated(bench.device) / GIB
+    cell.direct = median(cell.direct_images_s)
+    cell.service = median(cell.service_images_s)
+    ratios = [s / d for s, d in zip(cell.service_images_s, cell.direct_images_s, strict=True)]
+    cell.ratio = median(ratios)
+    cell.mfu_direct = cell.direct * flops_per_image / peak
+    cell.mfu_service = cell.service * flops_per_image / peak
+    return cell
+
+
+def run_config(
+    bench: Bench, config: str, batches: list[int], flops_per_image: float, peak: float
+) -> None:
+    from genaug.service.generator import PipelineWorker
+    from genaug.service.speed import apply_speed
+
+    options = options_of(config, bench.args.best)
+    label = "best" if config == "best" else options.label
+    run = ConfigRun(config=label + (f" ({options.label})" if config == "best" else ""),
+                    options=options.as_dict())
+    bench.results["configs"].append(asdict(run))
+    # What a build and a cold warm-up take at most on an H100 (whole-UNet compiles are long).
+    needed = {"off": 60, "regional": 150, "unet": 300}[options.compile]
+    if not bench.args.tiny and bench.remaining() < needed:
+        run.skipped = f"time budget ({bench.remaining():.0f} s left, {needed} s needed)"
+        bench.results["configs"][-1] = asdict(run)
+        bench.save()
+        return
+    graphs0, breaks0 = dynamo_counts()
+    try:
+        t0 = time.perf_counter()
+        model = bench.build()
+        bench.sync()
+        run.build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        apply_speed(model.pipeline, options)
+        run.apply_s = time.perf_counter() - t0
+        worker = PipelineWorker(model)
+        run.warmup_s = warm_up(bench, worker, batches)
+    except Exception as exc:  # e.g. out of memory: report it and go on with the next config
+        run.skipped = f"error: {type(exc).__name__}: {exc}"
+        print(f"[{config}] failed: {run.skipped}", flush=True)
+        bench.results["configs"][-1] = asdict(run)
+        bench.save()
+        release(bench.device)
+        return
+    graphs1, breaks1 = dynamo_counts()
+    run.compiled_graphs, run.graph_breaks = graphs1 - graphs0, breaks1 - breaks0
+    bench.results["configs"][-1] = asdict(run)
+    bench.save()
+    print(f"[{config}] built in {run.build_s:.1f} s, warm-up {run.warmup_s} "
+          f"({run.compiled_graphs} graphs, {run.graph_breaks} graph breaks)", flush=True)
+    for batch in batches:
+        per_image = probe_seconds_per_image(bench, worker, batch)
+        images = 2 * bench.args.rounds * max(batch, 4 if not bench.args.quick else batch)
+        estimate = (images + 2) * per_image + 15  # + the service's own warm-up, start, stop
+        if bench.remaining() < estimate:
+            cell = Cell(config=run.config, batch=batch, skipped=f"time budget ({estimate:.0f} s)")
+        else:
+            try:
+                cell = measure_cell(bench, model, worker, options, run.config, batch,
+                                    flops_per_image, peak)
+            except Exception as exc:  # keep measuring the other cells; the error is reported
+                cell = Cell(config=run.config, batch=batch,
+                            skipped=f"error: {type(exc).__name__}: {exc}")
+        bench.results["cells"].append(asdict(cell))
+        bench.save()
+        print(f"[{config}] batch {batch}: direct {cell.direct:.3g} images/s, service "
+              f"{cell.service:.3g}, ratio {cell.ratio:.3f}, MFU {cell.mfu_service:.1%}"
+              + (f" (skipped: {cell.skipped})" if cell.skipped else ""), flush=True)
+    del worker, model
+    release(bench.device)
+
+
+def warm_cache_check(bench: Bench, batches: list[int], cache_dir: Path) -> dict[str, Any]:
+    """Warm-up of the best combination in a new process with this run's compile cache."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "warm.json"
+        cmd = [
+            sys.executable, str(Path(__file__).resolve()), "--warmup-only",
+            "--configs", "best", "--best", bench.args.best,
+            "--batches", ",".join(str(b) for b in batches),
+            "--size", str(bench.args.size), "--steps", str(bench.args.steps),
+            "--threads", str(bench.args.threads), "--cache-dir", str(cache_dir),
+            "--json", str(out),
+        ]
+        if bench.args.tiny:
+            cmd.append("--tiny")
+        if bench.args.device:
+            cmd += ["--device", bench.args.device]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, timeout=max(60.0, bench.remaining()))
+        result: dict[str, Any] = json.loads(out.read_text())
+        result["process_s"] = time.perf_counter() - t0
+        return result
+
+
+def warmup_only(bench: Bench) -> dict[str, Any]:
+    from genaug.service.generator import PipelineWorker
+    from genaug.service.speed import apply_speed
+
+    options = options_of("best", bench.args.best)
+    batches = [int(b) for b in (bench.args.batches or "1").split(",")]
+    t0 = time.perf_counter()
+    model = bench.build()
+    bench.sync()
+    build_s = time.perf_counter() - t0
+    apply_speed(model.pipeline, options)
+    return {"build_s": build_s,
+            "warmup_s": warm_up(bench, PipelineWorker(model), batches)}
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def gib_text(value: float) -> str:
+    return "-" if value != value else f"{value:.1f}"  # NaN: not measured (CPU)
+
+
+def report(results: dict[str, Any]) -> None:
+    m = results["model"]
+    table(
+        f"Model and device: {results['device']['name']}",
+        ["what", "value"],
+        [
+            ["UNet parameters", f"{m['parameters']['unet']:,}"],
+            ["text encoders", f"{m['parameters']['text_encoder']:,} + "
+                              f"{m['parameters']['text_encoder_2']:,}"],
+            ["VAE parameters", f"{m['parameters']['vae']:,}"],
+            [f"UNet FLOPs per pass, batch 1, {m['size']}x{m['size']} (FlopCounterMode, meta)",
+             flops_text(m["unet_flops_per_pass"])],
+            [f"UNet FLOPs per image ({m['steps']} steps x 2 with guidance)",
+             flops_text(m["flops_per_image"])],
+            [f"measured matmul peak ({results['device']['dtype']})",
+             flops_text(results["device"]["matmul_peak"], per_s=True)],
+        ],
+    )
+    cells = [c for c in results["cells"] if c["skipped"] is None]
+    table(
+        f"Throughput: {m['size']}x{m['size']}, {m['steps']} steps, guidance {GUIDANCE}; "
+        "direct = PipelineWorker.run in process, service = HTTP (2 async clients, n=batch)",
+        ["config", "batch", "direct images/s", "service images/s", "service/direct",
+         "MFU (service)", "peak GiB", "failed", "recompiles", "new graphs"],
+        [[c["config"], c["batch"], c["direct"], c["service"], f"{c['ratio']:.3f}",
+          f"{c['mfu_service']:.1%}", gib_text(c["peak_memory_gib"]), c["failed_images"],
+          int(c["service_recompiles"]), c["graphs_compiled_while_measuring"]] for c in cells],
+    )
+    base = {c["batch"]: c["service"] for c in cells if c["config"] == "baseline"}
+    rows = [[c["config"], c["batch"], f"{c['service'] / base[c['batch']]:.2f}"]
+            for c in cells if c["config"] != "baseline" and c["batch"] in base]
+    if rows:
+        table("Speed-up over the baseline at the same batch (service images/s, one run)",
+              ["config", "batch", "x baseline"], rows)
+    warm_rows = []
+    for run in results["configs"]:
+        for shape, seconds in run["warmup_s"].items():
+            warm = run["warmup_warm_cache_s"].get(shape)
+            warm_rows.append([run["config"], shape, seconds,
+                              "" if warm is None else warm, run["compiled_graphs"],
+                              run["graph_breaks"]])
+    if warm_rows:
+        table("Warm-up: first batch of each shape (2 steps, compilation included), seconds",
+              ["config", "shape", "cold cache", "warm cache (new process)", "graphs",
+               "graph breaks"], warm_rows)
+    skipped = [f"{c['config']} @ {c['batch']}: {c['skipped']}"
+               for c in results["cells"] if c["skipped"]]
+    skipped += [f"{r['config']}: {r['skipped']}" for r in results["configs"] if r["skipped"]]
+    if skipped:
+        print("\nnot measured:\n  " + "\n  ".join(skipped))
+    if cells and not results["tiny"]:
+        best = max(cells, key=lambda c: c["service"])
+        worst_ratio = min(c["ratio"] for c in cells)
+        print(f"\ngoal >= {GOAL_IMAGES_S} images/s through HTTP: best {best['service']:.3f} "
+              f"({best['config']} @ {best['batch']}, MFU {best['mfu_service']:.1%}): "
+              f"{'met' if best['service'] >= GOAL_IMAGES_S else 'MISSED'}")
+        print(f"goal service/direct >= {GOAL_RATIO}: lowest {worst_ratio:.3f}: "
+              f"{'met' if worst_ratio >= GOAL_RATIO else 'MISSED'}")
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    started = time.monotonic()
+    cache_dir = args.cache_dir or Path(tempfile.mkdtemp(prefix="genaug-inductor-"))
+    # Read by TorchInductor when it first compiles: set before anything is compiled.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+    import diffusers
+    import torch
+
+    # "modules that should be kept in float32: []" on every cast of a built model.
+    diffusers.utils.logging.set_verbosity_error()
+
+    if args.tiny or args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.tiny
+                                          else "cpu"))
+    if device.type != "cuda" and not args.tiny:
+        raise SystemExit("no CUDA device: full-size SDXL needs a GPU; use --tiny on a CPU")
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    budget = args.budget_s if args.budget_s is not None else (
+        530.0 if device.type == "cuda" else float("inf"))
+    results: dict[str, Any] = {"benchmark": "gpu_sdxl", "tiny": args.tiny}
+    bench = Bench(args, device, dtype, started + budget, results)
+
+    if args.warmup_only:
+        results.update(warmup_only(bench))
+        bench.save()
+        return results
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        f"CPU ({platform.machine()}, {args.threads} torch thread(s))")
+    if args.tiny:
+        tiny = build_tiny(torch.device("cpu"), torch.float32).pipeline
+        unet_config, parameters = dict(tiny.unet.config), parameter_counts(tiny)
+        del tiny
+    else:
+        unet_config, parameters = load_config("unet"), parameter_counts_sdxl()
+    t0 = time.perf_counter()
+    flops = count_unet_flops(unet_config, args.size, args.size)
+    flop_count_s = time.perf_counter() - t0
+    flops_per_image = 2.0 * args.steps * flops
+    peak = matmul_peak(device, dtype, quick=args.quick)
+    results.update(
+        device={"name": name, "type": device.type, "dtype": str(dtype).removeprefix("torch."),
+                "matmul_peak": peak, "torch": torch.__version__,
+                "diffusers": diffusers.__version__},
+        model={"size": args.size, "steps": args.steps, "guidance": GUIDANCE,
+               "unet_flops_per_pass": flops, "flop_count_s": flop_count_s,
+               "flops_per_image": flops_per_image, "parameters": parameters},
+        configs=[], cells=[], cache_dir=str(cache_dir),
+    )
+    print(f"{name}: UNet {flops_text(flops)} per pass at {args.size}x{args.size} "
+          f"(counted in {flop_count_s:.1f} s), matmul peak {flops_text(peak, per_s=True)}",
+          flush=True)
+    bench.save()
+
+    plan = plan_cells(args)
+    for config, batches in plan:
+        run_config(bench, config, batches, flops_per_image, peak)
+    best_run = next((r for r in results["configs"]
+                     if r["config"].startswith("best") and r["warmup_s"]), None)
+    if (best_run is not None and options_of("best", args.best).compile != "off"
+            and not args.no_cache_check and bench.remaining() > 120):
+        shapes = [int(s.rsplit(":", 1)[1]) for s in best_run["warmup_s"]]
+        warm = warm_cache_check(bench, shapes, cache_dir)
+        best_run["warmup_warm_cache_s"] = warm["warmup_s"]
+        best_run["warm_cache_build_s"] = warm["build_s"]
+    bench.save()
+    report(results)
+    return results
+
+
+def parameter_counts_sdxl() -> dict[str, int]:
+    """Parameter counts of the SDXL components, built on the meta device (no memory)."""
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    with torch.device("meta"):
+        modules = {
+            "unet": UNet2DConditionModel.from_config(load_config("unet")),
+            "text_encoder": CLIPTextModel(clip_config("text_encoder")),
+            "text_encoder_2": CLIPTextModelWithProjection(clip_config("text_encoder_2")),
+            "vae": AutoencoderKL.from_config(load_config("vae")),
+        }
+    return {k: sum(p.numel() for p in m.parameters()) for k, m in modules.items()}
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,184 @@
+"""Fetch the wheels the lent GPU machine lacks, so the service runs there: ``.whl/`` (ignored).
+
+The GPU machine (``nvidia-h100-x1``, ``nvidia-h200``) has Python 3.12, a CUDA torch, and many
+packages, but not diffusers, FastAPI, uvicorn or pydantic, and it cannot reach any package
+index. This script works out what to carry and downloads it here:
+
+- start from genaug's ``service`` extra (read from ``pyproject.toml``, ``client`` included);
+- close over each package's ``Requires-Dist`` (markers evaluated for CPython 3.12 on Linux);
+- drop what the machine's image already has (``PRESENT``, copied from the device notes'
+  package list) and torch (the machine's CUDA build is the one to use), except ``FORCE``
+  (typing-extensions: pydantic needs a recent one);
+- pin each to the version installed in this environment (what the tests ran with) and
+  ``pip download`` the CPython 3.12 manylinux x86_64 wheel (or the pure-Python one).
+
+Usage, from the repository root::
+
+    python bench/gpu_wheels.py              # -> .whl/*.whl, and /.whl/ in .git/info/exclude
+    python bench/gpu_wheels.py --dry-run    # list what would be fetched
+
+Then one device call runs the benchmark (``carry: [".whl"]``)::
+
+    bash bench/gpu_run.sh                   # first plan: baseline and best at batch 1 and 8
+    bash bench/gpu_run.sh --plan sizes      # then batch 4 and 16
+    bash bench/gpu_run.sh --plan options    # then each option alone at batch 8
+
+``bench/gpu_run.sh`` installs the wheels into ``/tmp/site`` and puts genaug on the path from the
+working tree (no build). genaug itself is never a wheel here: the tree travels with each call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as metadata
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEELS = ROOT / ".whl"
+PYTHON = "3.12"
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35, 39)]
+PLATFORMS += ["manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+LIMIT_BYTES = 48 * 1024 * 1024  # the device call carries 64 MiB in all, the tree included
+
+#: Installed on the GPU machine's image ('cuda'), per the device notes (KINDS.md, 2026-11-17).
+PRESENT = frozenset("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
+botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
+coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython
+diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools formulaic
+frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize
+hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib
+jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities linear-operator
+lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes
+mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx
+ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc
+nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand
+nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13
+nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript
+opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging
+pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client propcache protobuf
+psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions pytest
+pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
+pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core
+scikit-image scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools
+shellingham simplejson six sortedcontainers statsmodels sympy tabulate tensorboard
+tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokenizers toolz
+torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers
+treescope triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug
+wheel wrapt xarray xxhash yarl zipp
+""".split())
+FORCE = frozenset({"typing-extensions"})
+NEVER = frozenset({"torch", "genaug"})
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def service_requirements() -> list[Requirement]:
+    """genaug's ``service`` extra with ``genaug[client]`` expanded, from pyproject.toml."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    out: list[Requirement] = []
+    todo, done = ["service"], set()
+    while todo:
+        extra = todo.pop()
+        done.add(extra)
+        for text in extras[extra]:
+            req = Requirement(text)
+            if normalize(req.name) == "genaug":
+                todo += [e for e in req.extras if e not in done]
+            else:
+                out.append(req)
+    return out
+
+
+def to_carry() -> dict[str, str]:
+    """Project name -> version installed here, for everything the GPU machine lacks."""
+    env = {k: str(v) for k, v in default_environment().items()}
+    env.update(python_version=PYTHON, python_full_version=f"{PYTHON}.3", sys_platform="linux",
+               platform_system="Linux", platform_machine="x86_64",
+               implementation_name="cpython", platform_python_implementation="CPython")
+    carry: dict[str, str] = {}
+    todo = service_requirements()
+    while todo:
+        req = todo.pop()
+        name = normalize(req.name)
+        if name in NEVER or name in carry or (name in PRESENT and name not in FORCE):
+            continue
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            raise SystemExit(
+                f"{req.name} is not installed here; install genaug[service] first"
+            ) from None
+        carry[name] = dist.version
+        for text in dist.requires or []:
+            sub = Requirement(text)
+            active = sub.marker is None or any(
+                sub.marker.evaluate({**env, "extra": extra}) for extra in ("", *req.extras)
+            )
+            if active:
+                todo.append(sub)
+    return dict(sorted(carry.items()))
+
+
+def exclude_wheels_from_git() -> None:
+    path = subprocess.run(
+        ["git", "rev-parse", "--git-path", "info/exclude"], cwd=ROOT, check=True,
+        capture_output=True, text=True,
+    ).stdout.strip()
+    exclude = (ROOT / path).resolve()
+    lines = exclude.read_text().splitlines() if exclude.exists() else []
+    if "/.whl/" not in lines:
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with exclude.open("a") as fh:
+            fh.write("/.whl/\n")
+
+
+def download(carry: dict[str, str]) -> list[Path]:
+    if WHEELS.exists():
+        shutil.rmtree(WHEELS)  # one version of each: two would stop the install there
+    WHEELS.mkdir()
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    for name, version in carry.items():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+             "--only-binary=:all:", "--python-version", PYTHON, "--implementation", "cp",
+             *platforms, "-d", str(WHEELS), f"{name}=={version}"],
+            check=True,
+        )
+    return sorted(WHEELS.glob("*.whl"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="only list what to fetch")
+    args = parser.parse_args(argv)
+    carry = to_carry()
+    for name, version in carry.items():
+        print(f"{name}=={version}")
+    if args.dry_run:
+        return 0
+    exclude_wheels_from_git()
+    wheels = download(carry)
+    total = sum(w.stat().st_size for w in wheels)
+    print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB in {WHEELS.relative_to(ROOT)}/")
+    if total > LIMIT_BYTES:
+        print(f"warning: over {LIMIT_BYTES / 2**20:.0f} MiB; the device call carries 64 MiB "
+              "with the working tree", file=sys.stderr)
+    print('device run: command "bash bench/gpu_run.sh", carry [".whl"]')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

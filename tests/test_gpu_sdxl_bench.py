@@ -1,0 +1,120 @@
+"""bench/gpu_sdxl.py stays ready for a GPU: its SDXL configs build the published model, its
+FLOP count is the model's, and ``--tiny`` runs the whole measurement on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "gpu_sdxl.py"
+
+# stabilityai/stable-diffusion-xl-base-1.0, as published.
+SDXL_PARAMETERS = {
+    "unet": 2_567_463_684,
+    "text_encoder": 123_060_480,  # CLIP ViT-L/14 text tower
+    "text_encoder_2": 694_659_840,  # OpenCLIP ViT-bigG/14 text tower with projection
+    "vae": 83_653_863,
+}
+# FlopCounterMode over one UNet forward at batch 1, 1024x1024 (128x128 latents), meta device.
+SDXL_UNET_FLOPS_1024 = 6_761_236_398_080
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_sdxl", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_sdxl"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_configs_build_sdxl_base_at_full_size_on_meta(bench: Any) -> None:
+    import torch
+
+    assert bench.parameter_counts_sdxl() == SDXL_PARAMETERS
+    # The GPU path itself (construction on the device, cast, pipeline assembly), on meta.
+    model = bench.build_sdxl(torch.device("meta"), torch.bfloat16)
+    assert bench.parameter_counts(model.pipeline) == SDXL_PARAMETERS
+    pipe = model.pipeline
+    assert pipe.unet.dtype == torch.bfloat16 and pipe.unet.device.type == "meta"
+    assert pipe.unet.config.cross_attention_dim == 768 + 1280
+    assert type(pipe.scheduler).__name__ == "EulerDiscreteScheduler"
+    assert pipe.vae.config.scaling_factor == 0.13025
+
+
+def test_unet_flops_are_counted_from_the_model(bench: Any) -> None:
+    flops = bench.count_unet_flops(bench.load_config("unet"), 1024, 1024)
+    assert flops == SDXL_UNET_FLOPS_1024  # ~6.76 TFLOP per pass
+    # Convolutions and projections scale with the latent pixels, self-attention with their
+    # square: a quarter of the pixels costs a little less than a quarter of the FLOPs.
+    quarter = bench.count_unet_flops(bench.load_config("unet"), 512, 512)
+    assert SDXL_UNET_FLOPS_1024 / 5 < quarter < SDXL_UNET_FLOPS_1024 / 4
+
+
+def test_plans_put_baseline_and_best_at_batch_1_and_8_first(bench: Any) -> None:
+    args = bench.parse_args([])
+    assert (args.size, args.steps, args.rounds, args.plan) == (1024, 30, 2, "first")
+    assert bench.plan_cells(args) == [("baseline", [1, 8]), ("best", [1, 8])]
+    assert bench.plan_cells(bench.parse_args(["--plan", "sizes"])) == [
+        ("baseline", [4, 16]), ("best", [4, 16])
+    ]
+    options = bench.plan_cells(bench.parse_args(["--plan", "options"]))
+    assert options[0] == ("baseline", [8]) and len(options) == 1 + len(bench.SINGLES)
+    custom = bench.parse_args(["--configs", "baseline,compile=unet+fuse_qkv", "--batches", "2"])
+    assert bench.plan_cells(custom) == [("baseline", [2]), ("compile=unet+fuse_qkv", [2])]
+    assert bench.options_of("best", bench.BEST).label == "compile=regional+channels_last+fuse_qkv"
+
+
+def run_tiny(tmp_path: Path, *extra: str, timeout: float) -> tuple[dict[str, Any], str]:
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--quick", "--steps", "2", "--json", str(out),
+         "--cache-dir", str(tmp_path / "inductor"), *extra],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_tiny_mode_measures_direct_and_service_side_by_side(tmp_path: Path) -> None:
+    result, stdout = run_tiny(
+        tmp_path, "--configs", "baseline,fuse_qkv", "--batches", "2", timeout=240
+    )
+    model = result["model"]
+    assert model["flops_per_image"] == 2 * 2 * model["unet_flops_per_pass"] > 0
+    assert result["device"]["matmul_peak"] > 0
+    cells = result["cells"]
+    assert [(c["config"], c["batch"], c["skipped"]) for c in cells] == [
+        ("baseline", 2, None), ("fuse_qkv", 2, None)
+    ]
+    for cell in cells:
+        assert cell["direct"] > 0 and cell["service"] > 0 and cell["failed_images"] == 0
+        assert cell["ratio"] == pytest.approx(cell["service"] / cell["direct"], rel=1e-9)
+        flops = model["flops_per_image"] / result["device"]["matmul_peak"]
+        assert cell["mfu_service"] == pytest.approx(cell["service"] * flops, rel=1e-9)
+    assert [r["options"]["fuse_qkv"] for r in result["configs"]] == [False, True]
+    for title in ("Model and device", "Throughput", "Speed-up over the baseline", "Warm-up"):
+        assert title in stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_tiny_mode_compiles_the_best_combination_and_checks_the_warm_cache(
+    tmp_path: Path,
+) -> None:
+    result, stdout = run_tiny(tmp_path, "--configs", "best", "--batches", "1", timeout=1500)
+    (run,) = result["configs"]
+    assert run["options"]["compile"] == "regional" and run["compiled_graphs"] >= 1
+    cold, warm = run["warmup_s"]["64x64:1"], run["warmup_warm_cache_s"]["64x64:1"]
+    assert warm < cold  # the new process found the compiled code in the cache
+    assert result["cells"][0]["service_recompiles"] == 0
+    assert result["cells"][0]["graphs_compiled_while_measuring"] == 0
