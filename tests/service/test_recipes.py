@@ -298,3 +298,27 @@ def test_check_recipes_names_unknown_adapters_and_bad_folders(tmp_path: Path) ->
     (root / "real" / "circle").symlink_to(outside)
     with pytest.raises(RecipeError, match="outside GENAUG_DATA_ROOT"):
         check_recipes(recipes, adapters={"lcm", "other"}, data_root=root)
+
+
+def test_serve_refuses_a_recipe_naming_an_unknown_adapter(tmp_path: Path) -> None:
+    """Start-up, not the first request, finds a recipe that names an adapter GENAUG_LORAS does
+    not load: one line, exit 2, nothing listens."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "recipes:\n  - name: inked\n    height: 64\n    width: 64\n    steps: 2\n"
+        "    guidance: 3.0\n    adapter: {name: ink, scale: 0.8}\n"
+        "    labels:\n      a: {prompts: [\"a\"]}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENAUG_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "genaug.service", "--recipes", str(path), "--port", "0",
+         "--pool-path", str(tmp_path / "pool.db")],
+        capture_output=True, text=True, env=env, timeout=180,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "unknown adapter 'ink'" in out.stderr and "GENAUG_LORAS" in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 2, out.stderr
