@@ -27,9 +27,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+import numpy as np
 
 from .pool import (
     DEFAULT_LEASE_S,
@@ -37,6 +40,7 @@ from .pool import (
     PoolConfigError,
     PoolConnectionError,
     PoolError,
+    PoolSample,
     PoolSchemaError,
     PoolStore,
     redact_url,
@@ -104,6 +108,22 @@ _SCHEMA = [
 #: Upgrades, by the version they start from. PostgreSQL pools start at version 2 (the first
 #: version with this backend); the next column or table goes here as ``2: [...]``.
 _UPGRADES: dict[int, list[str]] = {}
+
+# Least served first, random among equals, spread over the labels as evenly as they allow:
+# every label's rank-1 image, then every rank-2 one ... (water-filling), the last partial
+# round to randomly chosen labels. Grouped by label in request order.
+_SAMPLE = """
+WITH ranked AS (
+    SELECT id, label,
+           row_number() OVER (PARTITION BY label ORDER BY served, random()) AS rn
+    FROM images WHERE pool_id = %(pool)s AND label = ANY(%(labels)s)
+), picked AS (
+    SELECT id, label, rn FROM ranked ORDER BY rn, random() LIMIT %(n)s
+)
+SELECT i.id, p.label, i.seed, i.height, i.width, i.channels, i.source, d.data
+FROM picked AS p JOIN images AS i ON i.id = p.id JOIN image_data AS d ON d.id = p.id
+ORDER BY array_position(%(labels)s, p.label), p.rn
+"""
 
 
 def _one_line(exc: BaseException) -> str:
@@ -268,6 +288,60 @@ class PostgresPoolStore(PoolStore):
                 " DO UPDATE SET value = excluded.value",
                 (str(SCHEMA_VERSION),),
             )
+
+    def sample(
+        self,
+        pool_id: str,
+        labels: Sequence[str],
+        n: int,
+        rng: np.random.Generator | None = None,
+    ) -> PoolSample:
+        """As :meth:`PoolStore.sample`, in four round trips whatever the pool's size: the
+        database ranks and draws (its ``random()``, so ``rng`` is not used), pixels come back
+        in binary (``bytea`` as text would be hex, twice the bytes), and the served counts are
+        written in one pipelined batch, counter rows locked in label order as every writer
+        locks them."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        wanted = list(dict.fromkeys(labels))
+        if n == 0 or not wanted:
+            return PoolSample(np.empty((0, 0, 0, 3), np.uint8), [], np.empty((0,), np.int64))
+        with self._tx(write=True) as conn:
+            rows = conn.execute(
+                _SAMPLE, {"pool": pool_id, "labels": wanted, "n": n}, binary=True
+            ).fetchall()
+            if rows:
+                served = Counter(str(row[1]) for row in rows)
+                names = sorted(served)
+                with conn.pipeline():
+                    conn.execute(
+                        "SELECT 1 FROM counters WHERE pool_id = %s AND label = ANY(%s)"
+                        " ORDER BY label FOR UPDATE", (pool_id, names))
+                    conn.execute(
+                        "UPDATE counters SET served_total = served_total + v.k"
+                        " FROM unnest(%s::text[], %s::bigint[]) AS v(label, k)"
+                        " WHERE counters.pool_id = %s AND counters.label = v.label",
+                        (names, [served[name] for name in names], pool_id))
+                    conn.execute("UPDATE images SET served = served + 1 WHERE id = ANY(%s)",
+                                 ([int(row[0]) for row in rows],))
+        if not rows:
+            return PoolSample(np.empty((0, 0, 0, 3), np.uint8), [], np.empty((0,), np.int64))
+        h, w, c = (int(v) for v in rows[0][3:6])
+        out = np.empty((len(rows), h, w, c), np.uint8)
+        seeds = np.empty((len(rows),), np.int64)
+        sources: list[str | None] = []
+        for j, (_, _, seed, hh, ww, cc, source, data) in enumerate(rows):
+            if (hh, ww, cc) != (h, w, c):
+                raise PoolError(
+                    f"pool {pool_id} holds images of different shapes ({h}x{w}x{c} and "
+                    f"{hh}x{ww}x{cc}); a pool id must pin one output shape: run "
+                    f"`genaug pool drop {pool_id}` and let it be generated again"
+                )
+            out[j] = np.frombuffer(data, np.uint8).reshape(h, w, c)
+            seeds[j] = seed
+            sources.append(source)
+        return PoolSample(out, [str(row[1]) for row in rows], seeds,
+                          sources if any(sources) else None)
 
     def _close_connections(self) -> None:
         pool = getattr(self, "_pool", None)
