@@ -28,8 +28,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TRANSFORMERS_OFFLINE=1 \
     GENAUG_HOST=0.0.0.0 \
     GENAUG_DEVICE=cuda:0 \
-    GENAUG_DTYPE=auto \
-    GENAUG_POOL_PATH=/data/pool.db
+    GENAUG_DTYPE=auto
+# The pool's location is the deployment's choice, not the image's: GENAUG_POOL_PATH=/data/pool.db
+# (compose, k8s deployment.yaml) or GENAUG_POOL_URL=postgresql://... for replicas; setting
+# both is refused, so the image sets neither.
 
 WORKDIR /opt/genaug/src
 COPY pyproject.toml ./

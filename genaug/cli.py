@@ -7,6 +7,7 @@ and no command loads both.
     genaug demo [--out genaug-demo.png]             service + client on the tiny default
     genaug pregenerate --recipe NAME --per-label N [--url URL]
     genaug export --recipe NAME --out DIR
+    genaug pool list | genaug pool drop POOL_ID
     genaug train --data DIR [--service URL --recipe NAME --p 0.5] [--gpus 1,2,3,4]
     genaug convert-unet SRC DST [--base MODEL] --trust-this-file
 """
@@ -95,6 +96,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _pool_arguments(export)
     export.set_defaults(func=_cmd_export)
 
+    pool = sub.add_parser("pool", help="list the pools in the pool database, or drop one")
+    pool_sub = pool.add_subparsers(dest="pool_command", required=True)
+    pool_list = pool_sub.add_parser("list", help="pool ids with their image counts")
+    _pool_location(pool_list)
+    pool_drop = pool_sub.add_parser("drop", help="delete one pool's images and counters")
+    pool_drop.add_argument("pool_id", help="exact pool id, as `genaug pool list` shows it")
+    _pool_location(pool_drop)
+    pool.set_defaults(func=_cmd_pool)
+
     convert = sub.add_parser(
         "convert-unet", help="turn a fine-tuned UNet checkpoint you trust into safetensors"
     )
@@ -120,8 +130,21 @@ def _pool_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", required=True, help="recipe name")
     parser.add_argument("--recipes", type=Path, default=None,
                         help="recipe file (default: GENAUG_RECIPES)")
+    _pool_location(parser)
+
+
+def _pool_location(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool-path", type=Path, default=None,
                         help="SQLite pool file (default: GENAUG_POOL_PATH)")
+    parser.add_argument("--pool-url", default=None,
+                        help="PostgreSQL pool, postgresql://... (default: GENAUG_POOL_URL)")
+
+
+def _cmd_pool(args: argparse.Namespace) -> int:
+    from genaug.service.pool_cli import run_pool
+
+    code: int = run_pool(args)
+    return code
 
 
 def _cmd_pregenerate(args: argparse.Namespace) -> int:

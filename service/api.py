@@ -623,7 +623,7 @@ async def fill(name: str, request: Request) -> RecipeDetail:
     state = state_of(request)
     pools = _pools_for(state, name)
     body = await read_body(request, state.api.fill[name], state.api.hints["fill"])
-    pools.raise_target(name, body.per_label)
+    await asyncio.to_thread(pools.raise_target, name, body.per_label)
     return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
 
 

@@ -86,6 +86,13 @@ class GenerationFailedError(ApiError):
     error_type = "generation_failed"
 
 
+class PoolUnavailableError(ApiError):
+    """The pool database is unreachable (an outage); generation still works. Retry-After."""
+
+    status = 503
+    error_type = "pool_unavailable"
+
+
 class ShuttingDownError(ApiError):
     status = 503
     error_type = "shutting_down"

@@ -19,18 +19,30 @@ mapping name -> spec) keeps the name inside the object it names, so error locati
         steps: 4
         guidance: 5.0
         base_seed: 0
+        scheduler: default    # optional: a name of genaug.service.work.SCHEDULERS
+        adapter: {name: wound-lora, scale: 0.8}   # optional: a LoRA of GENAUG_LORAS
+        output_channels: 1    # optional: 1 (luminance, depth-like inputs) or 3 (RGB, default)
         labels:               # ordered: label i of the API is the i-th key here
           I:
             prompts: ["depth image of an inflamed diabetic foot ulcer"]
             negative_prompt: "text, watermark"
+          P:
+            prompts: ["depth image of a granulating diabetic foot ulcer"]
+            adapter: {name: other-lora, scale: 1.0}   # per-label override
+            images: wounds/P      # img2img variants of real images (DA-Fusion / Real Guidance):
+            strength: 0.5         #   a folder under GENAUG_DATA_ROOT, never outside it;
+            variants_per_image: 10  # the label's pool holds images x variants_per_image
 
 Any mistake (unknown key, wrong type, bound exceeded, duplicate name or key, bad YAML) raises
 :class:`RecipeError` whose message names the file, the line where known, the location inside
 the file and what to change.
 
 Pool identity: :func:`pool_id` combines the recipe name with a hash of its generation spec
-(:meth:`Recipe.spec_hash`: everything that changes the images, not the description) and the
-model weights hash, so editing a prompt or switching the model starts a new pool and never mixes
+(:meth:`Recipe.spec_hash`: everything that changes the images, not the description: the new
+fields scheduler, adapter, output_channels, images, strength and variants_per_image enter it
+only when set away from their defaults, so pools of older recipe files keep their identity),
+the content of the label image folders (:func:`sources_digest`) and the model weights hash,
+so editing a prompt or switching the model starts a new pool and never mixes
 old images into it. :meth:`Recipe.plan` maps (label, k) to the k-th image's prompt and seed
 deterministically, so a pool resumed after a restart continues where it stopped without
 repeating a seed.
@@ -41,9 +53,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
+import numpy as np
 import yaml
 from pydantic import (
     AfterValidator,
@@ -54,14 +69,22 @@ from pydantic import (
     model_validator,
 )
 
+from .work import SCHEDULERS
+
 __all__ = [
+    "AdapterSpec",
     "LabelSpec",
     "PlanItem",
     "Recipe",
     "RecipeError",
+    "SourceImage",
+    "check_recipes",
+    "load_label_sources",
     "load_recipes",
     "parse_recipes",
     "pool_id",
+    "resolve_images_folder",
+    "sources_digest",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +98,8 @@ MAX_PROMPTS_PER_LABEL = 1000
 _INT63 = (1 << 63) - 1
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 _LABEL_CHARS = _NAME_CHARS | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ.")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+MAX_VARIANTS_PER_IMAGE = 1000
 
 
 class RecipeError(ValueError):
@@ -88,6 +113,9 @@ class RecipeError(ValueError):
         self.path = path
         self.problems = problems
         head = f"invalid recipes file {path}"
+        if len(problems) == 1:  # one problem, one line (start-up errors print just this)
+            super().__init__(f"invalid recipes file: {problems[0]}")
+            return
         body = "\n".join(f"  {p}" for p in problems)
         super().__init__(f"{head}:\n{body}" if body else head)
 
@@ -116,7 +144,24 @@ def _check_prompt(value: str) -> str:
     return value
 
 
+def _check_scheduler(value: str) -> str:
+    if value not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {value!r}; use one of {', '.join(SCHEDULERS)}")
+    return value
+
+
+def _check_folder(value: str) -> str:
+    path = Path(value)
+    if not value.strip() or path.is_absolute() or ".." in path.parts:
+        raise ValueError(
+            "images must be a folder relative to GENAUG_DATA_ROOT, without '..' "
+            "(e.g. 'wounds/P')"
+        )
+    return value
+
+
 RecipeName = Annotated[str, AfterValidator(_check_name)]
+Scheduler = Annotated[str, AfterValidator(_check_scheduler)]
 LabelName = Annotated[str, AfterValidator(_check_label)]
 Prompt = Annotated[str, Field(max_length=MAX_PROMPT_CHARS), AfterValidator(_check_prompt)]
 
@@ -129,18 +174,53 @@ class PlanItem(NamedTuple):
     seed: int
 
 
-class LabelSpec(BaseModel):
-    """How to prompt for one label.
+class AdapterSpec(BaseModel):
+    """A LoRA adapter (a name of ``GENAUG_LORAS``) and the scale it is applied at.
 
     Example::
 
+        AdapterSpec(name="wound-lora", scale=0.8)
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    scale: float = Field(default=1.0, ge=-4.0, le=4.0, allow_inf_nan=False)
+
+
+class LabelSpec(BaseModel):
+    """How to prompt for one label; optionally img2img variants of real images.
+
+    ``images`` is a folder under ``GENAUG_DATA_ROOT`` holding the label's real images
+    (png, jpg, bmp, webp); the label's pool then holds ``variants_per_image`` img2img
+    variants of each (DA-Fusion uses 10) at ``strength``. ``adapter`` overrides the
+    recipe's. Example::
+
         LabelSpec(prompts=["a red circle", "a small red disc"], negative_prompt="text")
+        LabelSpec(prompts=["a photo of a wound"], images="wounds/P", strength=0.5,
+                  variants_per_image=10)
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     prompts: list[Prompt] = Field(min_length=1, max_length=MAX_PROMPTS_PER_LABEL)
     negative_prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | None = None
+    adapter: AdapterSpec | None = None
+    images: Annotated[str, Field(max_length=500), AfterValidator(_check_folder)] | None = None
+    strength: float = Field(default=0.5, gt=0.0, le=1.0, allow_inf_nan=False)
+    variants_per_image: int = Field(default=10, ge=1, le=MAX_VARIANTS_PER_IMAGE)
+
+    def spec(self) -> dict[str, Any]:
+        """This label's part of :meth:`Recipe.spec` (new fields only when set)."""
+        out: dict[str, Any] = {"prompts": list(self.prompts),
+                               "negative_prompt": self.negative_prompt}
+        if self.adapter is not None:
+            out["adapter"] = self.adapter.model_dump()
+        if self.images is not None:
+            out["images"] = self.images
+            out["strength"] = self.strength
+            out["variants_per_image"] = self.variants_per_image
+        return out
 
 
 class Recipe(BaseModel):
@@ -171,6 +251,9 @@ class Recipe(BaseModel):
     steps: int = Field(ge=1, le=200)
     guidance: float = Field(ge=0.0, le=30.0, allow_inf_nan=False)
     base_seed: int = Field(default=0, ge=0, le=_INT63)
+    scheduler: Scheduler = "default"
+    adapter: AdapterSpec | None = None
+    output_channels: Literal[1, 3] = 3
 
     @model_validator(mode="after")
     def _output_size_pair(self) -> Recipe:
@@ -186,14 +269,10 @@ class Recipe(BaseModel):
         """Labels in file order; the API's int32 label ``i`` is ``label_names[i]``."""
         return list(self.labels)
 
-    def label_index(self, label: str) -> int:
-        """Index of ``label`` in :attr:`label_names`; ``KeyError`` naming the choices."""
-        try:
-            return self.label_names.index(label)
-        except ValueError:
-            raise KeyError(
-                f"recipe {self.name!r} has no label {label!r}; labels: {self.label_names}"
-            ) from None
+    def adapter_for(self, label: str) -> AdapterSpec | None:
+        """The adapter ``label`` is generated with: its own, else the recipe's."""
+        own = self.labels[label].adapter
+        return own if own is not None else self.adapter
 
     @property
     def output_size(self) -> tuple[int, int]:
@@ -204,12 +283,9 @@ class Recipe(BaseModel):
 
     def spec(self) -> dict[str, Any]:
         """The generation spec: everything that changes the images (not name or description)."""
-        return {
+        spec: dict[str, Any] = {
             "spec_version": SPEC_VERSION,
-            "labels": {
-                label: {"prompts": list(s.prompts), "negative_prompt": s.negative_prompt}
-                for label, s in self.labels.items()
-            },
+            "labels": {label: s.spec() for label, s in self.labels.items()},
             "height": self.height,
             "width": self.width,
             "output_height": self.output_height,
@@ -218,6 +294,15 @@ class Recipe(BaseModel):
             "guidance": self.guidance,
             "base_seed": self.base_seed,
         }
+        # Added fields enter the spec only away from their defaults: a recipe that does not
+        # use them keeps the pool identity it had before they existed.
+        if self.scheduler != "default":
+            spec["scheduler"] = self.scheduler
+        if self.adapter is not None:
+            spec["adapter"] = self.adapter.model_dump()
+        if self.output_channels != 3:
+            spec["output_channels"] = self.output_channels
+        return spec
 
     def spec_hash(self) -> str:
         """SHA-256 hex of the canonical JSON of :meth:`spec`; stable across runs and machines."""
@@ -256,16 +341,141 @@ def _plan_seed(base_seed: int, label: str, index: int) -> int:
     return int.from_bytes(digest, "big") & _INT63
 
 
-def pool_id(recipe: Recipe, model_hash: str) -> str:
+def pool_id(recipe: Recipe, model_hash: str, *, sources: str | None = None) -> str:
     """Identity of a recipe's pool under one model: ``"<name>-<12 hex>"``.
 
-    The hex part hashes the recipe's :meth:`Recipe.spec_hash` with the model weights hash, so
-    a changed prompt, size, seed or model gives a new, empty pool.
+    The hex part hashes the recipe's :meth:`Recipe.spec_hash` with the model weights hash (and
+    ``sources``, the :func:`sources_digest` of its label image folders, when it has any), so a
+    changed prompt, size, seed, source image or model gives a new, empty pool.
     """
     if not model_hash:
         raise ValueError("model_hash is empty; pass the loaded model's weights_hash")
-    digest = hashlib.sha256(f"{recipe.spec_hash()}:{model_hash}".encode()).hexdigest()
+    key = f"{recipe.spec_hash()}:{model_hash}" + (f":{sources}" if sources else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return f"{recipe.name}-{digest[:12]}"
+
+
+# -- real images for img2img variants -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    """One real image of a label: its file name, its pixels at the recipe's generation size
+    (uint8 [height, width, 3]) and its hash (blake2b-16 of the pixels and shape, hex)."""
+
+    name: str
+    pixels: np.ndarray
+    hash: str
+
+
+def source_hash(pixels: np.ndarray) -> str:
+    """blake2b-16 (hex) of an image's bytes and shape: the ``source`` a variant remembers."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.ascontiguousarray(pixels).tobytes())
+    h.update(repr(tuple(pixels.shape)).encode())
+    return h.hexdigest()
+
+
+def resolve_images_folder(folder: str, data_root: Path | None) -> Path:
+    """``data_root / folder``, refusing anything that resolves outside ``data_root``
+    (``..``, absolute paths, symlinks out). Raises ``ValueError`` saying what to fix."""
+    if data_root is None:
+        raise ValueError(
+            f"images: {folder!r} needs GENAUG_DATA_ROOT, the folder that label image folders "
+            "are read from; set it (e.g. GENAUG_DATA_ROOT=/data/real)"
+        )
+    root = Path(data_root).resolve()
+    path = (root / folder).resolve()
+    if Path(folder).is_absolute() or not path.is_relative_to(root):
+        raise ValueError(f"images: {folder!r} resolves to {path}, outside GENAUG_DATA_ROOT "
+                         f"{root}; keep label folders inside it")
+    if not path.is_dir():
+        raise ValueError(f"images: {folder!r}: {path} is not a folder under GENAUG_DATA_ROOT "
+                         f"{root}; create it or fix the name")
+    files = _image_files(path, root)
+    if not files:
+        raise ValueError(f"images: {folder!r}: {path} holds no image "
+                         f"({', '.join(IMAGE_SUFFIXES)}); add the label's real images")
+    return path
+
+
+def _image_files(path: Path, root: Path) -> list[Path]:
+    return sorted(
+        f for f in path.iterdir()
+        if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file() and f.resolve().is_relative_to(root)
+    )
+
+
+def load_label_sources(recipe: Recipe, label: str, data_root: Path | None) -> list[SourceImage]:
+    """The label's real images, RGB at the recipe's generation size, sorted by file name;
+    [] for a text-to-image label. Raises ``ValueError`` for a folder that cannot be used."""
+    from PIL import Image
+
+    folder = recipe.labels[label].images
+    if folder is None:
+        return []
+    path = resolve_images_folder(folder, data_root)
+    out = []
+    for file in _image_files(path, Path(data_root or ".").resolve()):
+        try:
+            with Image.open(file) as img:
+                rgb = img.convert("RGB")
+                if rgb.size != (recipe.width, recipe.height):
+                    rgb = rgb.resize((recipe.width, recipe.height), Image.Resampling.LANCZOS)
+                pixels = np.asarray(rgb, dtype=np.uint8).copy()
+        except OSError as exc:
+            raise ValueError(f"images: {folder!r}: {file.name} is not a readable image "
+                             f"({exc}); remove or replace it") from None
+        out.append(SourceImage(file.name, pixels, source_hash(pixels)))
+    return out
+
+
+def sources_digest(sources: Mapping[str, list[SourceImage]]) -> str | None:
+    """One hash over every label's source images (None when there are none): part of the
+    pool identity, so editing a label's folder starts a new pool."""
+    if not any(sources.values()):
+        return None
+    h = hashlib.sha256()
+    for label in sorted(sources):
+        for image in sources[label]:
+            h.update(f"{label}\x00{image.name}\x00{image.hash}\n".encode())
+    return h.hexdigest()
+
+
+def check_recipes(
+    recipes: Mapping[str, Recipe],
+    *,
+    adapters: Collection[str] = (),
+    data_root: Path | None = None,
+    path: Path | None = None,
+) -> None:
+    """Start-up checks that need the running configuration: every adapter a recipe names is
+    loaded (``adapters``: the names of ``GENAUG_LORAS``), and every label image folder exists
+    under ``data_root`` and holds images. Schedulers are checked when the file is parsed.
+
+    Raises :class:`RecipeError`, one line per problem (the service exits 2 with it)::
+
+        check_recipes(recipes, adapters={"wound-lora"}, data_root=Path("/data/real"))
+    """
+    problems = []
+    where = str(path) if path is not None else "recipes"
+    known = ", ".join(sorted(adapters)) or "none (set GENAUG_LORAS=name=path)"
+    for name, recipe in recipes.items():
+        for label in recipe.label_names:
+            adapter = recipe.adapter_for(label)
+            if adapter is not None and adapter.name not in adapters:
+                own = recipe.labels[label].adapter is not None
+                loc = f"labels.{label}.adapter" if own else "adapter"
+                problems.append(f"{where}: recipe {name!r} {loc}: unknown adapter "
+                                f"{adapter.name!r}; loaded adapters: {known}")
+            folder = recipe.labels[label].images
+            if folder is not None:
+                try:
+                    resolve_images_folder(folder, data_root)
+                except ValueError as exc:
+                    problems.append(f"{where}: recipe {name!r} labels.{label}.{exc}")
+    if problems:
+        raise RecipeError(path or Path("recipes"), list(dict.fromkeys(problems)))
 
 
 class _RecipesFile(BaseModel):

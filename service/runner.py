@@ -34,6 +34,7 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
 
     from .app import check_startup, create_app
     from .model import ModelLoadError
+    from .pool import PoolError, open_pool_store
     from .recipes import RecipeError
     from .settings import Settings
 
@@ -53,7 +54,9 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     try:
         check_startup(settings)
         app = create_app(settings, on_fatal=fatal)
-    except (ModelLoadError, RecipeError) as exc:
+        if settings.recipes is not None:
+            open_pool_store(settings).close()  # reachable, credentials, schema version
+    except (ModelLoadError, RecipeError, PoolError) as exc:
         print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
         return 2
     config = uvicorn.Config(

@@ -158,6 +158,28 @@ class Settings(BaseSettings):
     )
     max_sample_n: int = Field(default=1024, ge=1, description="Most images one sample returns.")
 
+    # -- pool --
+    pool_url: SecretStr | None = Field(
+        default=None,
+        description="postgresql://user:password@host:5432/db: a pool shared by replicas in "
+        "PostgreSQL (instead of GENAUG_POOL_PATH; setting both is an error).",
+    )
+    replica: str | None = Field(
+        default=None,
+        description="Plan partition i/N for replicas with separate SQLite pools: replica i "
+        "makes only plan indices congruent to i mod N, so no two repeat an image.",
+    )
+    pool_lease_s: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="Lease of an in-flight pre-generation batch; a stopped replica's batches "
+        "are planned again after it.",
+    )
+    data_root: Path | None = Field(
+        default=None,
+        description="Folder that recipe label image folders (images: ...) are read from; "
+        "never outside it.",
+    )
+
     log_level: str = Field(default="info", description="debug, info, warning or error.")
 
     @field_validator("model", mode="before")

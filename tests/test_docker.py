@@ -310,6 +310,14 @@ def trainer_services(compose: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
+def generator_services(compose: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: svc
+        for name, svc in compose["services"].items()
+        if str(svc.get("build", {}).get("dockerfile", "")).endswith("service.Dockerfile")
+    }
+
+
 def command_option(command: list[str], option: str) -> str:
     assert option in command, f"command {command} lacks {option}"
     return command[command.index(option) + 1]
@@ -318,7 +326,20 @@ def command_option(command: list[str], option: str) -> str:
 # --- compose --------------------------------------------------------------------------------
 
 
-def test_gpu_sets_are_explicit_and_disjoint_across_all_services_and_profiles(
+def run_together(compose: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The sets of services that run at once: the unprofiled ones plus one profile's (the
+    profiles are alternatives, as the compose file's header says)."""
+    services = compose["services"]
+    base = [n for n, s in services.items() if not s.get("profiles")]
+    profiles = sorted({p for s in services.values() for p in s.get("profiles", [])})
+    sets = {"(default)": base}
+    for profile in profiles:
+        sets[profile] = base + [n for n, s in services.items()
+                                if profile in s.get("profiles", [])]
+    return sets
+
+
+def test_gpu_sets_are_explicit_and_disjoint_among_services_that_run_together(
     compose: dict[str, Any],
 ) -> None:
     services = compose["services"]
@@ -334,13 +355,16 @@ def test_gpu_sets_are_explicit_and_disjoint_across_all_services_and_profiles(
         if ids:
             assert len(ids) == len(set(ids)), f"{name}: a GPU is listed twice: {ids}"
             assigned[name] = set(ids)
-    assert assigned.get(GENERATOR) and len(assigned[GENERATOR]) == 1, (
-        f"the generator must own exactly one GPU, has {assigned.get(GENERATOR)}"
-    )
+    for name in generator_services(compose):
+        assert assigned.get(name) and len(assigned[name]) == 1, (
+            f"a generator must own exactly one GPU; {name} has {assigned.get(name)}"
+        )
     for name in trainer_services(compose):
         assert assigned.get(name), f"{name} reserves no GPU"
-    for (a, ids_a), (b, ids_b) in combinations(assigned.items(), 2):
-        assert not ids_a & ids_b, f"{a} and {b} share GPUs {sorted(ids_a & ids_b)}"
+    for profile, names in run_together(compose).items():
+        for a, b in combinations([n for n in names if n in assigned], 2):
+            shared = assigned[a] & assigned[b]
+            assert not shared, f"{a} and {b} ({profile}) share GPUs {sorted(shared)}"
 
 
 def test_trainer_gpu_flags_use_the_containers_own_numbering(resolved: dict[str, Any]) -> None:
@@ -372,21 +396,64 @@ def test_second_trainer_profile_shares_the_generator(compose: dict[str, Any]) ->
         assert service_flag == url, f"{name}: --service {service_flag} differs from GENAUG_URL"
 
 
-def test_trainers_start_only_when_the_generator_is_healthy(compose: dict[str, Any]) -> None:
-    generator = compose["services"][GENERATOR]
-    check = generator.get("healthcheck", {})
-    assert check.get("test"), "the generator has no healthcheck; depends_on cannot wait for it"
-    command = " ".join(check["test"]) if isinstance(check["test"], list) else check["test"]
-    assert "/readyz" in command, f"healthcheck must probe /readyz (model loaded): {command}"
-    assert "curl" not in command and "wget" not in command, "healthcheck must not assume curl"
-    assert check.get("start_period"), "loading SDXL takes minutes: set a start_period"
+def test_trainers_start_only_when_their_generators_are_healthy(compose: dict[str, Any]) -> None:
+    generators = generator_services(compose)
+    for name, generator in generators.items():
+        check = generator.get("healthcheck", {})
+        assert check.get("test"), f"{name} has no healthcheck; depends_on cannot wait for it"
+        command = " ".join(check["test"]) if isinstance(check["test"], list) else check["test"]
+        assert "/readyz" in command, f"{name}: healthcheck must probe /readyz: {command}"
+        assert "curl" not in command and "wget" not in command, "healthcheck must not assume curl"
+        assert check.get("start_period"), f"{name}: loading SDXL takes minutes: start_period"
     for name, svc in trainer_services(compose).items():
         depends = svc.get("depends_on")
-        assert isinstance(depends, dict) and GENERATOR in depends, (
-            f"{name}: depends_on must be the long form naming {GENERATOR}"
-        )
-        condition = depends[GENERATOR].get("condition")
-        assert condition == "service_healthy", f"{name}: depends_on condition is {condition}"
+        assert isinstance(depends, dict), f"{name}: depends_on must be the long form"
+        # a trainer waits for every generator of its profile (the default one without)
+        profiles = set(svc.get("profiles", [])) - {"second-trainer"}
+        mine = [g for g, s in generators.items() if set(s.get("profiles", [])) == profiles]
+        assert mine, f"{name}: no generator runs with it"
+        for generator in mine:
+            assert generator in depends, f"{name} does not wait for {generator}"
+            condition = depends[generator].get("condition")
+            assert condition == "service_healthy", f"{name}: waits for {generator} {condition}"
+
+
+def test_replicas_profile_shares_one_postgres_pool(
+    compose: dict[str, Any], resolved: dict[str, Any], env_example: dict[str, str]
+) -> None:
+    services = resolved["services"]
+    replicas = {n: s for n, s in generator_services(resolved).items()
+                if "replicas" in s.get("profiles", [])}
+    assert len(replicas) >= 2, "the replicas profile needs at least two generators"
+    db = services["postgres"]
+    assert "replicas" in db.get("profiles", [])
+    name, _, tag = db["image"].partition(":")
+    assert name == "postgres" and re.fullmatch(r"\d+\.\d+", tag), (
+        f"postgres must be the official image pinned to a minor version, not {db['image']}"
+    )
+    raw_db_env = compose["services"]["postgres"]["environment"]
+    assert "${GENAUG_DB_PASSWORD" in raw_db_env["POSTGRES_PASSWORD"], (
+        "the database password must come from docker/.env"
+    )
+    top = compose.get("volumes") or {}
+    data = [m for m in mounts(db, top) if m.target == "/var/lib/postgresql/data"]
+    assert data and data[0].type == "volume" and data[0].source in top, (
+        "the database lives on a named volume"
+    )
+    check = " ".join(db.get("healthcheck", {}).get("test", []))
+    assert "pg_isready" in check, f"postgres healthcheck must run pg_isready: {check}"
+    assert not db.get("ports"), "the database is for the replicas only: publish no port"
+    partitions = []
+    for rname, replica in replicas.items():
+        env = replica["environment"]
+        assert "GENAUG_POOL_PATH" not in env, f"{rname}: a pool URL and a path are refused"
+        url = env["GENAUG_POOL_URL"]
+        password = env_example["GENAUG_DB_PASSWORD"]
+        assert url == f"postgresql://genaug:{password}@postgres:5432/genaug", (rname, url)
+        assert replica["depends_on"]["postgres"]["condition"] == "service_healthy"
+        partitions.append(env["GENAUG_REPLICA"])
+    count = len(replicas)
+    assert sorted(partitions) == [f"{i}/{count}" for i in range(count)], partitions
 
 
 def test_pool_on_a_named_volume(compose: dict[str, Any], resolved: dict[str, Any]) -> None:
@@ -628,8 +695,15 @@ def test_tensorflow_base_satisfies_the_trainer_extra(pyproject: dict[str, Any]) 
 # --- Kubernetes -----------------------------------------------------------------------------
 
 
+def _genaug(doc: dict[str, Any]) -> bool:
+    return bool(doc["metadata"].get("labels", {}).get("app.kubernetes.io/name")
+                == "genaug-service")
+
+
 def _workloads(docs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    found = [(f, d) for f, d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    """The generator workloads (the database's StatefulSet is checked on its own)."""
+    found = [(f, d) for f, d in docs
+             if d["kind"] in ("Deployment", "StatefulSet") and _genaug(d)]
     kinds = {d["kind"] for _, d in found}
     assert "Deployment" in kinds, "docker/k8s/ has no Deployment"
     assert "StatefulSet" in kinds, "docker/k8s/ has no StatefulSet for several replicas"
@@ -672,12 +746,18 @@ def test_k8s_probes_gpu_and_security(k8s_docs: list[tuple[str, dict[str, Any]]])
         assert model_mounts and all(m.get("readOnly") for m in model_mounts), (
             f"{where}: the weights mount must be readOnly"
         )
-        pool = PurePosixPath(env["GENAUG_POOL_PATH"]["value"])
-        pool_mounts = [m for p, m in mounts_by_path.items() if pool.is_relative_to(p)]
-        assert pool_mounts, f"{where}: GENAUG_POOL_PATH={pool} is on no volume"
+        if "GENAUG_POOL_URL" in env:
+            assert "secretKeyRef" in env["GENAUG_POOL_URL"].get("valueFrom", {}), (
+                f"{where}: GENAUG_POOL_URL holds a password: it must come from a Secret"
+            )
+            assert "GENAUG_POOL_PATH" not in env, f"{where}: a pool URL and a path are refused"
+        else:
+            pool = PurePosixPath(env["GENAUG_POOL_PATH"]["value"])
+            pool_mounts = [m for p, m in mounts_by_path.items() if pool.is_relative_to(p)]
+            assert pool_mounts, f"{where}: GENAUG_POOL_PATH={pool} is on no volume"
 
 
-def test_k8s_pool_storage_matches_sqlite_single_writer(
+def test_k8s_pool_storage_sqlite_single_writer_or_shared_postgres(
     k8s_docs: list[tuple[str, dict[str, Any]]],
 ) -> None:
     claims = {d["metadata"]["name"]: d for _, d in k8s_docs if d["kind"] == "PersistentVolumeClaim"}
@@ -685,13 +765,13 @@ def test_k8s_pool_storage_matches_sqlite_single_writer(
         pod = workload["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         env = {e["name"]: e for e in container["env"]}
-        pool = PurePosixPath(env["GENAUG_POOL_PATH"]["value"])
-        mount = max(
-            (m for m in container["volumeMounts"] if pool.is_relative_to(m["mountPath"])),
-            key=lambda m: len(m["mountPath"]),
-        )
-        volumes = {v["name"]: v for v in pod.get("volumes", [])}
         if workload["kind"] == "Deployment":
+            pool = PurePosixPath(env["GENAUG_POOL_PATH"]["value"])
+            mount = max(
+                (m for m in container["volumeMounts"] if pool.is_relative_to(m["mountPath"])),
+                key=lambda m: len(m["mountPath"]),
+            )
+            volumes = {v["name"]: v for v in pod.get("volumes", [])}
             claim = volumes[mount["name"]].get("persistentVolumeClaim", {}).get("claimName")
             assert claim in claims, f"{file}: pool volume must be a PVC declared in docker/k8s/"
             assert claims[claim]["spec"]["accessModes"] == ["ReadWriteOnce"], (
@@ -704,16 +784,49 @@ def test_k8s_pool_storage_matches_sqlite_single_writer(
                 f"{file}: a rolling update would open the pool from two pods; use Recreate"
             )
         else:
-            templates = {t["metadata"]["name"] for t in workload["spec"]["volumeClaimTemplates"]}
-            assert mount["name"] in templates and mount["name"] not in volumes, (
-                f"{file}: each StatefulSet replica needs its own pool claim (volumeClaimTemplates)"
+            # Replicas share one PostgreSQL pool; i of GENAUG_REPLICA=i/N is the pod's ordinal
+            # (set by the entrypoint from the pod name), N is written next to `replicas`.
+            assert "GENAUG_POOL_URL" in env, f"{file}: replicas share a pool: GENAUG_POOL_URL"
+            count = int(env["GENAUG_REPLICAS"]["value"])
+            assert count == workload["spec"]["replicas"], (
+                f"{file}: GENAUG_REPLICAS={count} but replicas={workload['spec']['replicas']}"
             )
+            script = " ".join(container.get("command", []) + container.get("args", []))
+            assert 'GENAUG_REPLICA="${HOSTNAME##*-}/${GENAUG_REPLICAS}"' in script, script
+            assert "exec genaug serve" in script, f"{file}: the entrypoint must exec the server"
+
+
+def test_k8s_postgres_for_the_shared_pool(k8s_docs: list[tuple[str, dict[str, Any]]]) -> None:
+    (db,) = [d for _, d in k8s_docs if d["kind"] == "StatefulSet"
+             and d["metadata"]["labels"]["app.kubernetes.io/name"] == "genaug-postgres"]
+    pod = db["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    name, _, tag = container["image"].partition(":")
+    assert name == "postgres" and re.fullmatch(r"\d+\.\d+", tag), container["image"]
+    assert pod["securityContext"].get("runAsNonRoot") is True
+    env = {e["name"]: e for e in container["env"]}
+    assert "secretKeyRef" in env["POSTGRES_PASSWORD"]["valueFrom"], "password from a Secret"
+    assert "pg_isready" in container["readinessProbe"]["exec"]["command"]
+    (template,) = db["spec"]["volumeClaimTemplates"]
+    mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mount[template["metadata"]["name"]] == "/var/lib/postgresql/data"
+    assert env["PGDATA"]["value"].startswith("/var/lib/postgresql/data/"), "PGDATA in a subfolder"
+    services = [d for _, d in k8s_docs if d["kind"] == "Service"
+                and d["metadata"]["name"] == db["spec"]["serviceName"]]
+    assert services and services[0]["spec"]["selector"].items() <= (
+        pod and db["spec"]["template"]["metadata"]["labels"].items())
+    generators = [d for _, d in _workloads(k8s_docs) if d["kind"] == "StatefulSet"]
+    for workload in generators:
+        (gen,) = workload["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in gen["env"]}
+        secret = env["GENAUG_POOL_URL"]["valueFrom"]["secretKeyRef"]["name"]
+        assert secret == "genaug-pool-url"
 
 
 def test_k8s_services_select_the_generator_pods(
     k8s_docs: list[tuple[str, dict[str, Any]]],
 ) -> None:
-    services = [(f, d) for f, d in k8s_docs if d["kind"] == "Service"]
+    services = [(f, d) for f, d in k8s_docs if d["kind"] == "Service" and _genaug(d)]
     assert services, "docker/k8s/ has no Service"
     for file, workload in _workloads(k8s_docs):
         labels = workload["spec"]["template"]["metadata"]["labels"]

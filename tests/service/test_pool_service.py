@@ -74,11 +74,13 @@ def test_pools_fill_in_the_background_and_stop_when_full(
     assert len(live.worker.calls) == calls, "the worker kept generating with full pools"
     listing = httpx.get(live.url + "/v1/recipes").json()["recipes"]
     assert [r["name"] for r in listing] == ["shapes"] and listing[0]["fill"]["square"] == 6
-    # every idle batch held one label, of the recipe's size, steps and negative prompt
+    # every idle batch held one label, of the recipe's size, steps, guidance, negative prompt
+    assert sum(len(items) for _, items in live.worker.calls) == 18  # exactly the target
     for key, items in live.worker.calls:
-        assert (key.height, key.width, key.steps, key.guidance) == (32, 32, 2, 3.0)
+        assert (key.height, key.width, key.steps, key.mode) == (32, 32, 2, "text")
+        assert {it.guidance for it in items} == {3.0}
         assert len({it.prompt.split()[-1] for it in items}) == 1
-        assert key.negative == (items[0].negative_prompt == "blurry")
+        assert {it.negative_prompt for it in items} <= {None, "blurry"}
 
 
 def test_sample_shapes_labels_counts_and_served(make_service: Any, tmp_path: Path) -> None:
@@ -293,9 +295,10 @@ def test_pregenerate_in_process_resumes_and_stops_cleanly_on_ctrl_c(tmp_path: Pa
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    proc.send_signal(signal.SIGINT)  # Ctrl-C, wherever it lands (pipeline, bookkeeping)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "every finished batch is kept" in err
+    assert proc.returncode == 130 and "every finished batch is kept" in err, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
     kept = _fill(db)
     assert all(v % 2 == 0 for v in kept.values())  # whole batches of 2
     with PoolStore(db, capacity_per_label=1000) as store:
@@ -312,3 +315,66 @@ def _fill(db: Path) -> dict[str, int]:
     with PoolStore(db, capacity_per_label=1000) as store:
         pools = store.pools()
         return store.fill(pools[0]) if pools else {}
+
+
+def test_pool_list_and_drop_commands(tmp_path: Path) -> None:
+    from genaug.service.pool import PoolStore as Store
+
+    db = tmp_path / "pool.db"
+    with Store(db, capacity_per_label=10) as store:
+        store.add("shapes-aaaaaaaaaaaa", "circle", np.zeros((2, 4, 4, 3), np.uint8), [1, 2],
+                  model_hash="m")
+        store.add("shapes-bbbbbbbbbbbb", "circle", np.zeros((1, 4, 4, 3), np.uint8), [3],
+                  model_hash="m")
+    base = [sys.executable, "-m", "genaug.cli", "pool"]
+    listing = subprocess.run([*base, "list", "--pool-path", str(db)], capture_output=True,
+                             text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    assert "shapes-aaaaaaaaaaaa  2 images" in listing.stdout
+    assert "shapes-bbbbbbbbbbbb  1 images" in listing.stdout
+    missing = subprocess.run([*base, "drop", "shapes-", "--pool-path", str(db)],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "exact ids" in missing.stderr
+    drop = subprocess.run([*base, "drop", "shapes-aaaaaaaaaaaa", "--pool-path", str(db)],
+                          capture_output=True, text=True, timeout=120)
+    assert drop.returncode == 0 and "2 images deleted" in drop.stdout, drop.stderr
+    with Store(db, capacity_per_label=10) as store:
+        assert store.pools() == ["shapes-bbbbbbbbbbbb"]
+    nowhere = subprocess.run([*base, "list", "--pool-path", str(tmp_path / "none.db")],
+                             capture_output=True, text=True, timeout=120)
+    assert nowhere.returncode == 2 and "no pool database" in nowhere.stderr
+
+
+def test_variant_pool_from_real_images_with_the_real_pipeline(
+    make_service: Any, tmp_path: Path
+) -> None:
+    """A label with `images:` is filled with img2img variants by the real pipeline, and the
+    pool remembers each variant's source."""
+    from PIL import Image
+
+    from genaug.service.recipes import source_hash
+
+    folder = tmp_path / "real" / "circles"
+    folder.mkdir(parents=True)
+    sources = []
+    for k, colour in enumerate([(200, 30, 30), (30, 30, 200)]):
+        pixels = np.zeros((32, 32, 3), np.uint8)
+        pixels[8:24, 8:24] = colour
+        Image.fromarray(pixels).save(folder / f"{k}.png")
+        sources.append(source_hash(pixels))
+    text = RECIPE.replace(
+        'circle: {prompts: ["a circle", "a round circle"]}',
+        'circle: {prompts: ["a circle"], images: circles, strength: 0.5, variants_per_image: 2}',
+    )
+    live = make_service(recipes=write_recipe(tmp_path, text), pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=3, max_batch_images=4,
+                        data_root=tmp_path / "real")
+    detail = wait_fill(live, 2)
+    assert detail["fill"] == {"circle": 3, "square": 3, "triangle": 3}  # 2 x 2 capped at 3
+    modes = {(key.mode, key.strength) for key, items in live.worker.calls
+             if items and items[0].prompt == "a circle"}
+    assert modes == {("img2img", 0.5)}
+    store = live.state.store
+    sample = store.sample(live.state.pools.pool_ids["shapes"], ["circle"], 10)
+    assert sample.sources is not None and set(sample.sources) <= set(sources)
+    assert len(set(sample.sources)) == 2 and len(set(sample.seeds.tolist())) == 3

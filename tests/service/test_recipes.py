@@ -9,9 +9,12 @@ from genaug.service.recipes import (
     LabelSpec,
     Recipe,
     RecipeError,
+    check_recipes,
+    load_label_sources,
     load_recipes,
     parse_recipes,
     pool_id,
+    source_hash,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +64,6 @@ def test_shipped_recipes_load(name: str) -> None:
 def test_wound_phases_labels_in_order() -> None:
     recipe = load_recipes(REPO / "recipes" / "wound_phases.yaml")["wound-phases"]
     assert recipe.label_names == ["I", "P", "R"]
-    assert recipe.label_index("R") == 2
     assert all(len(spec.prompts) >= 2 for spec in recipe.labels.values())
 
 
@@ -143,7 +145,7 @@ def test_json_error_has_line_too(tmp_path: Path) -> None:
     path = _write(tmp_path, json.dumps(data, indent=2), "r.json")
     message = _error(path)
     assert "recipes[0].guidance" in message and "99" in message
-    assert f"{path}:" in message.splitlines()[1]
+    assert f"{path}:" in message and "\n" not in message  # one problem, one line
 
 
 def test_spec_hash_tracks_generation_spec_only() -> None:
@@ -204,3 +206,119 @@ def test_models_forbid_extra_and_are_frozen() -> None:
     )
     with pytest.raises(ValueError):
         recipe.steps = 3
+
+
+def test_spec_hash_of_a_recipe_without_new_fields_is_unchanged() -> None:
+    # Pinned from genaug 0.1: pools made before scheduler/adapter/channels/images existed
+    # keep their identity (and their images) after the upgrade.
+    recipe = parse_recipes(GOOD, path=Path("x.yaml"))["shapes"]
+    assert recipe.spec_hash() == (
+        "145d799c5d77dac7704f56bb0cba3e1a4bcae013c40d3960a21ab89d982322cb")
+    assert pool_id(recipe, "aaaa") == "shapes-361f7691b896"
+
+
+NEW_FIELDS = GOOD.replace("    base_seed: 7\n", """    base_seed: 7
+    scheduler: dpmpp_2m
+    adapter: {name: lcm, scale: 0.5}
+    output_channels: 1
+""").replace("        negative_prompt: text\n", """        negative_prompt: text
+        adapter: {name: other}
+        images: real/circle
+        strength: 0.3
+        variants_per_image: 4
+""")
+
+
+def test_new_fields_parse_and_enter_the_spec_hash() -> None:
+    recipe = parse_recipes(NEW_FIELDS, path=Path("x.yaml"))["shapes"]
+    assert (recipe.scheduler, recipe.output_channels) == ("dpmpp_2m", 1)
+    assert recipe.adapter_for("circle") is not None
+    assert recipe.adapter_for("circle").name == "other"  # type: ignore[union-attr]
+    assert recipe.adapter_for("circle").scale == 1.0  # type: ignore[union-attr]
+    assert recipe.adapter_for("square") == recipe.adapter
+    spec = recipe.labels["circle"]
+    assert (spec.images, spec.strength, spec.variants_per_image) == ("real/circle", 0.3, 4)
+    base = recipe.spec_hash()
+    for update in ({"scheduler": "euler"}, {"output_channels": 3}, {"adapter": None}):
+        assert recipe.model_copy(update=update).spec_hash() != base, update
+    label = spec.model_copy(update={"strength": 0.5})
+    assert recipe.model_copy(update={"labels": {**recipe.labels, "circle": label}}
+                             ).spec_hash() != base
+
+
+@pytest.mark.parametrize("change, where, words", [
+    ("scheduler: dpmpp_2m", "recipes[0].scheduler", ["unknown scheduler", "euler_a", "'nope'"]),
+    ("output_channels: 1", "recipes[0].output_channels", ["1", "3"]),
+    ("adapter: {name: lcm, scale: 0.5}", "recipes[0].adapter.scale", ["less than or equal"]),
+    ("images: real/circle", "recipes[0].labels.circle.images", ["GENAUG_DATA_ROOT", "'..'"]),
+    ("strength: 0.3", "recipes[0].labels.circle.strength", ["greater than 0"]),
+    ("variants_per_image: 4", "recipes[0].labels.circle.variants_per_image", ["1000"]),
+])
+def test_new_fields_are_validated(tmp_path: Path, change: str, where: str,
+                                  words: list[str]) -> None:
+    bad = {"scheduler: dpmpp_2m": "scheduler: nope", "output_channels: 1": "output_channels: 2",
+           "adapter: {name: lcm, scale: 0.5}": "adapter: {name: lcm, scale: 9.0}",
+           "images: real/circle": "images: ../outside", "strength: 0.3": "strength: 0.0",
+           "variants_per_image: 4": "variants_per_image: 5000"}[change]
+    message = _error(_write(tmp_path, NEW_FIELDS.replace(change, bad)))
+    assert where in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_check_recipes_names_unknown_adapters_and_bad_folders(tmp_path: Path) -> None:
+    recipes = parse_recipes(NEW_FIELDS, path=Path("r.yaml"))
+    with pytest.raises(RecipeError) as info:
+        check_recipes(recipes, adapters={"lcm"}, data_root=None, path=Path("r.yaml"))
+    problems = info.value.problems
+    assert any("labels.circle.adapter: unknown adapter 'other'; loaded adapters: lcm" in p
+               for p in problems), problems
+    assert any("GENAUG_DATA_ROOT" in p for p in problems), problems
+    with pytest.raises(RecipeError, match="unknown adapter 'lcm'.*none .set GENAUG_LORAS"):
+        check_recipes(recipes, adapters=set(), data_root=tmp_path)
+    (tmp_path / "real" / "circle").mkdir(parents=True)
+    with pytest.raises(RecipeError, match="holds no image"):
+        check_recipes(recipes, adapters={"lcm", "other"}, data_root=tmp_path)
+    from PIL import Image
+
+    Image.new("RGB", (10, 20), (200, 10, 10)).save(tmp_path / "real" / "circle" / "a.png")
+    (tmp_path / "real" / "circle" / "notes.txt").write_text("not an image")
+    check_recipes(recipes, adapters={"lcm", "other"}, data_root=tmp_path)  # fine now
+    sources = load_label_sources(recipes["shapes"], "circle", tmp_path)
+    assert [s.name for s in sources] == ["a.png"]
+    assert sources[0].pixels.shape == (64, 64, 3) and sources[0].pixels.dtype.name == "uint8"
+    assert sources[0].hash == source_hash(sources[0].pixels) and len(sources[0].hash) == 32
+    assert load_label_sources(recipes["shapes"], "square", tmp_path) == []
+    # never outside the root, not even through a symlink
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    Image.new("RGB", (8, 8)).save(outside / "x.png")
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    (root / "real" / "circle").symlink_to(outside)
+    with pytest.raises(RecipeError, match="outside GENAUG_DATA_ROOT"):
+        check_recipes(recipes, adapters={"lcm", "other"}, data_root=root)
+
+
+def test_serve_refuses_a_recipe_naming_an_unknown_adapter(tmp_path: Path) -> None:
+    """Start-up, not the first request, finds a recipe that names an adapter GENAUG_LORAS does
+    not load: one line, exit 2, nothing listens."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "recipes:\n  - name: inked\n    height: 64\n    width: 64\n    steps: 2\n"
+        "    guidance: 3.0\n    adapter: {name: ink, scale: 0.8}\n"
+        "    labels:\n      a: {prompts: [\"a\"]}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENAUG_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "genaug.service", "--recipes", str(path), "--port", "0",
+         "--pool-path", str(tmp_path / "pool.db")],
+        capture_output=True, text=True, env=env, timeout=180,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "unknown adapter 'ink'" in out.stderr and "GENAUG_LORAS" in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 2, out.stderr
