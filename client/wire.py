@@ -11,10 +11,10 @@ in ``_json``.
 Writing: :func:`encode_batch` writes the safetensors format itself (an 8-byte length, the JSON
 header padded to 8 bytes, the tensors in order of decreasing alignment, one copy of the
 pixels), because ``safetensors.numpy.save`` copies a batch several times (about 1 ms for 64
-images of 64x64, ten times this). Reading a batch views the tensors in the payload itself
-(read-only arrays, as ``safetensors.numpy.load`` returns, but without its copy of every
-tensor), after checking every offset as the ``safetensors`` library does: known dtype, sizes
-that match the shapes, tensors back to back from the start of the data to its end. The tests
+images of 64x64, ten times this). Reading a batch makes one writable copy of the payload and
+views the tensors in it (``safetensors.numpy.load`` copies every tensor on top of that), after
+checking every offset as the ``safetensors`` library does: known dtype, sizes that match the
+shapes, tensors back to back from the start of the data to its end. The tests
 check that the library reads what this module writes, and that both readers agree.
 
 Example::
@@ -210,8 +210,9 @@ _WIRE_DTYPES: dict[str, np.dtype[Any]] = {
 
 
 def _views(payload: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The tensors of a safetensors ``payload`` as read-only views into it, and its string
-    metadata; ``ValueError`` naming the first thing that is not as safetensors requires."""
+    """The tensors of a safetensors ``payload`` as views into one writable copy of it (callers
+    may scale images in place), and its string metadata; ``ValueError`` naming the first
+    thing that is not as safetensors requires."""
     if len(payload) < 8:
         raise ValueError("payload shorter than a safetensors header")
     n = int.from_bytes(payload[:8], "little")
@@ -246,11 +247,12 @@ def _views(payload: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         entries.append((begin, end, name, dtype, shape, count))
     position = 0
     tensors: dict[str, np.ndarray] = {}
+    data = bytearray(memoryview(payload)[start:])
     for begin, end, name, dtype, shape, count in sorted(entries, key=lambda e: (e[0], e[1])):
         if begin != position:  # a gap or an overlap
             raise ValueError(f"tensor {name!r} starts at {begin}, expected {position}")
         position = end
-        array = np.frombuffer(payload, dtype, count, start + begin)
+        array = np.frombuffer(data, dtype, count, begin)
         tensors[name] = array.reshape(shape)
     if position != size:
         raise ValueError(f"the tensors cover {position} of the {size} data bytes")

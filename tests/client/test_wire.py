@@ -272,9 +272,9 @@ def test_the_safetensors_library_reads_what_genaug_writes(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [0, 1, 5])
-def test_decode_views_the_payload_and_agrees_with_the_safetensors_library(n: int) -> None:
-    """decode_batch checks the offsets itself and views the tensors in the payload (no copy);
-    it must read what the library reads, as read-only arrays like the library's."""
+def test_decode_agrees_with_the_safetensors_library_and_is_writable(n: int) -> None:
+    """decode_batch checks the offsets itself and views the tensors in one copy of the
+    payload; it must read what the library reads, as arrays a caller may change in place."""
     from safetensors.numpy import load
 
     rng = np.random.default_rng(n)
@@ -289,6 +289,7 @@ def test_decode_views_the_payload_and_agrees_with_the_safetensors_library(n: int
         for name in ("images", "seeds", "labels"):
             got = getattr(decoded, name)
             np.testing.assert_array_equal(got, reference[name])
-            assert got.dtype == reference[name].dtype and not got.flags.writeable
+            assert got.dtype == reference[name].dtype and got.flags.writeable
         if n:
-            assert np.shares_memory(decoded.images, np.frombuffer(payload, np.uint8))
+            assert not np.shares_memory(decoded.images, np.frombuffer(payload, np.uint8))
+            decoded.images[0] //= 2  # a notebook scaling its images in place
