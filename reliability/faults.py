@@ -121,6 +121,10 @@ def check_kill_during_fill(*, rounds: int = 1, workdir: Path | None = None) -> C
                         consistent = False
                         problems.append(f"round {round_index}: {label} fill {s.fill} != "
                                         f"generated {s.generated}")
+                    if s.fill % 4:  # --max-batch-images 4: a batch is stored whole or not
+                        consistent = False
+                        problems.append(f"round {round_index}: {label} holds {s.fill} "
+                                        "images, not whole batches of 4")
                 stored = {seed for _, seed, _ in store.iter_images(pool)}
                 fills = {label: s.fill for label, s in stats.items()}
             finally:
