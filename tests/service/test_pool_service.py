@@ -17,7 +17,6 @@ import pytest
 
 from genaug.client import Client
 from genaug.client.wire import decode_batch
-from genaug.demo import free_port, running_service
 from genaug.service.pool import PoolStore
 
 RECIPE = """
