@@ -606,6 +606,10 @@ async def sample(name: str, request: Request) -> Response:
         "returned": len(result),
         "genaug_version": __version__,
     }
+    if result.sources is not None and any(result.sources):
+        # img2img variants: which real image each came from (hash of its pixels; None for
+        # text-to-image labels), as /v1/variants answers source_hashes.
+        metadata["source_hashes"] = list(result.sources)
     payload = await encoded(images, lambda: encode_batch(
         images, result.seeds, labels=result.label_indices(recipe.label_names), metadata=metadata
     ))

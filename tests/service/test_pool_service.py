@@ -340,3 +340,12 @@ def test_variant_pool_from_real_images_with_the_real_pipeline(
     sample = store.sample(live.state.pools.pool_ids["shapes"], ["circle"], 10)
     assert sample.sources is not None and set(sample.sources) <= set(sources)
     assert len(set(sample.sources)) == 2 and len(set(sample.seeds.tolist())) == 3
+    # over HTTP, each sampled image says where it came from (None for text-to-image labels)
+    with Client(live.url) as client:
+        served = client.sample("shapes", n=9)
+    hashes = served.metadata["source_hashes"]
+    names = [served.label_names[i] for i in served.labels.tolist()]
+    assert len(hashes) == len(names) == 9
+    assert {h for h, name in zip(hashes, names, strict=True) if name == "circle"} <= set(sources)
+    assert all(h is None for h, name in zip(hashes, names, strict=True) if name != "circle")
+    assert "circle" in names
