@@ -121,6 +121,10 @@ def check_kill_during_fill(*, rounds: int = 1, workdir: Path | None = None) -> C
                         consistent = False
                         problems.append(f"round {round_index}: {label} fill {s.fill} != "
                                         f"generated {s.generated}")
+                    if s.fill % 4:  # --max-batch-images 4: a batch is stored whole or not
+                        consistent = False
+                        problems.append(f"round {round_index}: {label} holds {s.fill} "
+                                        "images, not whole batches of 4")
                 stored = {seed for _, seed, _ in store.iter_images(pool)}
                 fills = {label: s.fill for label, s in stats.items()}
             finally:
@@ -187,9 +191,10 @@ class RaiseOnMarker:
         return self.inner.run(key, items)
 
 
-class OOMPipeline:
-    """Stands in front of the diffusers pipeline: raises ``torch.OutOfMemoryError`` for calls
-    of more than ``max_images`` prompts, and for any call holding an ``always`` prompt."""
+class OOMSampler:
+    """Stands in front of the worker's sampler (the per-image-guidance denoising loop): raises
+    ``torch.OutOfMemoryError`` for calls of more than ``max_images`` items, and for any call
+    holding an ``always`` prompt, as a device that cannot fit the batch's activations would."""
 
     def __init__(self, inner: Any, *, max_images: int = 2, always: str = "huge") -> None:
         self.inner = inner
@@ -198,16 +203,15 @@ class OOMPipeline:
         self.calls: list[int] = []
         self.ooms = 0
 
-    def __call__(self, **kwargs: Any) -> Any:
+    def denoise(self, key: Any, items: Any) -> Any:
         import torch
 
-        prompts = kwargs["prompt"]
-        self.calls.append(len(prompts))
-        if len(prompts) > self.max_images or any(self.always in p for p in prompts):
+        self.calls.append(len(items))
+        if len(items) > self.max_images or any(self.always in it.prompt for it in items):
             self.ooms += 1
             raise torch.OutOfMemoryError(
-                f"CUDA out of memory (injected for a batch of {len(prompts)})")
-        return self.inner(**kwargs)
+                f"CUDA out of memory (injected for a batch of {len(items)})")
+        return self.inner.denoise(key, items)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -281,10 +285,10 @@ def check_generator_oom(model: Any) -> CheckResult:
     that still runs out of memory fails only its own request."""
     result = CheckResult("Faults", "generator_oom")
     started = time.monotonic()
-    holder: dict[str, OOMPipeline] = {}
+    holder: dict[str, OOMSampler] = {}
 
     def wrap(generator: Any) -> Any:
-        holder["pipe"] = generator.pipe = OOMPipeline(generator.pipe)
+        holder["pipe"] = generator.sampler = OOMSampler(generator.sampler)
         return generator
 
     with LogCapture(["genaug.service"], level=logging.WARNING) as logs, \
@@ -370,7 +374,7 @@ def check_disconnects(model: Any, *, count: int = 100, rounds: int = 1) -> Check
         leaked = [p for p in live.worker.prompts if p.startswith("gone ")]
         batcher = live.state.batcher
         queued = batcher.queued_images
-        queues_empty = not any(batcher._queues[p] for p in batcher._queues)
+        queues_empty = batcher.queue.requests == 0
         total = count * rounds
         result.add(f"{count} queued requests whose clients disconnect (worker held)"
                    + (f", {rounds} rounds" if rounds > 1 else ""), total,

@@ -121,8 +121,10 @@ def check_auth(model: Any, *, timing_requests: int = 200, workdir: Path | None =
                 missing = {s for s in statuses if str(s) not in documented}
                 if missing:
                     undocumented.append(f"{method} {path}: {sorted(missing)}")
-            for post_path in ("/v1/recipes/{name}/sample", "/v1/recipes/{name}/fill",
-                              "/v1/generate"):
+            # Recipe routes are served per recipe (/v1/recipes/shapes/sample, ...).
+            body_paths = [p for p in spec["paths"] if p == "/v1/generate"
+                          or re.fullmatch(r"/v1/recipes/[^/]+/(sample|fill)", p)]
+            for post_path in body_paths:
                 responses = spec["paths"][post_path]["post"]["responses"]
                 for status in ("413", "400"):
                     if status not in responses:

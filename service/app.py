@@ -34,7 +34,7 @@ from fastapi_offline import FastAPIOffline
 
 from genaug import __version__
 
-from .api import EXCEPTION_HANDLERS, router
+from .api import EXCEPTION_HANDLERS, DirectSample, router
 from .batcher import Batcher
 from .guard import GuardMiddleware
 from .metrics import Metrics
@@ -105,6 +105,7 @@ def create_app(
     ours = sorted(router.routes, key=lambda r: hot.index(getattr(r, "path", ""))
                   if getattr(r, "path", "") in hot else len(hot))
     app.router.routes[:0] = ours
+    app.add_middleware(DirectSample)  # added first: runs inside the guard
     app.add_middleware(
         GuardMiddleware,
         keys=[key.get_secret_value() for key in settings.api_keys],

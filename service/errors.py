@@ -7,6 +7,7 @@ at fault. Every message says what was received, the bound it broke and how to fi
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -119,9 +120,34 @@ def unparseable(detail: str, raw: bytes) -> str:
         return "the body is empty; send a JSON object (see GET /openapi.json)"
     if "recursion" in detail:
         return f"the body's JSON is nested too deeply ({detail}); send a flat JSON object"
-    if "number" in detail and ("large" in detail or "digits" in detail):
-        return f"a number in the body is out of range ({detail}); send numbers in range"
-    return f"the body is not valid JSON ({detail}); send a UTF-8 JSON object"
+    where = _field_at(detail, raw)
+    if "number" in detail and ("large" in detail or "digits" in detail or "range" in detail):
+        return (f"a number{where} has too many digits to parse ({detail}); send numbers "
+                "within the bounds in GET /openapi.json")
+    if "escape" in detail or "surrogate" in detail:
+        return (f"a \\u escape{where} is not a whole character, such as a lone UTF-16 "
+                f"surrogate ({detail}); send valid Unicode text")
+    return f"the body is not valid JSON ({detail}{where and ';' + where}); send a UTF-8 JSON object"
+
+
+_POSITION = re.compile(r"line (\d+) column (\d+)")
+_KEY = re.compile(r'"((?:[^"\\]|\\.){1,64})"\s*:')
+
+
+def _field_at(detail: str, raw: bytes) -> str:
+    """`` in the value of `name``` for the object key nearest before the parse error's
+    position, or "" when there is none (the position is only a hint; this never raises)."""
+    found = _POSITION.search(detail)
+    if not found:
+        return ""
+    line, column = int(found.group(1)), int(found.group(2))
+    lines = raw.decode("utf-8", "replace").split("\n")
+    if not 1 <= line <= len(lines):
+        return ""
+    before = "\n".join(lines[: line - 1] + [lines[line - 1][:column]])
+    before = before.rstrip("0123456789.eE+- ")[-4096:]  # a long number's own digits
+    keys = _KEY.findall(before)
+    return f" in the value of `{keys[-1]}`" if keys else ""
 
 
 # -- validation messages ----------------------------------------------------------------------

@@ -899,10 +899,13 @@ def open_pool_store(settings: Settings, *, capacity_per_label: int | None = None
                            partition=partition, lease_s=lease_s)
 
 
-def replica_info(settings: Settings) -> dict[str, str | None]:
-    """The ``replica`` group of ``/v1/info``: the plan partition and the pool backend."""
+def replica_info(settings: Settings) -> dict[str, str | bool | None]:
+    """The ``replica`` group of ``/v1/info``: the plan partition, the pool backend, and
+    whether idle pre-generation fills pools to capacity (off: only samples that wait and
+    ``fill`` targets make pool images, which a feeder wants to know before it waits)."""
     partition = parse_partition(getattr(settings, "replica", None))
     return {
         "partition": f"{partition[0]}/{partition[1]}" if partition else None,
         "pool_backend": "postgresql" if _pool_url(settings) else "sqlite",
+        "pregenerate": bool(settings.pregenerate),
     }

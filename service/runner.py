@@ -30,10 +30,6 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     Start-up problems (a wrong device, a missing model path, an invalid setting) print one
     clear line and exit 2 before anything listens.
     """
-    import uvicorn
-
-    from .app import check_startup, create_app
-    from .model import ModelLoadError
     from .pool import PoolError, open_pool_store
     from .recipes import RecipeError
     from .settings import Settings
@@ -52,10 +48,22 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
         os.kill(os.getpid(), signal.SIGTERM)
 
     try:
+        if settings.recipes is not None:
+            # Reachable, credentials, schema version: checked first, so that a wrong pool URL
+            # fails in a second, before torch and the model's libraries load.
+            open_pool_store(settings).close()
+    except PoolError as exc:
+        print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+
+    import uvicorn
+
+    from .app import check_startup, create_app
+    from .model import ModelLoadError
+
+    try:
         check_startup(settings)
         app = create_app(settings, on_fatal=fatal)
-        if settings.recipes is not None:
-            open_pool_store(settings).close()  # reachable, credentials, schema version
     except (ModelLoadError, RecipeError, PoolError) as exc:
         print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
         return 2

@@ -429,6 +429,7 @@ class ReplicaInfo(BaseModel):
 
     partition: str | None = None
     pool_backend: str | None = None
+    pregenerate: bool = True
 
 
 class InfoResponse(BaseModel):

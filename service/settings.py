@@ -306,12 +306,11 @@ class Settings(BaseSettings):
             )
         return self
 
-    def request_defaults(self, *, tiny: bool | None = None) -> tuple[int, int, float]:
+    def request_defaults(self) -> tuple[int, int, float]:
         """(size, steps, guidance) used when a request leaves them out.
 
         By the configured model: tiny-digits 64 px / 20 steps / guidance 3 (its recipe's),
         tiny-random 64 / 4 / 5, a path (SDXL) 1024 / 30 / 5; ``GENAUG_DEFAULT_*`` override.
-        ``tiny`` is accepted for older callers; the configured model decides.
         """
         name = self.builtin_model
         base = BUILTIN_MODELS[name] if name is not None else SDXL_DEFAULTS

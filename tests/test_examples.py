@@ -248,8 +248,6 @@ def test_multiworker_example_two_workers_on_localhost(make_service: Any, tmp_pat
 def test_multimodal_example_with_a_converted_unet(make_service: Any, tmp_path: Path) -> None:
     """The user's path end to end: a PyTorch checkpoint in a training wrapper, converted by
     ``genaug convert-unet``, served with ``--unet-weights``, trained against."""
-    if importlib.util.find_spec("genaug.service.convert") is None:
-        pytest.skip("genaug convert-unet has not landed on this branch yet (issue 12, digits)")
     import torch
 
     from genaug.service.testing import load_tiny

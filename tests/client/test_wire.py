@@ -137,6 +137,31 @@ GARBAGE: list[tuple[str, bytes]] = [
                                 "seeds": np.zeros(1, np.int64)},
                                metadata={"request_json": "{not json"})),
     ("metadata not an object", _with_header({"__metadata__": ["x"]}, b"")),
+    ("header not an object", _with_header([1, 2], b"")),  # type: ignore[arg-type]
+    ("header nested too deeply", (20000).to_bytes(8, "little")
+     + b"[" * 10000 + b"]" * 10000),
+    # offsets, checked as the safetensors library checks them (decode views, never copies)
+    ("gap between tensors", _with_header({
+        "images": {"dtype": "U8", "shape": [1, 1, 1, 3], "data_offsets": [0, 3]},
+        "seeds": {"dtype": "I64", "shape": [1], "data_offsets": [4, 12]}}, b"\0" * 12)),
+    ("overlapping tensors", _with_header({
+        "images": {"dtype": "U8", "shape": [1, 1, 1, 3], "data_offsets": [0, 3]},
+        "seeds": {"dtype": "I64", "shape": [1], "data_offsets": [2, 10]}}, b"\0" * 10)),
+    ("size does not match the shape", _with_header({
+        "images": {"dtype": "U8", "shape": [1, 1, 2, 3], "data_offsets": [0, 3]},
+        "seeds": {"dtype": "I64", "shape": [1], "data_offsets": [3, 11]}}, b"\0" * 11)),
+    ("data past the last tensor", _with_header({
+        "images": {"dtype": "U8", "shape": [1, 1, 1, 3], "data_offsets": [0, 3]},
+        "seeds": {"dtype": "I64", "shape": [1], "data_offsets": [3, 11]}}, b"\0" * 12)),
+    ("negative offset", _with_header({
+        "images": {"dtype": "U8", "shape": [1, 1, 1, 3], "data_offsets": [-3, 0]},
+        "seeds": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}}, b"\0" * 8)),
+    ("float dimension", _with_header({
+        "images": {"dtype": "U8", "shape": [1, 1, 1.0, 3], "data_offsets": [0, 3]},
+        "seeds": {"dtype": "I64", "shape": [1], "data_offsets": [3, 11]}}, b"\0" * 11)),
+    ("no offsets", _with_header({
+        "images": {"dtype": "U8", "shape": [1, 1, 1, 3]},
+        "seeds": {"dtype": "I64", "shape": [1], "data_offsets": [3, 11]}}, b"\0" * 11)),
 ]
 
 
@@ -244,3 +269,27 @@ def test_the_safetensors_library_reads_what_genaug_writes(n: int) -> None:
     for name, item in (("seeds", 8), ("labels", 4), ("sources", 4)):
         assert header[name]["data_offsets"][0] % item == 0, header
     assert len(payload) == 8 + size + images.nbytes + seeds.nbytes + 2 * labels.nbytes
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_decode_agrees_with_the_safetensors_library_and_is_writable(n: int) -> None:
+    """decode_batch checks the offsets itself and views the tensors in one copy of the
+    payload; it must read what the library reads, as arrays a caller may change in place."""
+    from safetensors.numpy import load
+
+    rng = np.random.default_rng(n)
+    images = rng.integers(0, 256, (n, 8, 6, 3), dtype=np.uint8)
+    seeds = rng.integers(-(2**62), 2**62, n, dtype=np.int64)
+    labels = rng.integers(0, 9, n, dtype=np.int32)
+    for payload in (
+        encode_batch(images, seeds, labels=labels, metadata={"recipe": "r"}),
+        save({"images": images, "seeds": seeds, "labels": labels}),  # the library's layout
+    ):
+        decoded, reference = decode_batch(payload), load(payload)
+        for name in ("images", "seeds", "labels"):
+            got = getattr(decoded, name)
+            np.testing.assert_array_equal(got, reference[name])
+            assert got.dtype == reference[name].dtype and got.flags.writeable
+        if n:
+            assert not np.shares_memory(decoded.images, np.frombuffer(payload, np.uint8))
+            decoded.images[0] //= 2  # a notebook scaling its images in place

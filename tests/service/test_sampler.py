@@ -246,7 +246,10 @@ def test_every_scheduler_name_builds_once_from_the_model_config(worker: Pipeline
         built = schedulers.get(name)
         assert schedulers.get(name) is built  # cached: one instance per name
         if name == "default":
-            assert built is worker.pipe.scheduler
+            # the model's own scheduler, as this worker's instance (schedulers keep step state)
+            assert type(built) is type(worker.pipe.scheduler)
+            assert built is not worker.pipe.scheduler
+            assert dict(built.config) == dict(model_config)
             continue
         assert type(built).__name__ == SCHEDULER_CLASSES[name][0]
         assert built.config.num_train_timesteps == model_config.num_train_timesteps
