@@ -25,7 +25,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -45,7 +45,7 @@ from .errors import (
     describe_validation,
     error_response,
     new_id,
-    unparseable,
+    parse_json,
 )
 from .pregen import PoolManager, empty_images, unknown_recipe
 from .schemas import (
@@ -103,17 +103,9 @@ def state_of(request: Request) -> AppState:
 
 
 async def read_body(request: Request, model: type[B], hints: Mapping[str, str]) -> B:
-    """Parse the JSON body with ``model``; 400 when it is not JSON, 422 naming the field,
-    value, bound and fix when it breaks the schema."""
-    raw = await request.body()
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        if errors and errors[0]["type"] == "json_invalid":
-            detail = str(errors[0].get("ctx", {}).get("error", errors[0]["msg"]))
-            raise InvalidRequestError(unparseable(detail, raw)) from None
-        raise describe_validation(errors, sorted(model.model_fields), hints) from None
+    """Parse the JSON body with ``model`` (:func:`~genaug.service.errors.parse_json`): 422
+    saying why it is not JSON, or naming the field, value, bound and fix."""
+    return parse_json(model, await request.body(), hints)
 
 
 def client_identity(request: Request) -> str:

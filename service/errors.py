@@ -10,9 +10,12 @@ import json
 import re
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def new_id() -> str:
@@ -159,6 +162,32 @@ def _short(value: Any) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def parse_json(
+    model: type[M], raw: bytes, hints: Mapping[str, str], *, part: str | None = None
+) -> M:
+    """``raw`` validated by ``model``, else :class:`InvalidRequestError`: why the bytes are not
+    JSON (:func:`unparseable`), or the field, value, bound and fix (:func:`describe_validation`).
+    ``part`` names the multipart part the JSON came in; messages then start with it.
+
+    Example::
+
+        body = parse_json(api.sample["digits"], await request.body(), api.hints["sample"])
+    """
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        prefix = f"{part} part: " if part else ""
+        if errors and errors[0]["type"] == "json_invalid":
+            detail = str(errors[0].get("ctx", {}).get("error", errors[0]["msg"]))
+            raise InvalidRequestError(prefix + unparseable(detail, raw), field=part) from None
+        error = describe_validation(errors, sorted(model.model_fields), hints)
+        if prefix:
+            error.message = prefix + error.message
+            error.args = (error.message,)
+        raise error from None
 
 
 def describe_validation(

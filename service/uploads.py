@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 from fastapi import Request
-from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 
 from genaug.client.wire import WireError, decode_image_upload
 
-from .errors import InvalidRequestError, describe_validation, unparseable
+from .errors import InvalidRequestError, parse_json
 from .schemas import VariantParams
 
 PARTS = ("image", "images", "params")
@@ -113,20 +112,7 @@ async def _params(
             "{\"prompt\": \"a handwritten three\", \"strength\": 0.5}",
             field="params",
         )
-    raw = await _bytes(parts[0])
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        if errors and errors[0]["type"] == "json_invalid":
-            detail = str(errors[0].get("ctx", {}).get("error", errors[0]["msg"]))
-            raise InvalidRequestError(
-                "params part: " + unparseable(detail, raw), field="params"
-            ) from None
-        error = describe_validation(errors, sorted(model.model_fields), hints)
-        error.message = "params part: " + error.message
-        error.args = (error.message,)
-        raise error from None
+    return parse_json(model, await _bytes(parts[0]), hints, part="params")
 
 
 async def _sources(pngs: list[Any], batches: list[Any], max_sources: int) -> list[np.ndarray]:
