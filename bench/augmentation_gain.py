@@ -16,8 +16,7 @@ Arms (all with random shifts and rotations as graph ops in the model):
 3. plus img2img variants of the seed's few-shot images (strength 0.5, 10 per image,
    p = 0.5): one recipe per seed whose labels take their images from the seed's few-shot
    folder (``images:``/``strength``/``variants_per_image``, resolved under
-   ``GENAUG_DATA_ROOT``). It runs when the service's recipes know those fields; otherwise
-   the table says what is missing;
+   ``GENAUG_DATA_ROOT``); pre-generation fills that pool, each variant remembering its source;
 4. synthetic only (p = 1: every real image replaced; Ravuri & Vinyals' classification
    accuracy score).
 
@@ -66,19 +65,6 @@ GUIDANCE = 2.0
 fidelity goal is stated) draws tidier, more alike digits; at 2.0 the judge still labels 100 %
 of 200 images as asked and the per-class spread (mean distance to the class mean at 8x8) rises
 from 16.6 to 17.4 (real digits: 20.6). The bench measures fidelity at both."""
-
-
-def variants_supported() -> str | None:
-    """``None`` when the service's recipes take ``images``/``strength``/``variants_per_image``
-    per label; else what is missing."""
-    from genaug.service.recipes import LabelSpec
-
-    fields = set(LabelSpec.model_fields)
-    missing = {"images", "strength", "variants_per_image"} - fields
-    if missing:
-        return ("recipe labels have no " + ", ".join(sorted(missing)) + " fields yet (img2img "
-                "variants from a recipe image folder: issue 11, pool and engine work)")
-    return None
 
 
 def write_recipes(work: Path, seeds: Sequence[int], *, with_variants: bool,
@@ -174,10 +160,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from genaug.trainer.demo import FewShotRun, run_fewshot
 
     arms_wanted = {int(a) for a in args.arms.split(",") if a.strip()}
-    missing = variants_supported() if 3 in arms_wanted else "not asked for (--arms)"
-    # Without recipe image folders, arm 3 still runs through the service's /v1/variants:
-    # the variants of each seed's few-shot images go straight into the reservoir.
-    direct_variants = 3 in arms_wanted and missing is not None
     tmp = tempfile.TemporaryDirectory(prefix="genaug-gain-") if args.workdir is None else None
     work = Path(tmp.name) if tmp is not None else args.workdir
     work.mkdir(parents=True, exist_ok=True)
@@ -185,9 +167,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out = args.out or ROOT / "artifacts" / "augmentation_gain"
     out.mkdir(parents=True, exist_ok=True)
     recipe_guidance = float(yaml.safe_load(RECIPES.read_text())["recipes"][0]["guidance"])
-    recipes = write_recipes(work, seeds, with_variants=missing is None,
+    recipes = write_recipes(work, seeds, with_variants=3 in arms_wanted,
                             guidance=args.guidance, variants_per_image=per_image)
-    variant_recipes = [f"digits-variants-s{s}" for s in seeds] if missing is None else []
+    variant_recipes = [f"digits-variants-s{s}" for s in seeds] if 3 in arms_wanted else []
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
@@ -239,19 +221,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             mixed += [FewShotRun(arm="4 synthetic only", seed=s, steps=steps, service=url,
                                  recipe=TEXT_RECIPE, p=1.0, slots_per_class=slots,
                                  prefill_per_class=slots) for s in seeds]
-        if direct_variants:
-            mixed += [FewShotRun(arm="3 + img2img variants p=0.5", seed=s, steps=steps,
-                                 service=url, p=0.5, variants_per_image=per_image,
-                                 variants_strength=0.5) for s in seeds]
-            from genaug.digits import PROMPTS, load_split, subset
-
-            images, labels = load_split("fewshot")
-            real = images[subset(labels, 1, seed=seeds[0])]
-            with Client(url, client_id="augmentation-gain", timeout=300) as client:
-                rows["real"] = real
-                rows["variant"] = np.stack([
-                    client.variants(real[d], PROMPTS[str(d)], strength=0.5, seed=d).images[0]
-                    for d in range(10)])
         if variant_recipes:
             wait_fill(url, variant_recipes, 5 * per_image, timeout=3600)
             mixed += [FewShotRun(arm="3 + img2img variants p=0.5", seed=s, steps=steps,
@@ -283,8 +252,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "arms": table,
         "gain_points": {arm: 100 * (v["mean"] - base) for arm, v in table.items()},
         "arm3": ("ran from recipe image folders through the pool" if variant_recipes
-                 else "ran through Client.variants straight into the reservoir (recipe image "
-                 f"folders: {missing})" if direct_variants else f"not run: {missing}"),
+                 else "not run: not asked for (--arms)"),
         "load_average": load, "wall_s": round(time.monotonic() - started, 1),
         "grid": str(out / "grid.png"), "runs": results,
     }

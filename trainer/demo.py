@@ -107,9 +107,6 @@ class FewShotRun:
             images only; ``p == 1``: synthetic only (every real image replaced).
         slots_per_class: reservoir size; training starts when every class holds
             ``prefill_per_class`` images (or after ``prefill_timeout_s``).
-        variants_per_image: instead of a recipe pool: ask the service for this many img2img
-            variants of each few-shot image (``Client.variants``, ``variants_strength``, the
-            label's prompt), write them into the reservoir once, and mix them with ``p``.
     """
 
     arm: str
@@ -125,8 +122,6 @@ class FewShotRun:
     slots_per_class: int = 64
     prefill_per_class: int = 32
     prefill_timeout_s: float = 300.0
-    variants_per_image: int = 0
-    variants_strength: float = 0.5
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -229,25 +224,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
           .repeat().batch(run.batch, drop_remainder=True))
     reservoir = feeder = None
     mixing = run.p > 0 and run.recipe is not None and run.service is not None
-    made = 0
-    if run.p > 0 and run.variants_per_image > 0 and run.service is not None:
-        from genaug.client import Client
-        from genaug.digits import PROMPTS
-        from genaug.trainer.reservoir import SyntheticReservoir
-
-        per_class = run.per_class * run.variants_per_image
-        reservoir = SyntheticReservoir(10, per_class, (64, 64, 3))
-        with Client(run.service, client_id=_client_id(run.arm), timeout=600) as client:
-            for d in range(10):
-                out = client.variants(
-                    images[keep][labels[keep] == d], PROMPTS[str(d)],
-                    strength=run.variants_strength, n_per_image=run.variants_per_image,
-                    seed=1000 * run.seed + 100 * d,
-                )
-                made += reservoir.write(d, out.images)
-        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed),
-                    num_parallel_calls=tf.data.AUTOTUNE)
-    elif mixing:
+    if mixing:
         from genaug.trainer.feeder import ReservoirFeeder
         from genaug.trainer.reservoir import SyntheticReservoir
 
@@ -287,7 +264,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
     result.update(
         test_accuracy=float(accuracy), fit_s=round(fit_s, 1),
         mixed_fraction=reservoir.mixed_fraction() if reservoir is not None else 0.0,
-        feeder=feeder.stats.images_received if feeder is not None else made,
+        feeder=feeder.stats.images_received if feeder is not None else 0,
         reservoir_fill=reservoir.fill_counts().tolist() if reservoir is not None else [],
     )
     return result
