@@ -6,7 +6,9 @@ The sync :class:`~genaug.client.Client` samples ``n=64`` over one keep-alive con
 each latency is the full call (request, SQLite read, safetensors encode, transfer, decode).
 For comparison, :meth:`PoolStore.sample` runs in this process on the same SQLite file.
 Rounds alternate HTTP / in-process blocks, for ``n=64`` and for ``n=1`` (the fixed cost of a
-call apart from moving the 786 KB of pixels).
+call apart from moving the 786 KB of pixels). A second client runs on httpx's own transport
+(httpcore) instead of the ``http.client`` transport the sync client mounts for ``http://``,
+interleaved in the same rounds, so the table shows what that transport saves.
 
     python bench/pool_latency.py [--quick]
 
@@ -72,7 +74,10 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             ) as url,
             httpx.Client(timeout=60) as http,
             Client(url, timeout=60) as client,
+            Client(url, timeout=60) as on_httpcore,
         ):
+            on_httpcore._http.close()
+            on_httpcore._http = httpx.Client(timeout=60)  # httpx's default transport
             _, detail = wait_generated(http, url, "bench", capacity * len(labels))
             time.sleep(0.2)  # let the last batch's commit and the idle check settle
             store = PoolStore(db, capacity_per_label=capacity)
@@ -80,8 +85,11 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             one_ms: list[float] = []
             local_ms: list[float] = []
             local_one_ms: list[float] = []
+            core_ms: list[float] = []
+            core_one_ms: list[float] = []
             for _ in range(5):  # warm both paths (connection, page cache, imports)
                 client.sample("bench", n=N)
+                on_httpcore.sample("bench", n=N)
                 store.sample(detail["pool_id"], list(labels), N)
 
             def via_http() -> float:
@@ -98,6 +106,17 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     t0 = time.perf_counter()
                     client.sample("bench", n=1)
                     one_ms.append((time.perf_counter() - t0) * 1000)
+                return 0.0
+
+            def via_httpcore() -> float:
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    on_httpcore.sample("bench", n=N)
+                    core_ms.append((time.perf_counter() - t0) * 1000)
+                for _ in range(per_round // 3):
+                    t0 = time.perf_counter()
+                    on_httpcore.sample("bench", n=1)
+                    core_one_ms.append((time.perf_counter() - t0) * 1000)
                 return 0.0
 
             def in_process() -> float:
@@ -118,7 +137,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             interleave(
                 rounds,
                 {"http": via_http, "in_process": in_process, "http_n1": via_http_one,
-                 "in_process_n1": in_process_one},
+                 "in_process_n1": in_process_one, "httpcore": via_httpcore},
             )
             store.close()
 
@@ -141,7 +160,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             row(f"HTTP n={N} (sync Client, keep-alive)", http_ms,
                 f"p50 < {GOAL_P50_MS}, p99 < {GOAL_P99_MS}: {goal_text(met_latency)}"),
             row(f"in-process PoolStore.sample n={N}", local_ms),
+            row(f"HTTP n={N} on httpx's own transport (before)", core_ms),
             row("HTTP n=1", one_ms),
+            row("HTTP n=1 on httpx's own transport (before)", core_one_ms),
             row("in-process PoolStore.sample n=1", local_one_ms),
             ["HTTP - in-process, n=1 (p50)", over1, "", "", "",
              f"< {GOAL_OVERHEAD_N1_MS}: {goal_text(over1 < GOAL_OVERHEAD_N1_MS)}"],
@@ -160,6 +181,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "local_p99_ms": l99,
             "http_median_ms": median(http_ms),
             "http_n1_p50_ms": o50,
+            "httpcore_p50_ms": percentile(core_ms, 50),
+            "httpcore_n1_p50_ms": percentile(core_one_ms, 50),
             "local_n1_p50_ms": lo50,
             "overhead_n1_p50_ms": over1,
             "overhead_n64_p50_ms": over64,

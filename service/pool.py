@@ -633,6 +633,16 @@ class PoolStore(ABC):
                            part)
         return PoolSample(out, names, seeds, sources if any(sources) else None)
 
+    def sample_now(self, pool_id: str, labels: Sequence[str], n: int) -> PoolSample | None:
+        """:meth:`sample` on the calling thread without waiting for a lock, or ``None`` when
+        it would have to wait (then call :meth:`sample` where waiting is allowed).
+
+        For the service's event loop: a local store answers a small sample in well under a
+        millisecond, less than the hop to a worker thread costs. This backend never answers
+        at once (a database across the network may always wait), so it returns ``None``.
+        """
+        return None
+
     # -- reads -----------------------------------------------------------------------------
 
     def fill(self, pool_id: str) -> dict[str, int]:

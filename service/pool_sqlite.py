@@ -13,7 +13,8 @@ Threads. One SQLite connection per thread (``threading.local``), all opened with
 the store; otherwise each connection is used by its own thread alone. Writers take SQLite's
 write lock (``BEGIN IMMEDIATE``: the label locks of :class:`~genaug.service.pool.PoolStore`
 are this one lock) and wait up to ``busy_timeout_s`` for each other; readers run beside them
-on their WAL snapshot.
+on their WAL snapshot. :meth:`SqlitePoolStore.sample_now` (the service's event loop) uses a
+second connection of its thread whose busy timeout is 0: it gives up at once instead.
 
 Replicas with separate files: give each a plan partition (``GENAUG_REPLICA=i/N``) so that
 replica i only uses plan indices congruent to i mod N and no two replicas make the same image.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from .pool import (
     DEFAULT_LEASE_S,
     SCHEMA_VERSION,
     PoolError,
+    PoolSample,
     PoolSchemaError,
     PoolStore,
 )
@@ -111,6 +113,14 @@ _V2_COLUMNS = {
     "adapter": "TEXT",
     "adapter_scale": "REAL",
 }
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the SQLite error behind a :class:`PoolError`) is SQLITE_BUSY or
+    SQLITE_LOCKED: another connection holds a lock this one did not wait for."""
+    cause = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
+    code = getattr(cause, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -198,16 +208,38 @@ class SqlitePoolStore(PoolStore):
         return conn
 
     def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        # A thread has two connections: the usual one waits up to busy_timeout_s for the
+        # write lock; the one sample_now uses does not wait at all.
+        slot = "conn_nowait" if getattr(self._local, "nowait", False) else "conn"
+        conn: sqlite3.Connection | None = getattr(self._local, slot, None)
         if conn is not None and not self._closed:
             return conn
         with self._lock:
             if self._closed:
                 raise PoolError(f"pool {self.path} is closed")
             conn = self._connect()
+            if slot == "conn_nowait":
+                conn.execute("PRAGMA busy_timeout = 0")
             self._conns.append(conn)
-        self._local.conn = conn
+        setattr(self._local, slot, conn)
         return conn
+
+    def sample_now(self, pool_id: str, labels: Sequence[str], n: int) -> PoolSample | None:
+        """:meth:`~genaug.service.pool.PoolStore.sample` on this thread, or ``None`` at once
+        when another writer holds the write lock (a batch being stored, a lease renewal).
+
+        Reads never wait in WAL mode; only counting the images served takes the write lock,
+        so a sample answered here is exactly :meth:`sample`, and one that is not has changed
+        nothing (its transaction rolled back)."""
+        self._local.nowait = True
+        try:
+            return self.sample(pool_id, labels, n)
+        except (sqlite3.OperationalError, PoolError) as exc:
+            if _is_busy(exc):
+                return None
+            raise
+        finally:
+            self._local.nowait = False
 
     @contextmanager
     def _tx(self, *, write: bool) -> Iterator[sqlite3.Connection]:

@@ -79,6 +79,7 @@ _RETRY_AFTER_S = 2
 _MAX_BACKOFF_S = 10.0
 _MAX_UNSAVED_BATCHES = 16
 _SHARED_POLL_S = 1.0
+_SAMPLE_NOW_MAX = 64  # images read on the event loop (about 2 ms at 64x64); more: a thread
 
 
 @dataclass
@@ -437,7 +438,11 @@ class PoolManager:
         with _unavailable():
             if wait_s > 0 and n > 0:
                 await self._wait_for(name, pid, labels, share, now + wait_s)
-            sample = await asyncio.to_thread(self.store.sample, pid, labels, n)
+            # Small samples from a local pool are answered on the loop when no writer holds
+            # the lock: the hop to a thread costs more than the read (bench/pool_latency.py).
+            sample = self.store.sample_now(pid, labels, n) if n <= _SAMPLE_NOW_MAX else None
+            if sample is None:
+                sample = await asyncio.to_thread(self.store.sample, pid, labels, n)
         return sample, recipe
 
     async def _wait_for(

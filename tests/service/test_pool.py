@@ -124,6 +124,35 @@ def test_least_served_first(store: PoolStore) -> None:
     assert store.stats(PID)["I"].served == 12
 
 
+def test_sample_now_answers_on_this_thread_or_not_at_all(
+    store: PoolStore, backend: str, target: str
+) -> None:
+    """The service's event loop reads small samples itself, but must never wait for a lock:
+    while another process holds SQLite's write lock ``sample_now`` says ``None`` at once and
+    counts nothing; a networked backend always says ``None`` (the caller uses a thread)."""
+    store.add(PID, "I", _images(6), range(6), model_hash="m")
+    if backend != "sqlite":
+        assert store.sample_now(PID, ["I"], 2) is None
+        return
+    first = store.sample_now(PID, ["I"], 3)
+    assert first is not None and len(first) == 3
+    assert store.stats(PID)["I"].served == 3  # counted, exactly as sample() counts
+    other = sqlite3.connect(target, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # a writer in another process, say a batch being stored
+    try:
+        started = time.monotonic()
+        assert store.sample_now(PID, ["I"], 3) is None
+        assert time.monotonic() - started < 1.0  # did not wait out the 30 s busy timeout
+        assert store.fill(PID) == {"I": 6}  # reads go on meanwhile
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.stats(PID)["I"].served == 3  # the refused sample counted nothing
+    second = store.sample_now(PID, ["I"], 3)
+    assert second is not None  # least served first: the other three
+    assert sorted(first.seeds.tolist() + second.seeds.tolist()) == list(range(6))
+
+
 def test_spread_is_even_and_random_in_remainder() -> None:
     rng = np.random.default_rng(0)
     assert _spread(9, [10, 10, 10], rng) == [3, 3, 3]
