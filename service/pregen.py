@@ -79,7 +79,9 @@ _RETRY_AFTER_S = 2
 _MAX_BACKOFF_S = 10.0
 _MAX_UNSAVED_BATCHES = 16
 _SHARED_POLL_S = 1.0
-_SAMPLE_NOW_MAX = 64  # images read on the event loop (about 2 ms at 64x64); more: a thread
+# Pixels a sample may read on the event loop: 64 images of 64x64 RGB, about 2 ms; larger
+# samples (or one 1024x1024 image) go to a thread.
+_SAMPLE_NOW_MAX_BYTES = 64 * 64 * 64 * 3
 
 
 @dataclass
@@ -440,7 +442,9 @@ class PoolManager:
                 await self._wait_for(name, pid, labels, share, now + wait_s)
             # Small samples from a local pool are answered on the loop when no writer holds
             # the lock: the hop to a thread costs more than the read (bench/pool_latency.py).
-            sample = self.store.sample_now(pid, labels, n) if n <= _SAMPLE_NOW_MAX else None
+            height, width = recipe.output_size
+            small = n * height * width * recipe.output_channels <= _SAMPLE_NOW_MAX_BYTES
+            sample = self.store.sample_now(pid, labels, n) if small else None
             if sample is None:
                 sample = await asyncio.to_thread(self.store.sample, pid, labels, n)
         return sample, recipe

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -81,6 +82,37 @@ def test_pools_fill_in_the_background_and_stop_when_full(
         assert len({it.prompt.split()[-1] for it in items}) == 1
         assert {it.negative_prompt for it in items} <= {None, "blurry"}
 
+
+
+def test_small_samples_are_read_on_the_event_loop_large_ones_in_a_thread(
+    make_service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to 786 KB of pixels (here 256 images of 32x32 RGB) a sample is read on the event
+    loop, without the hop to a thread; one image more and it goes to a thread. (With full
+    pools and an hour's lease nothing else writes, so ``sample_now`` never meets the lock.)"""
+    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=6, max_batch_images=4, pool_lease_s=3600)
+    wait_fill(live, 6)
+    store = live.state.pools.store
+    seen: list[tuple[str, str]] = []
+    sample_now, sample_ = store.sample_now, store.sample
+
+    def spy_now(*args: Any) -> Any:
+        seen.append(("sample_now", threading.current_thread().name))
+        return sample_now(*args)
+
+    def spy(*args: Any) -> Any:
+        seen.append(("sample", threading.current_thread().name))
+        return sample_(*args)
+
+    monkeypatch.setattr(store, "sample_now", spy_now)
+    monkeypatch.setattr(store, "sample", spy)
+    loop_thread = live.thread.name
+    assert len(decode_batch(sample(live, {"n": 256}).content)) == 18
+    assert [name for _, name in seen] == [loop_thread] * 2  # sample_now, then its sample
+    seen.clear()
+    assert len(decode_batch(sample(live, {"n": 257}).content)) == 18
+    assert [call for call, _ in seen] == ["sample"] and seen[0][1] != loop_thread
 
 def test_sample_shapes_labels_counts_and_served(make_service: Any, tmp_path: Path) -> None:
     live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
