@@ -61,7 +61,12 @@ class GenerateResult:
 
 @dataclass
 class SampleResult:
-    """Images from a recipe's pool: ``labels`` int32 indices into ``label_names``."""
+    """Images from a recipe's pool: ``labels`` int32 indices into ``label_names``.
+
+    ``source_hashes``: for pools with img2img labels, the hash of the real image each image
+    is a variant of (``None`` for a text-to-image one, the hash ``/v1/variants`` answers);
+    ``None`` when no image of the sample is a variant.
+    """
 
     images: np.ndarray
     labels: np.ndarray
@@ -69,6 +74,7 @@ class SampleResult:
     label_names: list[str]
     recipe: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    source_hashes: list[str | None] | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -388,9 +394,15 @@ def decode_sample(payload: bytes, recipe: str) -> SampleResult:
         raise DecodeError(f"the service sent a body that is not a genaug batch: {exc}") from exc
     names = batch.metadata.get("label_names", [])
     labels = batch.labels if batch.labels is not None else np.zeros(len(batch), np.int32)
+    hashes = batch.metadata.get("source_hashes")
+    if hashes is not None and (not isinstance(hashes, list) or len(hashes) != len(batch)):
+        raise DecodeError(
+            f"the service sent source_hashes for {len(hashes) if isinstance(hashes, list) else 0}"
+            f" images with a sample of {len(batch)}"
+        )
     return SampleResult(
         images=batch.images, labels=labels, seeds=batch.seeds, label_names=list(names),
-        recipe=recipe, metadata=batch.metadata,
+        recipe=recipe, metadata=batch.metadata, source_hashes=hashes,
     )
 
 

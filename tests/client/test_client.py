@@ -29,7 +29,15 @@ from genaug.client import (
     TransportError,
     UnavailableError,
 )
-from genaug.client._base import BaseClient, Endpoint, Endpoints, RetryState, decode_generate
+from genaug.client._base import (
+    BaseClient,
+    Endpoint,
+    Endpoints,
+    RetryState,
+    decode_generate,
+    decode_sample,
+)
+from genaug.client.wire import encode_batch
 from genaug.demo import free_port
 
 KINDS = ["sync", "async"]
@@ -399,3 +407,17 @@ def test_non_retryable_errors_and_the_deadline_raise() -> None:
         RetryState(deadline_s=1.0).next_delay(limited)  # Retry-After beyond the deadline
     with pytest.raises(TransportError, match="gave up after 1 attempts"):
         RetryState(deadline_s=0.0).next_delay(TransportError("refused"))
+
+
+def test_a_sample_says_which_real_image_each_variant_came_from() -> None:
+    images = np.zeros((3, 8, 8, 3), np.uint8)
+    seeds = np.arange(3, dtype=np.int64)
+    plain = encode_batch(images, seeds, labels=[0, 0, 1], metadata={"label_names": ["a", "b"]})
+    assert decode_sample(plain, "r").source_hashes is None  # text-to-image only
+    hashes = ["h0", None, "h1"]
+    mixed = encode_batch(images, seeds, labels=[0, 1, 0],
+                         metadata={"label_names": ["a", "b"], "source_hashes": hashes})
+    assert decode_sample(mixed, "r").source_hashes == hashes
+    short = encode_batch(images, seeds, metadata={"source_hashes": ["h0"]})
+    with pytest.raises(DecodeError, match="source_hashes for 1 images with a sample of 3"):
+        decode_sample(short, "r")

@@ -375,7 +375,8 @@ def test_variant_pool_from_real_images_with_the_real_pipeline(
     # over HTTP, each sampled image says where it came from (None for text-to-image labels)
     with Client(live.url) as client:
         served = client.sample("shapes", n=9)
-    hashes = served.metadata["source_hashes"]
+    hashes = served.source_hashes
+    assert hashes is not None and hashes == served.metadata["source_hashes"]
     names = [served.label_names[i] for i in served.labels.tolist()]
     assert len(hashes) == len(names) == 9
     assert {h for h, name in zip(hashes, names, strict=True) if name == "circle"} <= set(sources)
