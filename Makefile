@@ -20,12 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/genaug demo
 
+# --durations: the slowest tests in every run's log, to keep the suite near 10 minutes.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 # The minutes-long tests (torch.compile variants, ...): CI runs them after `make test`.
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -m slow --durations=6
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
