@@ -65,6 +65,7 @@ class StdlibTransport(httpx.BaseTransport):
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         body = request.read()
         conn = self._checkout(origin, request, timeouts.get("connect"))
+        write_error: OSError | None = None
         try:
             conn.sock.settimeout(timeouts.get("write"))
             conn.putrequest(request.method, url.raw_path.decode("ascii"),
@@ -72,17 +73,27 @@ class StdlibTransport(httpx.BaseTransport):
             for name, value in request.headers.raw:
                 conn.putheader(name, value)
             conn.endheaders(body or None)
-        except BaseException as exc:
+        except TimeoutError as exc:
             conn.close()
             raise _mapped(exc, request, httpx.WriteTimeout, httpx.WriteError) from exc
+        except OSError as exc:
+            # A server may answer before it has read the whole body (413, 401) and close:
+            # read that answer, as httpcore does, and fail with the write error only if none.
+            write_error = exc
+        except BaseException:
+            conn.close()
+            raise
         try:
             conn.sock.settimeout(timeouts.get("read"))
             response = conn.getresponse()
             content = response.read()
         except BaseException as exc:
             conn.close()
+            if write_error is not None:
+                raise _mapped(write_error, request, httpx.WriteTimeout,
+                              httpx.WriteError) from write_error
             raise _mapped(exc, request, httpx.ReadTimeout, httpx.ReadError) from exc
-        if response.will_close:
+        if response.will_close or write_error is not None:
             conn.close()
         else:
             self._checkin(origin, conn)

@@ -205,7 +205,9 @@ def render(results: list[CheckResult], sizes: Sizes, *, started: dt.datetime,
         "`/openapi.json` with a recipe loaded: what the schema admits the service accepts "
         "(operator limits are its maxima, recipe labels, schedulers and adapters its enums, "
         "`seed` stops `max_n - 1` below the largest seed, a prompt needs a non-space "
-        "character, one output side alone keeps the aspect ratio), and what it rejects the "
+        "character (the space characters are listed in the pattern, because Python's `\\s` "
+        "and JSON Schema's differ on U+001C-U+001F and U+FEFF), one output side alone keeps "
+        "the aspect ratio), and what it rejects the "
         "service rejects. These answers depend on state or on content no JSON Schema "
         "describes, and are documented per route instead:",
         "",

@@ -212,6 +212,12 @@ def describe_validation(
             messages.append(f"{path} is required; {hints.get(name, 'add it')}")
         elif not name:
             messages.append(f"the body must be a JSON object: {error.get('msg')}")
+        elif kind == "string_pattern_mismatch":
+            # The API's one pattern is the prompt's "not only spaces" (a character class too
+            # long to show); the hint says what to send.
+            hint = hints.get(name, "see /openapi.json for the pattern")
+            messages.append(f"{path} = {_short(error.get('input'))}: has only space characters; "
+                            f"{hint}")
         else:
             hint = hints.get(name, "see GET /v1/info and /docs for valid values")
             messages.append(f"{path} = {_short(error.get('input'))}: {error.get('msg')}; {hint}")

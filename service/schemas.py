@@ -42,7 +42,11 @@ SEED_MAX = 2**63 - 1
 MIN_TIMEOUT_S = 0.5
 MAX_GUIDANCE = 50.0
 MAX_ADAPTER_SCALE = 4.0
-_NON_BLANK = r"\S"  # a prompt needs one non-space character
+# A prompt needs one non-space character. The space characters are listed, not written
+# ``\S``: Python's ``\s`` (which validates) and JSON Schema's ECMA ``\s`` (which clients and
+# fuzzers read) differ on \x1c-\x1f and \ufeff; listing the union makes both read the same.
+_NON_BLANK = (r"[^\x09-\x0d\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f"
+              r"\u205f\u3000\ufeff]")
 
 
 def _numeric_kind(annotation: Any) -> str | None:

@@ -136,6 +136,23 @@ def test_failures_become_the_httpx_errors_the_retries_expect(
         conn.close()
 
 
+def test_an_answer_before_the_whole_body_is_read_is_returned(
+    raw_server: Callable[[Callable[[socket.socket], None]], str],
+) -> None:
+    """A server that refuses a large body after its headers and closes (a proxy's 413):
+    the client gets the 413, not the write error its unsent body ran into."""
+
+    def refuse(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.sendall(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n"
+                     b"Connection: close\r\n\r\ntoo big!")
+        conn.close()  # unread body: the kernel resets the connection
+
+    with httpx.Client(transport=StdlibTransport(), timeout=10) as http:
+        response = http.post(raw_server(refuse), content=b"x" * (64 << 20))
+    assert (response.status_code, response.text) == (413, "too big!")
+
+
 def test_one_transport_serves_threads_at_once(service: Any) -> None:
     """Each request has its own connection while it runs; all go back to the idle list."""
     transport = StdlibTransport()

@@ -257,6 +257,9 @@ BAD_BODIES: list[tuple[str, Any, str]] = [
     ("unknown field", {"prompt": "x", "cfg": 3}, "cfg"),
     ("empty prompt", {"prompt": ""}, "prompt"),
     ("blank prompt", {"prompt": "   "}, "prompt"),
+    # Spaces to Python but not to JSON Schema's \s (and the reverse): the schema lists them
+    ("separator-only prompt", {"prompt": "\x1d\x1f"}, "prompt"),
+    ("BOM-only prompt", {"prompt": "\ufeff "}, "prompt"),
     ("missing prompt", {"n": 1}, "prompt"),
     ("bad priority", {"prompt": "x", "priority": "urgent"}, "priority"),
     ("timeout below the minimum", {"prompt": "x", "timeout_s": 0.1}, "timeout_s"),
@@ -280,6 +283,8 @@ def test_bad_input_is_a_clear_422(service: Any, case: str, body: Any, field: str
         assert error["field"] == field
         assert field in error["message"]
     assert len(error["message"]) > 20
+    if case in {"blank prompt", "separator-only prompt", "BOM-only prompt"}:
+        assert "has only space characters" in error["message"]
 
 
 def test_one_output_side_keeps_the_aspect_ratio_and_integral_floats_are_integers(
