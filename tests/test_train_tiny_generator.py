@@ -1,6 +1,6 @@
 """tools/train_tiny_generator.py: a short run writes what the service loads.
 
-A few dozen steps on 8 digits per class: the point is the outputs (a diffusers folder that
+A dozen steps on 8 digits per class: the point is the outputs (a diffusers folder that
 ``genaug serve --model`` serves, a UNet file for ``--unet-weights``, the single-file package
 format and the trained_on record), not the quality, which docs/benchmarks.md measures.
 """
@@ -41,7 +41,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = work / "out"
     cmd = [sys.executable, str(SCRIPT), "--data", str(data),
            "--recipes", str(ROOT / "recipes" / "digits.yaml"), "--out", str(out),
-           "--vae-steps", "12", "--vae-batch", "8", "--unet-steps", "24", "--unet-batch", "16",
+           "--vae-steps", "4", "--vae-batch", "8", "--unet-steps", "8", "--unet-batch", "16",
            "--eval-per-label", "1", "--threads", "1", "--seed", "5"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -56,7 +56,7 @@ def test_outputs_and_record(trained: Path) -> None:
     assert not list((trained / "pipeline").rglob("*.bin"))
     record = json.loads((trained / "trained_on.json").read_text())
     assert record["dataset"] == "sklearn load_digits" and record["split"] == "generator"
-    assert (record["vae_steps"], record["unet_steps"], record["seed"]) == (12, 24, 5)
+    assert (record["vae_steps"], record["unet_steps"], record["seed"]) == (4, 8, 5)
     assert record["images"] == 80 and record["script_version"]
     assert record["labels"]["3"] == ["a handwritten three"]
     assert 0.0 <= record["fidelity"]["share"] <= 1.0 and record["fidelity"]["images"] == 10
@@ -66,7 +66,7 @@ def test_the_folder_loads_and_generates(trained: Path) -> None:
     model = load_model(source=trained / "pipeline", unet_weights=None, device="cpu",
                        dtype="auto")
     assert model.kind == "diffusers"
-    assert model.trained_on is not None and model.trained_on["unet_steps"] == 24
+    assert model.trained_on is not None and model.trained_on["unet_steps"] == 8
     with torch.inference_mode():
         image = model.pipeline("a handwritten three", num_inference_steps=4,
                                generator=torch.Generator().manual_seed(1), output_type="np",

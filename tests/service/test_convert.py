@@ -162,17 +162,20 @@ def test_base_is_a_diffusers_folder(unet_state: dict[str, torch.Tensor], tmp_pat
     assert torch.equal(loaded.pipeline.unet.conv_in.weight, unet_state["conv_in.weight"])
 
 
-def test_cli_refuses_then_converts(unet_state: dict[str, torch.Tensor], tmp_path: Path) -> None:
+def test_cli_refuses_then_converts(
+    unet_state: dict[str, torch.Tensor], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from genaug.cli import main
+
     src = tmp_path / "checkpoint_best.pt"
     torch.save(training_checkpoint(unet_state), str(src))
     dst = tmp_path / "unet.safetensors"
-    cmd = [sys.executable, "-m", "genaug.cli", "convert-unet", str(src), str(dst),
-           "--base", "tiny-random"]
-    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "--trust-this-file" in refused.stderr
+    args = ["convert-unet", str(src), str(dst), "--base", "tiny-random"]
+    assert main(args) == 2  # in this process: the refusal; the conversion below as a command
+    assert "--trust-this-file" in capsys.readouterr().err
     assert not dst.exists()
-    done = subprocess.run([*cmd, "--trust-this-file"], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-m", "genaug.cli", *args, "--trust-this-file"],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "model_state_dict" in done.stdout and "ignored" not in done.stdout
     assert f"wrote {dst}" in done.stdout and dst.is_file()

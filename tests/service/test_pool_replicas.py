@@ -48,24 +48,43 @@ LABELS = ["circle", "square", "triangle"]
 
 
 @contextlib.contextmanager
-def replica(tmp_path: Path, name: str, *args: str,
-            env: dict[str, str] | None = None) -> Iterator[Any]:
-    """One service process; yields an object with ``url`` and ``proc``."""
+def replicas(tmp_path: Path, names: list[str], *args: str,
+             env: dict[str, str] | None = None) -> Iterator[list[Any]]:
+    """Service processes started together (their start-ups overlap), yielded once all are
+    ready as objects with ``url``, ``proc`` and ``log``; all stopped on exit."""
     recipes = tmp_path / "recipes.yaml"
     if not recipes.exists():
         recipes.write_text(RECIPE)
-    port = free_port()
     child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     child_env.pop("GENAUG_POOL_PATH", None)
-    with running_service(port, extra_args=["--recipes", str(recipes), "--max-batch-images",
-                                           "4", "--pool-lease-s", "3", *args],
-                         env=child_env, log_path=tmp_path / f"{name}.log") as proc:
-        live = type("Replica", (), {"url": f"http://127.0.0.1:{port}", "proc": proc,
-                                    "log": tmp_path / f"{name}.log"})()
-        try:
-            wait_ready(live.url, timeout=180, alive=lambda: proc.poll() is None)
-        except RuntimeError:
-            pytest.fail(f"{name} did not start: {(tmp_path / f'{name}.log').read_text()[-3000:]}")
+    ports: list[int] = []
+    while len(ports) < len(names):  # distinct, though none is bound until its child starts
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    with contextlib.ExitStack() as stack:
+        started = []
+        for name, port in zip(names, ports, strict=True):
+            log = tmp_path / f"{name}.log"
+            proc = stack.enter_context(running_service(
+                port, extra_args=["--recipes", str(recipes), "--max-batch-images", "4",
+                                  "--pool-lease-s", "3", *args],
+                env=child_env, log_path=log))
+            started.append(type("Replica", (), {"url": f"http://127.0.0.1:{port}",
+                                                "proc": proc, "log": log})())
+        for name, live in zip(names, started, strict=True):
+            try:
+                wait_ready(live.url, timeout=180, alive=lambda p=live.proc: p.poll() is None)
+            except RuntimeError:
+                pytest.fail(f"{name} did not start: {live.log.read_text()[-3000:]}")
+        yield started
+
+
+@contextlib.contextmanager
+def replica(tmp_path: Path, name: str, *args: str,
+            env: dict[str, str] | None = None) -> Iterator[Any]:
+    """One service process; yields an object with ``url``, ``proc`` and ``log``."""
+    with replicas(tmp_path, [name], *args, env=env) as (live,):
         yield live
 
 
@@ -97,7 +116,7 @@ def test_two_replicas_fill_exactly_to_target_and_sample_each_others_images(
 ) -> None:
     url = shared_cluster().new_database()
     args = ["--pool-url", url, "--pool-capacity-per-label", "100", "--pregenerate", "false"]
-    with replica(tmp_path, "a", *args) as a, replica(tmp_path, "b", *args) as b:
+    with replicas(tmp_path, ["a", "b"], *args) as (a, b):
         for live in (a, b):  # a fill asked of either replica is every replica's target
             r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 12})
             assert r.status_code == 200, r.text
@@ -123,17 +142,16 @@ def test_two_replicas_fill_exactly_to_target_and_sample_each_others_images(
 def test_a_killed_replicas_work_is_finished_by_the_other(tmp_path: Path) -> None:
     url = shared_cluster().new_database()
     args = ["--pool-url", url, "--pool-capacity-per-label", "100", "--pregenerate", "false"]
-    with replica(tmp_path, "a", *args) as a:
-        with replica(tmp_path, "b", *args) as b:
-            for live in (a, b):
-                r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 24})
-                assert r.status_code == 200, r.text
-            wait_until(lambda: sum(detail(a)["fill"].values()) >= 12, what="some images")
-            wait_until(lambda: pool_generated(b) > 0, what="b to generate")
-            b.proc.send_signal(signal.SIGKILL)  # mid-fill: it holds a reservation
-            b.proc.wait(timeout=30)
-            pid = detail(a)["pool_id"]
-            _, acknowledged = pool_contents(url, pid)  # committed before the kill
+    with replicas(tmp_path, ["a", "b"], *args) as (a, b):
+        for live in (a, b):
+            r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 24})
+            assert r.status_code == 200, r.text
+        wait_until(lambda: sum(detail(a)["fill"].values()) >= 12, what="some images")
+        wait_until(lambda: pool_generated(b) > 0, what="b to generate")
+        b.proc.send_signal(signal.SIGKILL)  # mid-fill: it holds a reservation
+        b.proc.wait(timeout=30)
+        pid = detail(a)["pool_id"]
+        _, acknowledged = pool_contents(url, pid)  # committed before the kill
         wait_until(lambda: sum(detail(a)["fill"].values()) == 72, what="a to finish")
         time.sleep(1.0)
         final = detail(a)
