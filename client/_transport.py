@@ -87,12 +87,15 @@ class StdlibTransport(httpx.BaseTransport):
             conn.sock.settimeout(timeouts.get("read"))
             response = conn.getresponse()
             content = response.read()
-        except BaseException as exc:
+        except (OSError, http.client.HTTPException) as exc:
             conn.close()
             if write_error is not None:
                 raise _mapped(write_error, request, httpx.WriteTimeout,
                               httpx.WriteError) from write_error
             raise _mapped(exc, request, httpx.ReadTimeout, httpx.ReadError) from exc
+        except BaseException:
+            conn.close()
+            raise
         if response.will_close or write_error is not None:
             conn.close()
         else:
@@ -130,9 +133,12 @@ class StdlibTransport(httpx.BaseTransport):
         conn = http.client.HTTPConnection(origin[0], origin[1], timeout=connect_timeout)
         try:
             conn.connect()
-        except BaseException as exc:
+        except OSError as exc:
             conn.close()
             raise _mapped(exc, request, httpx.ConnectTimeout, httpx.ConnectError) from exc
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _checkin(self, origin: tuple[str, int], conn: http.client.HTTPConnection) -> None:
@@ -153,21 +159,19 @@ def _readable(sock: Any) -> bool:
 
 
 def _mapped(
-    exc: BaseException,
+    exc: OSError | http.client.HTTPException,
     request: httpx.Request,
     timeout: type[httpx.TimeoutException],
     error: type[httpx.TransportError],
-) -> BaseException:
+) -> httpx.TransportError:
     """The httpx exception for a failure of this phase (connect, write or read), so that the
     client's retries treat this transport exactly as httpx's own."""
     if isinstance(exc, TimeoutError):
         return timeout(str(exc) or "timed out", request=request)
-    if isinstance(exc, http.client.RemoteDisconnected):
+    if isinstance(exc, http.client.RemoteDisconnected):  # also a ConnectionResetError
         return httpx.RemoteProtocolError(
             "Server disconnected without sending a response.", request=request
         )
     if isinstance(exc, http.client.HTTPException):
         return httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}", request=request)
-    if isinstance(exc, OSError):
-        return error(f"{type(exc).__name__}: {exc}", request=request)
-    return exc
+    return error(f"{type(exc).__name__}: {exc}", request=request)
