@@ -54,7 +54,9 @@ def _schemathesis(url: str, examples: int, seed: int, report_dir: Path,
            "--exclude-path", "/v1/variants"]
     for name, value in headers.items():
         cmd += ["-H", f"{name}: {value}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    # In the report folder: schemathesis keeps a crash cache under ./.schemathesis and replays
+    # it on the next run, which would make a run depend on the checkout's earlier runs.
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=report_dir)
     return done.returncode, done.stdout + done.stderr
 
 
@@ -92,6 +94,7 @@ def check_fuzz(model: Any, *, examples: int = 25, workdir: Path | None = None,
         (root / "recipes.yaml").write_text(RECIPE)
         for mode, keys in (("open", []), ("with API keys", [FUZZ_KEY])):
             report = root / f"report-{len(keys)}"
+            report.mkdir()
             with start_service(model, record=False, recipes=root / "recipes.yaml",
                                pool_path=root / f"pool-{len(keys)}.db", api_keys=keys,
                                **FUZZ_LIMITS) as live:

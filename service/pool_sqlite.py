@@ -14,7 +14,8 @@ the store; otherwise each connection is used by its own thread alone. Writers ta
 write lock (``BEGIN IMMEDIATE``: the label locks of :class:`~genaug.service.pool.PoolStore`
 are this one lock) and wait up to ``busy_timeout_s`` for each other; readers run beside them
 on their WAL snapshot. :meth:`SqlitePoolStore.sample_now` (the service's event loop) uses a
-second connection of its thread whose busy timeout is 0: it gives up at once instead.
+second connection of its thread whose busy timeout is 0 (it gives up at once instead) and
+which never checkpoints the WAL (that I/O is left to the other connections' commits).
 
 Replicas with separate files: give each a plan partition (``GENAUG_REPLICA=i/N``) so that
 replica i only uses plan indices congruent to i mod N and no two replicas make the same image.
@@ -219,7 +220,11 @@ class SqlitePoolStore(PoolStore):
                 raise PoolError(f"pool {self.path} is closed")
             conn = self._connect()
             if slot == "conn_nowait":
+                # Never wait for a lock, and never run the WAL checkpoint a commit may trigger
+                # (copying the log into the file and syncing it: the event loop must not). The
+                # other connections' commits (batches stored, lease renewals) checkpoint.
                 conn.execute("PRAGMA busy_timeout = 0")
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
             self._conns.append(conn)
         setattr(self._local, slot, conn)
         return conn

@@ -137,6 +137,9 @@ def test_sample_now_answers_on_this_thread_or_not_at_all(
     first = store.sample_now(PID, ["I"], 3)
     assert first is not None and len(first) == 3
     assert store.stats(PID)["I"].served == 3  # counted, exactly as sample() counts
+    # its connection never runs a WAL checkpoint (file I/O the event loop must not do)
+    nowait = store._local.conn_nowait  # type: ignore[attr-defined]
+    assert nowait.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     other = sqlite3.connect(target, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # a writer in another process, say a batch being stored
     try:
