@@ -146,7 +146,7 @@ def tiny_model(*, batch_invariant: bool = True) -> Any:
     model = load_tiny(threads=None)
     if batch_invariant:
         return model
-    from genaug.service.tiny import build_tiny_pipeline
+    from genaug.service.pipeline.tiny import build_tiny_pipeline
 
     pipeline = build_tiny_pipeline(batch_invariant=False)
     pipeline.set_progress_bar_config(disable=True)
@@ -322,7 +322,7 @@ def _serve_main(argv: Sequence[str]) -> int:
     """Serve in this process until SIGTERM or SIGINT (the parent's :func:`service` stops it)."""
     import threading
 
-    from genaug.service.runner import configure_logging
+    from genaug.service.commands.serve import configure_logging
     from genaug.service.settings import Settings
     from genaug.service.testing import start_service
 

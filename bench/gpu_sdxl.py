@@ -5,7 +5,7 @@ transcribed: nothing is downloaded) with seeded random weights: the UNet (2,567,
 parameters), both text encoders (CLIP ViT-L/14 and OpenCLIP ViT-bigG/14 text towers), the
 VAE, the Euler scheduler; the repo's byte-level tiny tokenizer stands in for CLIP's BPE (random
 weights make every token equally meaningless). Then, per speed option (``GENAUG_COMPILE``,
-``GENAUG_CHANNELS_LAST``, ...: :mod:`genaug.service.speed`), per batch size, 1024x1024,
+``GENAUG_CHANNELS_LAST``, ...: :mod:`genaug.service.pipeline.speed`), per batch size, 1024x1024,
 30 steps, guidance 5:
 
 - *direct*: ``PipelineWorker.run(key, items)`` in this process, one batch of B images;
@@ -134,7 +134,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def options_of(spec: str, best: str) -> Any:
-    from genaug.service.speed import SpeedOptions
+    from genaug.service.pipeline.speed import SpeedOptions
 
     spec = spec.strip()
     if spec == "best":
@@ -194,8 +194,8 @@ def build_sdxl(device: Any, dtype: Any, seed: int = 0) -> Any:
     )
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-    from genaug.service.model import LoadedModel
-    from genaug.service.tiny import tiny_tokenizer_dir
+    from genaug.service.pipeline.load import LoadedModel
+    from genaug.service.pipeline.tiny import tiny_tokenizer_dir
 
     tokenizer = CLIPTokenizer.from_pretrained(tiny_tokenizer_dir(), local_files_only=True)
     tokenizer_2 = CLIPTokenizer.from_pretrained(tiny_tokenizer_dir(), local_files_only=True)
@@ -237,8 +237,8 @@ def build_tiny(device: Any, dtype: Any) -> Any:
     """The tiny pipeline with true batching (as SDXL runs), as the service loads it."""
     import dataclasses
 
+    from genaug.service.pipeline.tiny import build_tiny_pipeline
     from genaug.service.testing import load_tiny
-    from genaug.service.tiny import build_tiny_pipeline
 
     model = load_tiny(threads=None)
     pipeline = build_tiny_pipeline(batch_invariant=False)
@@ -351,12 +351,12 @@ class Bench:
             self.args.json.write_text(json.dumps(self.results, indent=2, default=str))
 
     def key(self, steps: int | None = None) -> Any:
-        from genaug.service.work import GroupKey
+        from genaug.service.batching.items import GroupKey
 
         return GroupKey(self.args.size, self.args.size, steps or self.args.steps)
 
     def items(self, n: int, seed: int = 0) -> list[Any]:
-        from genaug.service.work import Item
+        from genaug.service.batching.items import Item
 
         size = self.args.size
         return [
@@ -395,7 +395,7 @@ def release(device: Any) -> None:
 
 def warm_up(bench: Bench, worker: Any, batches: Sequence[int]) -> dict[str, float]:
     """Seconds of the first batch of each shape (compilation included), WARMUP_STEPS steps."""
-    from genaug.service.speed import WARMUP_STEPS
+    from genaug.service.pipeline.speed import WARMUP_STEPS
 
     out: dict[str, float] = {}
     for batch in batches:
@@ -408,7 +408,7 @@ def warm_up(bench: Bench, worker: Any, batches: Sequence[int]) -> dict[str, floa
 
 def probe_seconds_per_image(bench: Bench, worker: Any, batch: int) -> float:
     """A compiled-and-warm batch of WARMUP_STEPS steps, scaled to the bench's steps."""
-    from genaug.service.speed import WARMUP_STEPS
+    from genaug.service.pipeline.speed import WARMUP_STEPS
 
     t0 = time.perf_counter()
     worker.run(bench.key(WARMUP_STEPS), bench.items(batch))
@@ -515,8 +515,8 @@ def measure_cell(
 def run_config(
     bench: Bench, config: str, batches: list[int], flops_per_image: float, peak: float
 ) -> None:
-    from genaug.service.generator import PipelineWorker
-    from genaug.service.speed import apply_speed
+    from genaug.service.pipeline.speed import apply_speed
+    from genaug.service.pipeline.worker import PipelineWorker
 
     options = options_of(config, bench.args.best)
     label = "best" if config == "best" else options.label
@@ -600,8 +600,8 @@ def warm_cache_check(bench: Bench, batches: list[int], cache_dir: Path) -> dict[
 
 
 def warmup_only(bench: Bench) -> dict[str, Any]:
-    from genaug.service.generator import PipelineWorker
-    from genaug.service.speed import apply_speed
+    from genaug.service.pipeline.speed import apply_speed
+    from genaug.service.pipeline.worker import PipelineWorker
 
     options = options_of("best", bench.args.best)
     batches = [int(b) for b in (bench.args.batches or "1").split(",")]

@@ -7,7 +7,7 @@ each in its own child process with the same torch thread count, ``max_batch_imag
 (``build_tiny_pipeline(batch_invariant=False)``: the default tiny pipeline runs its modules
 per image and cannot show batching gains), and rounds visit them in alternating order:
 
-- ``mixed``: today's :class:`~genaug.service.generator.PipelineWorker`. Guidance is applied
+- ``mixed``: today's :class:`~genaug.service.pipeline.worker.PipelineWorker`. Guidance is applied
   per image inside genaug's sampler, so a batch of 8 is one UNet call of 16 rows per step.
 - ``per guidance``: the behaviour before the sampler, emulated by replacing the worker's
   ``_denoise`` with the code it had: the batch is split by (guidance, negative prompt given)
@@ -125,7 +125,7 @@ def two_services(threads: int, settings: dict[str, Any]) -> Iterator[dict[str, s
 
 def _serve_main(argv: Sequence[str]) -> int:
     """Serve one mode in this process until SIGTERM or SIGINT."""
-    from genaug.service.runner import configure_logging
+    from genaug.service.commands.serve import configure_logging
     from genaug.service.settings import Settings
     from genaug.service.testing import start_service
 

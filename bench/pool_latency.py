@@ -53,7 +53,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import httpx
 
     from genaug.client import Client
-    from genaug.service.pool import PoolStore
+    from genaug.service.pool.store import PoolStore
 
     capacity = 50 if args.quick else 100
     requests = 60 if args.quick else 300

@@ -73,7 +73,7 @@ def _fill(http: Any, urls: Sequence[str], per_label: int, labels: int) -> float:
 
 
 def _duplicates(url: str, pool_id: str) -> tuple[int, int]:
-    from genaug.service.pool import PoolStore
+    from genaug.service.pool.store import PoolStore
 
     with PoolStore(url, capacity_per_label=10**6) as store:
         seeds = [seed for _, seed, _ in store.iter_images(pool_id)]

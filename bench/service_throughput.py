@@ -47,8 +47,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     batches_per_round = 2 if args.quick else 3
 
     from genaug.client import AsyncClient
-    from genaug.service.generator import PipelineWorker
-    from genaug.service.work import GroupKey, Item
+    from genaug.service.batching.items import GroupKey, Item
+    from genaug.service.pipeline.worker import PipelineWorker
 
     pin_threads(args.threads)
     generator = PipelineWorker(tiny_model())

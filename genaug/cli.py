@@ -36,7 +36,7 @@ def _settings_flags(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from genaug.service.runner import serve
+        from genaug.service.commands.serve import serve
     except ImportError as exc:
         print(f"genaug serve needs the service extras: pip install 'genaug[service]' ({exc})",
               file=sys.stderr)
@@ -109,7 +109,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "convert-unet", help="turn a fine-tuned UNet checkpoint you trust into safetensors"
     )
     with contextlib.suppress(ImportError):  # a trainer-only install: the command says so
-        from genaug.service.convert import add_convert_arguments
+        from genaug.service.commands.convert_unet import add_convert_arguments
 
         add_convert_arguments(convert)
     convert.set_defaults(func=_cmd_convert_unet)
@@ -141,21 +141,21 @@ def _pool_location(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_pool(args: argparse.Namespace) -> int:
-    from genaug.service.pool_cli import run_pool
+    from genaug.service.commands.pool import run_pool
 
     code: int = run_pool(args)
     return code
 
 
 def _cmd_pregenerate(args: argparse.Namespace) -> int:
-    from genaug.service.pool_cli import run_pregenerate
+    from genaug.service.commands.pool import run_pregenerate
 
     code: int = run_pregenerate(args)
     return code
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from genaug.service.pool_cli import run_export
+    from genaug.service.commands.pool import run_export
 
     code: int = run_export(args)
     return code
@@ -163,7 +163,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_convert_unet(args: argparse.Namespace) -> int:
     try:
-        from genaug.service.convert import run_convert
+        from genaug.service.commands.convert_unet import run_convert
     except ImportError as exc:
         print(f"genaug convert-unet needs the service extras: pip install 'genaug[service]' "
               f"({exc})", file=sys.stderr)

@@ -57,7 +57,7 @@ def check_kill_during_fill(*, rounds: int = 1, workdir: Path | None = None) -> C
     then the database must pass ``integrity_check``, hold every seed the client was sent,
     keep counters and rows consistent, and serve again after a restart."""
     from genaug.client.wire import decode_batch
-    from genaug.service.pool import PoolStore
+    from genaug.service.pool.store import PoolStore
 
     result = CheckResult("Faults", "kill_during_fill")
     started = time.monotonic()
@@ -243,7 +243,7 @@ def check_generator_exception(model: Any) -> CheckResult:
     log); another batch in flight at the same time and the next batch succeed."""
     result = CheckResult("Faults", "generator_exception")
     started = time.monotonic()
-    with LogCapture(["genaug.service.batcher"], level=logging.ERROR) as logs, \
+    with LogCapture(["genaug.service.batching.batcher"], level=logging.ERROR) as logs, \
             start_service(model, wrap=RaiseOnMarker, max_batch_images=8, max_wait_ms=20) as live:
         failing = [{"prompt": "boom" if i == 0 else f"mate {i}", **SMALL, "seed": i}
                    for i in range(3)]

@@ -50,7 +50,7 @@ def _schemathesis(url: str, examples: int, seed: int, report_dir: Path,
            "--report", "junit", "--report-dir", str(report_dir),
            # The JSON routes: /v1/variants takes images as binary multipart parts, whose
            # pixels no schema describes (its 422s are listed in docs/reliability.md and
-           # tested in tests/service/test_variants_api.py).
+           # tested in tests/service/api/test_variants_api.py).
            "--exclude-path", "/v1/variants"]
     for name, value in headers.items():
         cmd += ["-H", f"{name}: {value}"]

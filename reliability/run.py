@@ -229,10 +229,10 @@ def render(results: list[CheckResult], sizes: Sizes, *, started: dt.datetime,
         "- SIGKILL of the service during a training run (training completes, the feeder "
         "reconnects after the restart): `tests/trainer/test_train.py::"
         "test_service_killed_mid_fit_training_continues_and_feeder_reconnects`.",
-        "- Single-request behaviour already pinned by `tests/service/test_generate_api.py` "
+        "- Single-request behaviour already pinned by `tests/service/api/test_generate_api.py` "
         "(429, 504, one disconnect, 422 messages, one megabyte body with Content-Length) and "
-        "`tests/service/test_pool_service.py` (SIGKILL during filling keeps counters "
-        "consistent); `tests/service/test_model.py` refuses a malicious pickle in "
+        "`tests/service/pool/test_pool_service.py` (SIGKILL during filling keeps counters "
+        "consistent); `tests/service/pipeline/test_load.py` refuses a malicious pickle in "
         "`load_model`, which the Security table repeats end to end through the CLI.",
         "",
     ]

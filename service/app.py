@@ -34,22 +34,22 @@ from fastapi_offline import FastAPIOffline
 
 from genaug import __version__
 
-from .api import EXCEPTION_HANDLERS, DirectSample, router
-from .batcher import Batcher
-from .guard import GuardMiddleware
+from .api.guard import GuardMiddleware
+from .api.openapi import build_openapi
+from .api.routes import EXCEPTION_HANDLERS, DirectSample, router
+from .api.state import AppState, ModelLoader, Startup, WorkerWrapper
+from .batching.batcher import Batcher
+from .batching.items import Worker
+from .intake.schemas import build_api_models
 from .metrics import Metrics
-from .openapi import build_openapi
-from .pool import open_pool_store, replica_info
-from .pregen import PoolManager, pool_model_hash
-from .recipes import check_recipes, load_recipes
-from .schemas import build_api_models
+from .pipeline.speed import Speed
+from .pool.planner import PoolManager, pool_model_hash
+from .pool.store import open_pool_store, replica_info
+from .recipes.spec import check_recipes, load_recipes
 from .settings import Settings
-from .speed import Speed
-from .state import AppState, ModelLoader, Startup, WorkerWrapper
-from .work import Worker
 
 if TYPE_CHECKING:
-    from .model import LoadedModel
+    from .pipeline.load import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def create_app(
     ``loader`` replaces model loading (tests share one tiny model between apps);
     ``wrap_worker`` wraps the pipeline worker (tests inject faults); ``on_fatal`` is called
     when background loading fails (the CLI exits the process). Raises
-    :class:`~genaug.service.recipes.RecipeError` for an invalid recipes file.
+    :class:`~genaug.service.recipes.spec.RecipeError` for an invalid recipes file.
     """
     settings = settings or Settings()
     recipes = load_recipes(settings.recipes) if settings.recipes is not None else {}
@@ -160,9 +160,9 @@ def check_startup(settings: Settings) -> dict[str, str]:
     """Fail fast, before the server listens, on settings that can never work; return the
     device's name, type and dtype.
 
-    Raises :class:`~genaug.service.model.ModelLoadError`.
+    Raises :class:`~genaug.service.pipeline.load.ModelLoadError`.
     """
-    from .model import ModelLoadError, resolve_device, resolve_dtype
+    from .pipeline.load import ModelLoadError, resolve_device, resolve_dtype
 
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
@@ -177,7 +177,7 @@ def check_startup(settings: Settings) -> dict[str, str]:
 
 
 def default_loader(settings: Settings) -> LoadedModel:
-    from .model import load_model
+    from .pipeline.load import load_model
 
     return load_model(
         source=settings.model,
@@ -190,8 +190,8 @@ def default_loader(settings: Settings) -> LoadedModel:
 
 async def _load_and_warm(state: AppState) -> None:
     """Load the model, start the batcher and warm up; then report ready. Runs as a task."""
-    from . import device as devices
-    from .generator import PipelineWorker
+    from .pipeline import device as devices
+    from .pipeline.worker import PipelineWorker
 
     settings = state.settings
     startup = state.startup

@@ -18,8 +18,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .speed import WarmupShape, parse_warmup_shapes
-from .work import SchedulerName
+from .batching.items import SchedulerName
+from .pipeline.speed import WarmupShape, parse_warmup_shapes
 
 _LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

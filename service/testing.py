@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -34,11 +35,11 @@ if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
-    from .generator import PipelineWorker
-    from .model import LoadedModel
+    from .api.state import AppState
+    from .batching.items import GroupKey, Item, Outcome, Worker
+    from .pipeline.load import LoadedModel
+    from .pipeline.worker import PipelineWorker
     from .settings import Settings
-    from .state import AppState
-    from .work import GroupKey, Item, Outcome, Worker
 
 LOOPBACK = "127.0.0.1"
 
@@ -54,7 +55,7 @@ def load_tiny(threads: int | None = 1) -> LoadedModel:
     """
     import torch
 
-    from .model import load_model
+    from .pipeline.load import load_model
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -274,3 +275,30 @@ def start_service(
         raise
     state: AppState = app.state.genaug
     return LiveService(url, app, gate[0] if gate else None, settings, state, server, thread)
+
+
+def make_lora(folder: Path, name: str, seed: int, *, rank: int = 4) -> Path:
+    """Write ``folder/name.safetensors``: a LoRA (diffusers format) for the tiny UNet's
+    attention projections, with random non-zero weights from ``seed``."""
+    import torch
+    from diffusers import StableDiffusionXLPipeline
+    from diffusers.utils import convert_state_dict_to_diffusers  # type: ignore[attr-defined]
+    from peft import LoraConfig, get_peft_model_state_dict
+
+    from .pipeline.tiny import build_tiny_pipeline
+
+    unet: Any = build_tiny_pipeline(batch_invariant=False).unet  # type: ignore[attr-defined]
+    unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank,
+                                target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in unet.named_parameters():
+            if "lora_B" in param_name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    layers = convert_state_dict_to_diffusers(  # type: ignore[no-untyped-call]
+        get_peft_model_state_dict(unet)
+    )
+    StableDiffusionXLPipeline.save_lora_weights(
+        str(folder), unet_lora_layers=layers, weight_name=f"{name}.safetensors"
+    )
+    return folder / f"{name}.safetensors"

@@ -17,7 +17,7 @@ import pytest
 from genaug.service.testing import LiveService, load_tiny, start_service
 
 if TYPE_CHECKING:
-    from genaug.service.model import LoadedModel
+    from genaug.service.pipeline.load import LoadedModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

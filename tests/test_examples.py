@@ -260,7 +260,7 @@ def test_multimodal_example_with_a_converted_unet(make_service: Any, tmp_path: P
                 "config": {"lr": 1e-4}}, checkpoint)
     converted = tmp_path / "unet.safetensors"
     # The CLI in this process (torch is loaded already); its subprocess form is tested in
-    # tests/service/test_convert.py.
+    # tests/service/commands/test_convert.py.
     from genaug.cli import main
 
     assert main(["convert-unet", str(checkpoint), str(converted), "--base", "tiny-random",

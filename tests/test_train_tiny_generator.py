@@ -26,9 +26,9 @@ pytest.importorskip("sklearn")
 
 from genaug.demo import free_port, running_service  # noqa: E402
 from genaug.digits import write_split_folders  # noqa: E402
-from genaug.service.model import load_model  # noqa: E402
+from genaug.service.pipeline.load import load_model  # noqa: E402
+from genaug.service.pipeline.tiny import build_tiny_digits_pipeline  # noqa: E402
 from genaug.service.testing import wait_ready  # noqa: E402
-from genaug.service.tiny import build_tiny_digits_pipeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "train_tiny_generator.py"

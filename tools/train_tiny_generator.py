@@ -1,8 +1,9 @@
 """Train the tiny SDXL-architecture pipeline on a labelled image folder (not a service feature).
 
 This is how genaug's embedded default generator (``tiny-digits``) was made, and how to remake
-it: the same architecture as :func:`genaug.service.tiny.build_tiny_pipeline`, trained from a
-fixed seed in two phases on the CPU:
+it: the same architecture as
+:func:`genaug.service.pipeline.tiny.build_tiny_pipeline`, trained from a fixed seed in two
+phases on the CPU:
 
 1. **VAE** (AutoencoderKL): reconstruction MSE on ``[-1, 1]`` pixels plus a small KL term.
    Afterwards every training image is encoded once (posterior mean and std kept), and the VAE's
@@ -126,7 +127,7 @@ def read_folder(data: Path, labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_recipe(path: Path, name: str | None) -> tuple[str, Any]:
-    from genaug.service.recipes import load_recipes
+    from genaug.service.recipes.spec import load_recipes
 
     recipes = load_recipes(path)
     if name is None:
@@ -292,7 +293,7 @@ def run(cfg: Config) -> dict[str, Any]:
     import torch
     from safetensors.torch import save_file
 
-    from genaug.service.tiny import build_tiny_pipeline
+    from genaug.service.pipeline.tiny import build_tiny_pipeline
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

@@ -1,0 +1,112 @@
+"""The served ``/openapi.json``, built from the running configuration.
+
+FastAPI documents the routes; this module adds what only the running app knows, from the very
+models the handlers validate with (:class:`~genaug.service.intake.schemas.ApiModels`):
+
+- each JSON request body, with the operator's limits as maxima and enums for schedulers and
+  adapters;
+- one concrete path per recipe (``/v1/recipes/shapes/sample``) instead of the template
+  ``/v1/recipes/{name}/sample``, each with that recipe's labels as an enum, so a label of
+  another recipe is not something the schema admits;
+- the API-key security schemes, when keys are configured.
+
+Example::
+
+    app.openapi = lambda: build_openapi(app, state)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from genaug.client.wire import SAFETENSORS_MEDIA_TYPE
+
+from .guard import OPEN_PATHS
+from .routes import CLIENT_ID_PATTERN
+from .state import AppState
+
+CLIENT_ID_HEADER: dict[str, Any] = {
+    "name": "X-Client-Id",
+    "in": "header",
+    "required": False,
+    "description": "Who is asking, for round-robin fairness between trainers and notebooks "
+    "(with API keys: per key and client id).",
+    "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN},
+}
+_RECIPE_TEMPLATES = ("/v1/recipes/{name}", "/v1/recipes/{name}/sample", "/v1/recipes/{name}/fill")
+
+
+def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
+    """The OpenAPI document of ``app`` (built once, then cached on the app)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    schemas: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
+
+    def json_body(model: type[BaseModel]) -> dict[str, Any]:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+        return {"required": True, "content": {"application/json": {"schema": ref}}}
+
+    paths: dict[str, Any] = doc["paths"]
+    generate = paths["/v1/generate"]["post"]
+    generate["requestBody"] = json_body(state.api.generate)
+    generate.setdefault("parameters", []).append(CLIENT_ID_HEADER)
+    variants = paths["/v1/variants"]["post"]
+    params = json_body(state.api.variants)["content"]["application/json"]["schema"]
+    variants["requestBody"] = {
+        "required": True,
+        "content": {"multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "image": {"type": "array", "description": "one PNG per source",
+                              "items": {"type": "string", "contentMediaType": "image/png"}},
+                    "images": {"type": "string", "contentMediaType": SAFETENSORS_MEDIA_TYPE,
+                               "description": "or: one genaug safetensors batch, "
+                                              "images uint8 [N,H,W,3]"},
+                    "params": params,
+                },
+                "required": ["params"],
+            },
+            "encoding": {"params": {"contentType": "application/json"}},
+        }},
+    }
+    variants.setdefault("parameters", []).append(CLIENT_ID_HEADER)
+    templates = {path: paths.pop(path) for path in _RECIPE_TEMPLATES if path in paths}
+    for name in state.recipes:
+        bodies = {"sample": state.api.sample[name], "fill": state.api.fill[name]}
+        for template, item in templates.items():
+            concrete = copy.deepcopy(item)
+            for method, operation in concrete.items():
+                operation["parameters"] = [
+                    p for p in operation.get("parameters", []) if p.get("name") != "name"
+                ]
+                if not operation["parameters"]:
+                    del operation["parameters"]
+                operation["operationId"] = f"{operation.get('operationId', method)}_{name}"
+                verb = template.rsplit("/", 1)[-1]
+                if verb in bodies:
+                    operation["requestBody"] = json_body(bodies[verb])
+            paths[template.replace("{name}", name)] = concrete
+    if state.settings.api_keys:
+        doc["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+        }
+        for path, item in paths.items():
+            if path in OPEN_PATHS:
+                continue
+            for operation in item.values():
+                operation["security"] = [{"bearer": []}, {"apiKey": []}]
+    app.openapi_schema = doc
+    return doc

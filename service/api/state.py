@@ -1,0 +1,88 @@
+"""What the routes see: one :class:`AppState` per app, made by ``create_app``, filled by the
+lifespan, read by every handler through ``request.state.genaug``.
+
+A leaf of the service's import graph: the model, the pipeline worker and everything that
+imports torch appear here only as types, so importing the routes never imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NotReadyError
+from ..intake.schemas import ApiModels
+from ..metrics import Metrics
+from ..settings import Settings
+
+if TYPE_CHECKING:
+    from ..batching.batcher import Batcher
+    from ..batching.items import Worker
+    from ..pipeline.load import LoadedModel
+    from ..pipeline.worker import PipelineWorker
+    from ..pool.planner import PoolManager
+    from ..pool.store import PoolStore
+    from ..recipes.spec import Recipe
+
+ModelLoader = Callable[[Settings], "LoadedModel"]
+WorkerWrapper = Callable[["PipelineWorker"], "Worker"]  # tests wrap the worker to inject faults
+
+
+@dataclass
+class Startup:
+    """How ``create_app`` was asked to start: hooks the lifespan uses (tests replace them)."""
+
+    loader: ModelLoader | None = None
+    wrap_worker: WorkerWrapper | None = None
+    on_fatal: Callable[[BaseException], None] | None = None
+
+
+@dataclass
+class AppState:
+    """Settings, metrics, request models and, once ready, the model, batcher and pools.
+
+    The ``*_info`` dicts are what ``GET /v1/info`` reports for the device, the speed options,
+    the LoRA adapters and the replica; each is filled by the part that knows it.
+    """
+
+    settings: Settings
+    metrics: Metrics
+    api: ApiModels
+    startup: Startup = field(default_factory=Startup)
+    recipes: dict[str, Recipe] = field(default_factory=dict)
+    model: LoadedModel | None = None
+    batcher: Batcher | None = None
+    store: PoolStore | None = None
+    pools: PoolManager | None = None
+    device_info: dict[str, Any] = field(default_factory=dict)
+    speed_info: dict[str, Any] = field(default_factory=dict)
+    adapters_info: list[dict[str, Any]] = field(default_factory=list)
+    replica_info: dict[str, Any] = field(default_factory=dict)
+    ready: bool = False
+    load_error: str | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def defaults(self) -> tuple[int, int, float]:
+        """(size, steps, guidance) used when a request leaves them out."""
+        return self.api.defaults
+
+    def require_batcher(self) -> Batcher:
+        if self.load_error is not None:
+            raise NotReadyError(f"the model failed to load: {self.load_error}")
+        if not self.ready or self.batcher is None:
+            raise NotReadyError(
+                "the model is loading or warming up; retry shortly (GET /readyz turns 200 "
+                "when ready)",
+                headers={"Retry-After": "2"},
+            )
+        return self.batcher
+
+    def require_pools(self) -> PoolManager:
+        self.require_batcher()
+        if self.pools is None:
+            raise NotReadyError(
+                "the recipe pools are not open yet; retry shortly", headers={"Retry-After": "2"}
+            )
+        return self.pools

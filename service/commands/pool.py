@@ -1,0 +1,296 @@
+"""``genaug pregenerate``, ``genaug export`` and ``genaug pool``: fill a recipe's pool, write
+it to disk, list and drop pools.
+
+``pregenerate --url URL`` asks a running service to fill the pool (``POST
+/v1/recipes/{name}/fill``) and shows its progress; without ``--url`` it loads the model in
+this process and fills the pool the service would use (``--pool-path``/``GENAUG_POOL_PATH``
+or ``--pool-url``/``GENAUG_POOL_URL``; a shared PostgreSQL pool may be filled beside running
+replicas, a SQLite file is best filled with the service stopped). Both resume from what
+exists. Ctrl-C in process: the batch being made is finished and stored, then the command
+exits 130 ("every finished batch is kept"); a second Ctrl-C stops at once.
+
+``export`` writes ``OUT/<label>/<seed>.png``, the layout
+``tf.keras.utils.image_dataset_from_directory`` reads. ``pool list`` shows the pools in the
+database with their image counts; ``pool drop POOL_ID`` deletes one (pools of an old spec or
+model, or one whose images differ in shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..pool.store import PoolStore
+    from ..settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _bars(labels: list[str], total: int) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    width = max(len(label) for label in labels)
+    return {
+        label: tqdm(total=total, desc=label.ljust(width), position=i, unit="img",
+                    dynamic_ncols=True, leave=True)
+        for i, label in enumerate(labels)
+    }
+
+
+def _update(bars: dict[str, Any], fill: dict[str, int]) -> None:
+    for label, bar in bars.items():
+        bar.n = min(fill.get(label, 0), bar.total)
+        bar.refresh()
+
+
+def run_pregenerate(args: argparse.Namespace) -> int:
+    """Fill each label of ``args.recipe`` to ``args.per_label`` images."""
+    if args.url:
+        return _pregenerate_remote(args)
+    return _pregenerate_local(args)
+
+
+def _pregenerate_remote(args: argparse.Namespace) -> int:
+    from genaug.client import Client, GenaugError
+
+    with Client(args.url) as client:
+        try:
+            detail = client.fill(args.recipe, per_label=args.per_label)
+        except GenaugError as exc:
+            print(f"genaug pregenerate: {exc}", file=sys.stderr)  # noqa: T201
+            return 1
+        bars = _bars(detail["labels"], args.per_label)
+        try:
+            while True:
+                _update(bars, detail["fill"])
+                if all(detail["fill"].get(label, 0) >= args.per_label for label in bars):
+                    break
+                time.sleep(0.5)
+                detail = client.recipe(args.recipe)
+        except KeyboardInterrupt:
+            print("\nstopped watching; the service keeps filling in the background",  # noqa: T201
+                  file=sys.stderr)
+            return 130
+        except GenaugError as exc:
+            print(f"genaug pregenerate: {exc}", file=sys.stderr)  # noqa: T201
+            return 1
+        finally:
+            for bar in bars.values():
+                bar.close()
+    return 0
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, with the command's pool flags over them."""
+    from ..settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "pool_path", None) is not None:
+        overrides["pool_path"] = args.pool_path
+    if getattr(args, "pool_url", None) is not None:
+        overrides["pool_url"] = args.pool_url
+    return Settings(**overrides)
+
+
+def _open_store(args: argparse.Namespace, command: str,
+                capacity: int | None = None) -> tuple[PoolStore | None, str]:
+    """The pool the flags and settings name, or None and a one-line reason."""
+    from ..pool.store import PoolError, open_pool_store
+
+    settings = _settings(args)
+    if settings.pool_url is None and not Path(settings.pool_path).exists() and capacity is None:
+        return None, (f"genaug {command}: no pool database at {settings.pool_path}; pass "
+                      "--pool-path or --pool-url (or set GENAUG_POOL_PATH / GENAUG_POOL_URL)")
+    try:
+        return open_pool_store(settings, capacity_per_label=capacity), ""
+    except PoolError as exc:
+        return None, f"genaug {command}: {exc}"
+
+
+class _StopFlag:
+    """SIGINT sets a flag; the loop finishes and stores the batch it is making, then stops.
+    A second Ctrl-C raises KeyboardInterrupt at once (the default behaviour)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopFlag:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.event.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nstopping after the batch in progress is stored (Ctrl-C again to abort)",  # noqa: T201
+              file=sys.stderr)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+
+
+KEPT = "stopped; every finished batch is kept"
+
+
+def _pregenerate_local(args: argparse.Namespace) -> int:
+    from ..recipes.spec import RecipeError, check_recipes, load_recipes
+
+    with _StopFlag() as stop:
+        settings = _settings(args)
+        recipes_path = args.recipes or settings.recipes
+        if recipes_path is None:
+            print("genaug pregenerate: give --recipes FILE or set GENAUG_RECIPES",  # noqa: T201
+                  file=sys.stderr)
+            return 2
+        try:
+            recipes = load_recipes(recipes_path)
+            if args.recipe in recipes:
+                check_recipes({args.recipe: recipes[args.recipe]}, path=Path(recipes_path),
+                              data_root=settings.data_root,
+                              adapters=_adapter_names(settings))
+        except RecipeError as exc:
+            print(f"genaug pregenerate: {exc}", file=sys.stderr)  # noqa: T201
+            return 2
+        if args.recipe not in recipes:
+            print(f"genaug pregenerate: no recipe {args.recipe!r} in {recipes_path}; "  # noqa: T201
+                  f"it has {sorted(recipes)}", file=sys.stderr)
+            return 2
+        capacity = max(settings.pool_capacity_per_label, args.per_label)
+        store, problem = _open_store(args, "pregenerate", capacity)
+        if store is None:
+            print(problem, file=sys.stderr)  # noqa: T201
+            return 2
+        try:
+            return _fill_in_process(args, settings, recipes[args.recipe], store, stop.event)
+        finally:
+            store.close()
+
+
+def _adapter_names(settings: Settings) -> set[str]:
+    loras = getattr(settings, "loras", None) or {}
+    if isinstance(loras, dict):
+        return set(loras)
+    return {str(getattr(x, "name", x)) for x in loras}
+
+
+def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
+                     store: PoolStore, stop: threading.Event) -> int:
+    from ..pipeline.load import load_model
+    from ..pipeline.worker import PipelineWorker
+    from ..pool.planner import PoolManager, pool_model_hash
+
+    if stop.is_set():
+        print(f"\n{KEPT}", file=sys.stderr)  # noqa: T201
+        return 130
+    model = load_model(source=settings.model, unet_weights=settings.unet_weights,
+                       device=settings.device, dtype=settings.dtype,
+                       single_file_config=settings.single_file_config)
+    generator = PipelineWorker(model)
+    manager = PoolManager({args.recipe: recipe}, store, model_hash=pool_model_hash(model),
+                          pregenerate=False, data_root=settings.data_root)
+    manager.raise_target(args.recipe, args.per_label, shared=False)
+    pid = manager.pool_ids[args.recipe]
+    bars = _bars(recipe.label_names, args.per_label)
+    try:
+        while not stop.is_set():
+            _update(bars, _fill_or_empty(store, pid))
+            work = manager.next_idle_batch(settings.max_batch_images)
+            if work is None:
+                if manager.paused:  # the database is unreachable: wait, it resumes by itself
+                    stop.wait(2.0)
+                    continue
+                break
+            try:
+                outcome = generator.run(work.key, work.items)
+            except Exception as exc:
+                if work.on_failed is not None:
+                    work.on_failed(exc)
+                raise
+            work.on_done(outcome)  # stored before the stop flag is looked at again
+        if stop.is_set():
+            _update(bars, _fill_or_empty(store, pid))
+            print(f"\n{KEPT}", file=sys.stderr)  # noqa: T201
+            return 130
+    finally:
+        for bar in bars.values():
+            bar.close()
+    return 0
+
+
+def _fill_or_empty(store: PoolStore, pid: str) -> dict[str, int]:
+    from ..pool.store import PoolConnectionError
+
+    try:
+        return store.fill(pid)
+    except PoolConnectionError:
+        return {}
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Write a recipe's pool as ``OUT/<label>/<seed>.png``."""
+    from PIL import Image
+
+    store, problem = _open_store(args, "export")
+    if store is None:
+        print(problem, file=sys.stderr)  # noqa: T201
+        return 2
+    try:
+        candidates = [p for p in store.pools() if p.startswith(args.recipe + "-")]
+        if args.pool:
+            candidates = [p for p in candidates if p == args.pool]
+        if not candidates:
+            print(f"genaug export: {store.location} holds no pool of recipe "  # noqa: T201
+                  f"{args.recipe!r} (pools: {store.pools()})", file=sys.stderr)
+            return 1
+        sizes = {p: sum(store.fill(p).values()) for p in candidates}
+        chosen = max(candidates, key=lambda p: sizes[p])
+        if len(candidates) > 1:
+            print(f"{len(candidates)} pools of {args.recipe!r} (other prompts or models): "  # noqa: T201
+                  f"{sizes}; exporting the largest, {chosen} (choose with --pool)")
+        out = Path(args.out)
+        count = 0
+        for label, seed, image in store.iter_images(chosen):
+            folder = out / label
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(
+                folder / f"{seed}.png")
+            count += 1
+        print(f"wrote {count} images of pool {chosen} to {out}/<label>/<seed>.png")  # noqa: T201
+    finally:
+        store.close()
+    return 0
+
+
+def run_pool(args: argparse.Namespace) -> int:
+    """``genaug pool list`` and ``genaug pool drop POOL_ID``."""
+    store, problem = _open_store(args, f"pool {args.pool_command}")
+    if store is None:
+        print(problem, file=sys.stderr)  # noqa: T201
+        return 2
+    try:
+        pools = store.pools()
+        if args.pool_command == "list":
+            for pid in pools:
+                stats = store.stats(pid)
+                fill = {label: s.fill for label, s in stats.items()}
+                print(f"{pid}  {sum(fill.values())} images  {fill}")  # noqa: T201
+            if not pools:
+                print(f"no pools in {store.location}")  # noqa: T201
+            return 0
+        if args.pool_id not in pools:
+            print(f"genaug pool drop: no pool {args.pool_id!r} in {store.location}; "  # noqa: T201
+                  f"it has: {', '.join(pools) or 'none'} (exact ids, see `genaug pool list`)",
+                  file=sys.stderr)
+            return 1
+        gone = store.drop_pool(args.pool_id)
+        print(f"dropped pool {args.pool_id}: {gone} images deleted")  # noqa: T201
+        return 0
+    finally:
+        store.close()

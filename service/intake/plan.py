@@ -1,0 +1,114 @@
+"""Request -> work: the one place that turns what a client or the pool planner asks for into
+a batch's :class:`~genaug.service.batching.items.GroupKey` and its per-image
+:class:`~genaug.service.batching.items.Item` list.
+
+``defaults`` is ``(size, steps, guidance)``: what the running configuration fills in for a
+field the request leaves out.
+
+Example::
+
+    key, items = plan_items(GenerateRequest(prompt="a red circle", n=2), (64, 4, 5.0))
+    key.height, [item.seed for item in items]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..batching.items import GroupKey, Item
+from ..recipes.spec import source_hash
+from .schemas import GenerateRequest
+from .uploads import Upload
+
+
+def plan_items(
+    req: GenerateRequest, defaults: tuple[int, int, float]
+) -> tuple[GroupKey, list[Item]]:
+    """Resolve defaults and seeds: the exact work a request stands for."""
+    size, steps, guidance = defaults
+    height = req.height or size
+    width = req.width or size
+    key = GroupKey(
+        height=height,
+        width=width,
+        steps=req.steps or steps,
+        scheduler=req.scheduler or "default",
+        **adapter_of(req.adapter, req.adapter_scale),
+    )
+    if req.seed is not None:
+        seeds = [req.seed + i for i in range(req.n)]
+    else:
+        seeds = [int(s) for s in np.random.default_rng().integers(0, 2**63 - 1, size=req.n)]
+    output_height, output_width = output_size(req.output_height, req.output_width, height, width)
+    item_guidance = req.guidance if req.guidance is not None else guidance
+    items = [
+        Item(
+            req.prompt,
+            seed=seed,
+            guidance=item_guidance,
+            output_height=output_height,
+            output_width=output_width,
+            negative_prompt=req.negative_prompt,
+        )
+        for seed in seeds
+    ]
+    return key, items
+
+
+def adapter_of(adapter: str | None, scale: float | None) -> dict[str, Any]:
+    """The key's adapter and scale: without an adapter the scale means nothing, so it is
+    normalised (equal work must have equal keys to share a batch)."""
+    if adapter is None:
+        return {"adapter": None, "adapter_scale": 1.0}
+    return {"adapter": adapter, "adapter_scale": 1.0 if scale is None else scale}
+
+
+def output_size(
+    out_h: int | None, out_w: int | None, height: int, width: int
+) -> tuple[int, int]:
+    """The output size: as given; one side alone keeps the generated aspect ratio."""
+    if out_h is not None and out_w is not None:
+        return out_h, out_w
+    if out_h is not None:
+        return out_h, max(1, round(out_h * width / height))
+    if out_w is not None:
+        return max(1, round(out_w * height / width)), out_w
+    return height, width
+
+
+def plan_variants(
+    upload: Upload, defaults: tuple[int, int, float]
+) -> tuple[GroupKey, list[Item], np.ndarray]:
+    """The img2img work of an upload: ``n_per_image`` items per source, source-major."""
+    params = upload.params
+    _, steps, guidance = defaults
+    height, width = upload.size
+    key = GroupKey(
+        height=height,
+        width=width,
+        steps=params.steps or steps,
+        scheduler=params.scheduler or "default",
+        **adapter_of(params.adapter, params.adapter_scale),
+        mode="img2img",
+        strength=params.strength,
+    )
+    count = len(upload.sources) * params.n_per_image
+    if params.seed is not None:
+        seeds = [params.seed + i for i in range(count)]
+    else:
+        seeds = [int(s) for s in np.random.default_rng().integers(0, 2**63 - 1, size=count)]
+    out_h, out_w = output_size(params.output_height, params.output_width, height, width)
+    item_guidance = params.guidance if params.guidance is not None else guidance
+    items: list[Item] = []
+    for j, source in enumerate(upload.sources):
+        digest = source_hash(source)
+        for k in range(params.n_per_image):
+            items.append(Item(
+                params.prompt, seed=seeds[j * params.n_per_image + k], guidance=item_guidance,
+                output_height=out_h, output_width=out_w, negative_prompt=params.negative_prompt,
+                source=source, source_hash=digest,
+            ))
+    sources = np.repeat(np.arange(len(upload.sources), dtype=np.int32), params.n_per_image)
+    return key, items, sources

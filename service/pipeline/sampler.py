@@ -1,0 +1,479 @@
+"""genaug's denoising loop: classifier-free guidance per image, over the loaded SDXL components.
+
+diffusers' ``StableDiffusionXLPipeline.__call__`` takes one ``guidance_scale`` and one kind of
+negative prompt per call, so a batch whose requests differ in guidance had to be split into
+several calls, each a full UNet pass per step. :class:`Sampler` runs the same loop with the
+same components (text encoders, UNet, VAE, scheduler) but with guidance as a per-image vector
+and negative embeddings per image, so every image of a :class:`GroupKey`
+shares one UNet call per step.
+
+Semantics, per image, as diffusers defines them for one call:
+
+- **Guidance.** ``guidance > 1`` runs classifier-free guidance for that image:
+  ``eps = eps_uncond + g * (eps_text - eps_uncond)``. ``guidance <= 1`` means no guidance: the
+  image's prediction is the text-conditioned one and its negative prompt is ignored. The UNet
+  input is ``[unconditional rows of the guided images, conditional rows of all images]``; a
+  batch in which no image is guided has no unconditional half at all. With a guidance-distilled
+  UNet (``time_cond_proj_dim``, e.g. LCM-distilled SDXL) nothing is guided this way: each
+  image's ``guidance - 1`` goes into the UNet's guidance embedding instead, as diffusers does.
+- **Negative prompt.** ``None`` is zeros (SDXL's ``force_zeros_for_empty_prompt``; a model
+  configured without it encodes ``""``); ``""`` or any text is encoded.
+- **Micro-conditioning.** ``add_time_ids`` are ``(height, width, 0, 0, height, width)`` of the
+  key's generation size for every row, conditional and unconditional; pooled embeddings come
+  from the second text encoder, zeros for a ``None`` negative.
+- **Randomness.** Each image has its own ``torch.Generator`` seeded with its item's seed.
+  It draws, in this order: the VAE posterior sample of its source (img2img), its initial or
+  img2img noise, then every scheduler noise (``euler_a``, ``lcm``). An image is therefore a
+  function of its own item, the key and the weights, never of its batch mates.
+- **img2img.** The source (uint8 ``[H, W, 3]``) becomes ``x / 255 * 2 - 1`` (diffusers'
+  PIL path), is VAE-encoded and sampled with its item's generator, scaled, and noised to the
+  first timestep of the strength's share of the schedule; the loop then runs the remaining
+  ``int(steps * strength)`` steps, as ``StableDiffusionXLImg2ImgPipeline`` does, except that
+  at least one step always runs (diffusers fails when ``int(steps * strength)`` is 0).
+
+For a batch with one shared guidance and one kind of negative prompt, the latents equal
+``StableDiffusionXLPipeline.__call__(..., output_type="latent")`` (and the img2img pipeline's)
+bit for bit on the CPU: same calls, same shapes, same arithmetic
+(tests/service/pipeline/test_sampler.py).
+
+Example::
+
+    sampler = Sampler(pipeline, device=torch.device("cpu"), schedulers=Schedulers(pipeline))
+    key = GroupKey(height=64, width=64, steps=4)
+    items = [Item("a", seed=1, guidance=5.0, output_height=64, output_width=64),
+             Item("b", seed=2, guidance=1.0, output_height=64, output_width=64)]
+    latents = sampler.denoise(key, items)  # [2, 4, 8, 8], one UNet call of 3 rows per step
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..batching.items import SCHEDULERS, GroupKey, Item
+
+__all__ = [
+    "SCHEDULER_CLASSES",
+    "Sampler",
+    "Schedulers",
+    "UnknownSchedulerError",
+    "img2img_pipeline",
+    "quiet_diffusers",
+]
+
+log = logging.getLogger(__name__)
+
+# Sigma spacing families: a named scheduler sets all three, so a model config that uses one of
+# them (e.g. exponential sigmas) cannot leak into a name that means another.
+_PLAIN_SIGMAS = {"use_karras_sigmas": False, "use_exponential_sigmas": False,
+                 "use_beta_sigmas": False}
+_KARRAS_SIGMAS = {**_PLAIN_SIGMAS, "use_karras_sigmas": True}
+_DPMPP_2M = {"algorithm_type": "dpmsolver++", "solver_order": 2}
+
+#: Scheduler name -> (diffusers class, overrides on top of the model's scheduler config).
+SCHEDULER_CLASSES: dict[str, tuple[str, dict[str, Any]]] = {
+    "euler": ("EulerDiscreteScheduler", _PLAIN_SIGMAS),
+    "euler_a": ("EulerAncestralDiscreteScheduler", {}),
+    "dpmpp_2m": ("DPMSolverMultistepScheduler", {**_DPMPP_2M, **_PLAIN_SIGMAS}),
+    "dpmpp_2m_karras": ("DPMSolverMultistepScheduler", {**_DPMPP_2M, **_KARRAS_SIGMAS}),
+    "unipc": ("UniPCMultistepScheduler", _PLAIN_SIGMAS),
+    "lcm": ("LCMScheduler", {}),
+}
+assert set(SCHEDULER_CLASSES) | {"default"} == set(SCHEDULERS)
+
+
+class UnknownSchedulerError(ValueError):
+    """A scheduler name that is not one of :data:`~genaug.service.batching.items.SCHEDULERS`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.known = SCHEDULERS
+        super().__init__(
+            f"unknown scheduler {name!r}; use one of: {', '.join(SCHEDULERS)} "
+            "(GENAUG_SCHEDULER, a recipe's or a request's scheduler)"
+        )
+
+
+@contextmanager
+def quiet_diffusers() -> Iterator[None]:
+    """Silence diffusers' warnings for a moment (dtype casts, absent text-encoder LoRA keys)
+    that say nothing about genaug's use of it; errors still raise."""
+    logger = logging.getLogger("diffusers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+class Schedulers:
+    """One scheduler instance per name, built from the model's scheduler config, cached.
+
+    ``default`` is the setting (``GENAUG_SCHEDULER``) that a key's ``"default"`` resolves to;
+    as a setting, ``"default"`` is the scheduler the model brought. Instances are stateful
+    (diffusers keeps step indices and multistep history in them): :meth:`get` belongs to the
+    worker thread; :meth:`resolve` and :meth:`describe` are safe from any thread.
+
+    Example::
+
+        schedulers = Schedulers(pipeline, default="euler_a")
+        schedulers.resolve("default")  # "euler_a"
+        schedulers.get("dpmpp_2m")  # a DPMSolverMultistepScheduler, the same one every time
+        schedulers.describe()  # "euler_a (EulerAncestralDiscreteScheduler)"
+    """
+
+    def __init__(self, pipeline: Any, *, default: str = "default") -> None:
+        if default not in SCHEDULERS:
+            raise UnknownSchedulerError(default)
+        self.default = default
+        self._model_scheduler: Any = pipeline.scheduler
+        # Never the pipeline's own instance: its state (step index, multistep history) would
+        # be shared by every worker built on this model (two services in one process).
+        model_scheduler = pipeline.scheduler
+        self._cache: dict[str, Any] = {
+            "default": type(model_scheduler).from_config(model_scheduler.config)
+        }
+
+    def resolve(self, name: str) -> str:
+        """The scheduler a key's ``name`` runs: ``"default"`` is the service's setting."""
+        if name not in SCHEDULERS:
+            raise UnknownSchedulerError(name)
+        return self.default if name == "default" else name
+
+    def get(self, name: str) -> Any:
+        """The scheduler instance for a key's ``name`` (built on first use)."""
+        resolved = self.resolve(name)
+        if resolved not in self._cache:
+            self._cache[resolved] = self._build(resolved)
+        return self._cache[resolved]
+
+    def describe(self, name: str = "default") -> str:
+        """``"<name> (<diffusers class>)"`` of what ``name`` runs, e.g. for ``/v1/info``.
+        Builds nothing, so any thread may ask."""
+        resolved = self.resolve(name)
+        if resolved == "default":
+            class_name = type(self._model_scheduler).__name__
+        else:
+            class_name = SCHEDULER_CLASSES[resolved][0]
+        return f"{resolved} ({class_name})"
+
+    def _build(self, name: str) -> Any:
+        import diffusers
+
+        class_name, overrides = SCHEDULER_CLASSES[name]
+        cls = getattr(diffusers, class_name)
+        accepted = inspect.signature(cls.__init__).parameters
+        kwargs = {k: v for k, v in overrides.items() if k in accepted}
+        config = {k: v for k, v in self._model_scheduler.config.items() if k in accepted}
+        scheduler = cls.from_config({**config, **kwargs})
+        log.info("scheduler %s: %s from the model's %s config", name, class_name,
+                 type(self._model_scheduler).__name__)
+        return scheduler
+
+
+def img2img_pipeline(pipeline: Any) -> Any:
+    """``StableDiffusionXLImg2ImgPipeline.from_pipe(pipeline)``: the same component objects
+    (no second copy of any weight), in the pipeline's own dtype (``from_pipe`` would otherwise
+    cast every shared component to float32)."""
+    from diffusers import StableDiffusionXLImg2ImgPipeline
+
+    with quiet_diffusers():
+        img2img = StableDiffusionXLImg2ImgPipeline.from_pipe(pipeline, dtype=pipeline.dtype)
+    img2img.set_progress_bar_config(disable=True)
+    return img2img
+
+
+class Sampler:
+    """The denoising loop with per-image guidance (module docstring); returns latents.
+
+    ``upcast_vae`` is called when the VAE encoder gives non-finite moments for a source in
+    half precision (the SDXL fp16 VAE overflow); those sources are encoded again in float32.
+
+    Example::
+
+        sampler = Sampler(pipeline, device=torch.device("cpu"),
+                          schedulers=Schedulers(pipeline))
+        latents = sampler.denoise(GroupKey(height=64, width=64, steps=4), items)
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        *,
+        device: torch.device,
+        schedulers: Schedulers,
+        upcast_vae: Callable[[], None] | None = None,
+    ) -> None:
+        self.pipe: Any = pipeline
+        self.img2img: Any = img2img_pipeline(pipeline)
+        self.device = device
+        self.schedulers = schedulers
+        self._upcast_vae = upcast_vae
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def denoise(self, key: GroupKey, items: Sequence[Item]) -> torch.Tensor:
+        """Latents ``[len(items), C, key.height / 8, key.width / 8]``, in item order."""
+        _check_key(key)
+        pipe = self.pipe
+        unet = pipe.unet
+        n = len(items)
+        generators = [torch.Generator(device=self.device).manual_seed(it.seed) for it in items]
+        scheduler = self.schedulers.get(key.scheduler)
+
+        embeds, pooled = self._encode([item.prompt for item in items])
+        distilled = unet.config.time_cond_proj_dim is not None
+        guided = [i for i, item in enumerate(items) if item.guidance > 1 and not distilled]
+        k = len(guided)
+        if k:
+            negative, negative_pooled = self._negatives([items[i] for i in guided], embeds, pooled)
+            embeds = torch.cat([negative, embeds])
+            pooled = torch.cat([negative_pooled, pooled])
+        dtype = embeds.dtype
+
+        # Timesteps, then the starting latents (the order diffusers uses: init_noise_sigma and
+        # add_noise read the schedule that set_timesteps made).
+        scheduler.set_timesteps(key.steps, device=self.device)
+        if key.mode == "img2img":
+            timesteps = _strength_timesteps(scheduler, key.steps, key.strength)
+            latents = self._img2img_latents(
+                key, items, generators, scheduler, timesteps[:1], dtype
+            )
+        else:
+            timesteps = scheduler.timesteps
+            latents = self._noise_latents(key, n, generators, dtype, scheduler)
+            if hasattr(scheduler, "set_begin_index"):
+                scheduler.set_begin_index(0)
+
+        time_ids = self._time_ids(key, rows=k + n, negative_rows=k, dtype=dtype)
+        step_kwargs = _step_kwargs(scheduler, generators)
+        timestep_cond = None
+        if distilled:
+            w = torch.tensor([item.guidance - 1 for item in items])
+            timestep_cond = pipe.get_guidance_scale_embedding(
+                w, embedding_dim=unet.config.time_cond_proj_dim
+            ).to(device=self.device, dtype=latents.dtype)
+        guided_index = torch.tensor(guided, device=self.device, dtype=torch.long)
+        scale = torch.tensor(
+            [items[i].guidance for i in guided], dtype=torch.float32, device=self.device
+        ).view(-1, *([1] * (latents.dim() - 1)))
+        added_cond = {"text_embeds": pooled, "time_ids": time_ids}
+
+        for t in timesteps:
+            model_input = torch.cat([latents[guided_index], latents]) if k else latents
+            model_input = scheduler.scale_model_input(model_input, t)
+            noise = unet(
+                model_input,
+                t,
+                encoder_hidden_states=embeds,
+                timestep_cond=timestep_cond,
+                added_cond_kwargs=added_cond,
+                return_dict=False,
+            )[0]
+            if k:
+                noise = _guide(noise[:k], noise[k:], guided_index, scale, all_guided=k == n)
+            latents = scheduler.step(noise, t, latents, **step_kwargs, return_dict=False)[0]
+        result: torch.Tensor = latents
+        return result
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Penultimate hidden states of both text encoders, concatenated, and the pooled
+        projection of the second: ``encode_prompt`` without its guidance half."""
+        embeds, _, pooled, _ = self.pipe.encode_prompt(
+            prompt=prompts,
+            device=self.device,
+            num_images_per_prompt=1,
+            do_classifier_free_guidance=False,
+        )
+        return embeds, pooled
+
+    def _negatives(
+        self, items: list[Item], embeds: torch.Tensor, pooled: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Negative embeddings of the guided items: zeros for ``None`` (when the model forces
+        zeros for an empty prompt), else the encoded text. diffusers encodes a negative prompt
+        exactly as a prompt (same tokenizers, padding, layers), so one path serves both."""
+        k = len(items)
+        negative = torch.zeros((k, *embeds.shape[1:]), dtype=embeds.dtype, device=embeds.device)
+        negative_pooled = torch.zeros(
+            (k, *pooled.shape[1:]), dtype=pooled.dtype, device=pooled.device
+        )
+        zeros_for_none = bool(self.pipe.config.force_zeros_for_empty_prompt)
+        texts = {
+            j: item.negative_prompt if item.negative_prompt is not None else ""
+            for j, item in enumerate(items)
+            if item.negative_prompt is not None or not zeros_for_none
+        }
+        if texts:
+            rows = list(texts)
+            encoded, encoded_pooled = self._encode(list(texts.values()))
+            index = torch.tensor(rows, device=embeds.device, dtype=torch.long)
+            negative[index] = encoded.to(negative.dtype)
+            negative_pooled[index] = encoded_pooled.to(negative_pooled.dtype)
+        return negative, negative_pooled
+
+    def _time_ids(
+        self, key: GroupKey, *, rows: int, negative_rows: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """SDXL micro-conditioning for every UNet row, from the mode's own pipeline method."""
+        size = (key.height, key.width)
+        projection_dim = int(self.pipe.text_encoder_2.config.projection_dim)
+        if key.mode == "img2img":
+            positive, negative = self.img2img._get_add_time_ids(
+                size, (0, 0), size, 6.0, 2.5, size, (0, 0), size,
+                dtype=dtype, text_encoder_projection_dim=projection_dim,
+            )
+        else:
+            positive = negative = self.pipe._get_add_time_ids(
+                size, (0, 0), size, dtype=dtype, text_encoder_projection_dim=projection_dim
+            )
+        ids = torch.cat(
+            [negative.repeat(negative_rows, 1), positive.repeat(rows - negative_rows, 1)]
+        )
+        return ids.to(self.device)
+
+    def _noise_latents(
+        self,
+        key: GroupKey,
+        n: int,
+        generators: list[torch.Generator],
+        dtype: torch.dtype,
+        scheduler: Any,
+    ) -> torch.Tensor:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        factor = self.pipe.vae_scale_factor
+        shape = (n, self.pipe.unet.config.in_channels, key.height // factor, key.width // factor)
+        noise: torch.Tensor = randn_tensor(
+            shape, generator=generators, device=self.device, dtype=dtype
+        )
+        scaled: torch.Tensor = noise * scheduler.init_noise_sigma
+        return scaled
+
+    def _img2img_latents(
+        self,
+        key: GroupKey,
+        items: Sequence[Item],
+        generators: list[torch.Generator],
+        scheduler: Any,
+        start: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """Encode the sources, sample each posterior with its item's generator, scale, and
+        noise to ``start`` (the strength's first timestep) with the same generators."""
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+        from diffusers.utils.torch_utils import randn_tensor
+
+        vae = self.pipe.vae
+        sources = np.stack([_source_array(item, key) for item in items])
+        pixels = torch.from_numpy(sources).permute(0, 3, 1, 2).float() / 255.0
+        pixels = (2.0 * pixels - 1.0).to(self.device)
+        moments = self._encode_moments(pixels)
+        posterior = DiagonalGaussianDistribution(moments)
+        # posterior.sample(generators), spelled out: one draw per row from that row's generator
+        draw = randn_tensor(
+            posterior.mean.shape, generator=generators, device=self.device, dtype=moments.dtype
+        )
+        latents = (posterior.mean + posterior.std * draw).to(dtype)
+        config = vae.config
+        mean = getattr(config, "latents_mean", None)
+        std = getattr(config, "latents_std", None)
+        if mean is not None and std is not None:
+            channels = latents.shape[1]
+            mean_t = torch.tensor(mean).view(1, channels, 1, 1).to(self.device, dtype)
+            std_t = torch.tensor(std).view(1, channels, 1, 1).to(self.device, dtype)
+            latents = (latents - mean_t) * config.scaling_factor / std_t
+        else:
+            latents = config.scaling_factor * latents
+        noise = randn_tensor(latents.shape, generator=generators, device=self.device, dtype=dtype)
+        noised: torch.Tensor = scheduler.add_noise(latents, noise, start.repeat(len(items)))
+        return noised
+
+    def _encode_moments(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The VAE posterior's moments ``[N, 2C, h, w]``, encoded in the VAE's dtype. A source
+        whose moments are not finite in half precision (the SDXL fp16 VAE overflow) upcasts
+        the VAE to float32 for good, as a non-finite decode does, and is encoded again."""
+        vae = self.pipe.vae
+        moments = _moments(vae, pixels.to(vae.dtype))
+        bad = ~torch.isfinite(moments.flatten(1)).all(dim=1)
+        if bad.any() and vae.dtype != torch.float32 and self._upcast_vae is not None:
+            self._upcast_vae()
+            rows = bad.nonzero().flatten()
+            moments = moments.float()
+            moments[rows] = _moments(vae, pixels[rows].to(vae.dtype)).float()
+        return moments
+
+
+def _moments(vae: Any, pixels: torch.Tensor) -> torch.Tensor:
+    moments: torch.Tensor = vae.encode(pixels).latent_dist.parameters
+    return moments
+
+
+def _guide(
+    uncond: torch.Tensor,
+    cond: torch.Tensor,
+    guided: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    all_guided: bool,
+) -> torch.Tensor:
+    """``uncond + g * (cond - uncond)`` for the guided rows, ``cond`` for the others.
+
+    The product is taken in float32 and rounded to the latents' dtype, which is what diffusers'
+    ``python_float * half_tensor`` computes; in float32 it is the same product bit for bit.
+    """
+    selected = cond if all_guided else cond[guided]
+    delta = selected - uncond
+    out = uncond + (delta.float() * scale).to(delta.dtype)
+    if all_guided:
+        return out
+    return cond.index_copy(0, guided, out)
+
+
+def _strength_timesteps(scheduler: Any, steps: int, strength: float) -> torch.Tensor:
+    """``StableDiffusionXLImg2ImgPipeline.get_timesteps`` (without ``denoising_start``), with
+    at least one step: the last ``max(1, int(steps * strength))`` steps of the schedule."""
+    run = max(1, min(int(steps * strength), steps))
+    start = (steps - run) * scheduler.order
+    if hasattr(scheduler, "set_begin_index"):
+        scheduler.set_begin_index(start)
+    timesteps: torch.Tensor = scheduler.timesteps[start:]
+    return timesteps
+
+
+def _step_kwargs(scheduler: Any, generators: list[torch.Generator]) -> dict[str, Any]:
+    """``prepare_extra_step_kwargs``: the per-image generators to schedulers that draw noise."""
+    accepted = inspect.signature(scheduler.step).parameters
+    kwargs: dict[str, Any] = {}
+    if "eta" in accepted:
+        kwargs["eta"] = 0.0
+    if "generator" in accepted:
+        kwargs["generator"] = generators
+    return kwargs
+
+
+def _source_array(item: Item, key: GroupKey) -> np.ndarray:
+    source = item.source
+    expected = (key.height, key.width, 3)
+    if source is None or source.dtype != np.uint8 or tuple(source.shape) != expected:
+        got = "none" if source is None else f"{source.dtype} {tuple(source.shape)}"
+        raise ValueError(f"img2img source must be uint8 {expected}, got {got}")
+    return source
+
+
+def _check_key(key: GroupKey) -> None:
+    if key.steps < 1:
+        raise ValueError(f"steps {key.steps} must be at least 1")
+    if key.mode == "img2img" and not 0 < key.strength <= 1:
+        raise ValueError(f"img2img strength {key.strength} is outside (0, 1]")
+    if key.mode not in ("text", "img2img"):
+        raise ValueError(f"unknown mode {key.mode!r}; use 'text' or 'img2img'")

@@ -1,0 +1,285 @@
+"""The diffusers side: turns one batch of items into uint8 images. Nothing else touches torch.
+
+:class:`PipelineWorker` is the batcher's :class:`Worker`. It is called from
+one thread only (diffusers pipelines, schedulers and LoRA switches are not thread-safe), and it
+is where the per-image guarantees are kept:
+
+- **One UNet call per step for the whole batch.** :class:`~genaug.service.pipeline.sampler.Sampler`
+  runs the denoising loop with classifier-free guidance per image: prompt, negative prompt
+  (``None`` = zeros, text = encoded), guidance (``<= 1``: none for that image), seed, output
+  size and channels may all differ between batch mates. What must be shared is the
+  :class:`GroupKey`: generation size, steps, scheduler, LoRA adapter and
+  scale, mode (text-to-image, or img2img with its strength).
+- **Seeds.** Each image gets its own ``torch.Generator`` for its initial noise, its img2img
+  source's VAE sample and noise, and any scheduler noise, so image ``i`` depends on its own
+  item, never on its batch mates.
+- **Schedulers.** ``GENAUG_SCHEDULER`` (``scheduler=``) is used for keys whose scheduler is
+  ``"default"``; other names override it. One instance per name, built from the model's
+  scheduler config and cached (:class:`~genaug.service.pipeline.sampler.Schedulers`).
+- **LoRA adapters.** All of ``GENAUG_LORAS`` (``loras=``) are loaded at construction, none
+  active; each batch activates its key's adapter at its scale, or none
+  (:class:`~genaug.service.pipeline.adapters.Adapters`). Switching costs no reload.
+- **img2img.** Built from the same components (``StableDiffusionXLImg2ImgPipeline.from_pipe``,
+  no second copy of the weights). An item whose source is missing or not uint8
+  ``[key.height, key.width, 3]`` fails alone; its batch mates are made.
+- **NaN/Inf guard.** The UNet loop returns latents and the VAE decode happens here, so each
+  image is checked. A non-finite decode (the SDXL fp16 VAE overflow that gives black images)
+  upcasts the VAE to float32 for good and decodes those latents again (a non-finite img2img
+  encode does the same); non-finite latents fail only their own items. No such image is ever
+  served.
+- **Out of memory.** The batch is halved and retried; only an image that cannot run alone
+  fails.
+- **Output size.** Antialiased resize on the device per image, luminance for one-channel
+  items, then uint8 HWC on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..batching.items import GroupKey, Item, Outcome
+from ..metrics import Metrics
+from .adapters import Adapters
+from .load import LoadedModel
+from .sampler import Sampler, Schedulers
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+class PipelineWorker:
+    """Runs batches on one loaded SDXL pipeline (module docstring: the guarantees).
+
+    Example::
+
+        model = load_model(source=None, unet_weights=None, device="cpu", dtype="auto")
+        worker = PipelineWorker(model, scheduler="euler_a",
+                                loras={"wounds": Path("wounds.safetensors")})
+        key = GroupKey(height=64, width=64, steps=4, adapter="wounds", adapter_scale=0.8)
+        items = [Item("a red circle", seed=1, guidance=5.0, output_height=64, output_width=64),
+                 Item("a blue square", seed=2, guidance=1.0, output_height=32, output_width=32,
+                      channels=1)]
+        out = worker.run(key, items)
+        [image.shape for image in out.images]  # [(64, 64, 3), (32, 32, 1)]
+        worker.schedulers.describe()  # "euler_a (EulerAncestralDiscreteScheduler)"
+        worker.adapters.info()  # [{"name": "wounds", "hash": "...", "source": "..."}]
+
+    Raises (from :meth:`run`, for the whole batch): :class:`UnknownSchedulerError` and
+    :class:`UnknownAdapterError` (a key the API should have refused), ``ValueError`` for
+    steps below 1 or an img2img strength outside (0, 1]. Construction raises
+    :class:`AdapterLoadError` for a LoRA file that cannot be loaded.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        metrics: Metrics | None = None,
+        *,
+        scheduler: str = "default",
+        loras: Mapping[str, Path] | None = None,
+    ) -> None:
+        self.model = model
+        # diffusers' pipeline classes are dynamically typed: components are attributes.
+        self.pipe: Any = model.pipeline
+        self.metrics = metrics
+        self.vae_upcast = False
+        self.schedulers = Schedulers(self.pipe, default=scheduler)
+        self.adapters = Adapters(self.pipe, loras or {})
+        self.sampler = Sampler(
+            self.pipe, device=model.device, schedulers=self.schedulers,
+            upcast_vae=self._upcast_vae,
+        )
+
+    @classmethod
+    def from_settings(
+        cls, model: LoadedModel, settings: Settings, metrics: Metrics | None = None
+    ) -> PipelineWorker:
+        """The worker the service runs: ``GENAUG_SCHEDULER`` and ``GENAUG_LORAS`` applied."""
+        return cls(model, metrics, scheduler=settings.scheduler, loras=settings.loras)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # -- Worker protocol ---------------------------------------------------------------------
+
+    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
+        """Generate ``items`` with one UNet call per step (or halves of it on out-of-memory)."""
+        self.schedulers.resolve(key.scheduler)  # unknown names fail before any work
+        self.adapters.activate(key.adapter, key.adapter_scale)
+        refused = _refused(key, items)
+        if refused:
+            return self._run_some(key, items, refused)
+        try:
+            with torch.inference_mode():
+                return self._run(key, items)
+        finally:
+            if self.device.type == "cuda":
+                # Freed activations go back to the allocator, not the OS: keep the peak stable.
+                torch.cuda.empty_cache()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _run_some(self, key: GroupKey, items: Sequence[Item], refused: dict[int, str]) -> Outcome:
+        """Make the items that can be made; the refused ones fail with their reason."""
+        keep = [i for i in range(len(items)) if i not in refused]
+        images = [np.zeros(item.output_shape, np.uint8) for item in items]
+        errors = dict(refused)
+        if keep:
+            part = self.run(key, [items[i] for i in keep])
+            for j, i in enumerate(keep):
+                images[i] = part.images[j]
+                if j in part.errors:
+                    errors[i] = part.errors[j]
+        return Outcome(images=images, errors=errors)
+
+    def _run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
+        try:
+            latents = self._denoise(key, items)
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+            if len(items) == 1:
+                log.error("out of memory generating one %dx%d image", key.height, key.width)
+                return Outcome(
+                    images=[np.zeros(items[0].output_shape, np.uint8)],
+                    errors={
+                        0: f"out of memory for one {key.height}x{key.width} image on "
+                        f"{self.device}; request a smaller size or free device memory"
+                    },
+                )
+            half = len(items) // 2
+            log.warning(
+                "out of memory on a batch of %d; retrying as %d + %d",
+                len(items),
+                half,
+                len(items) - half,
+            )
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return _concat(self._run(key, items[:half]), self._run(key, items[half:]), half)
+        return self._decode(items, latents)
+
+    def _denoise(self, key: GroupKey, items: Sequence[Item]) -> torch.Tensor:
+        """Latents of every item, in order, from one per-image-guidance sampling loop."""
+        return self.sampler.denoise(key, items)
+
+    def _vae_decode(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.pipe.vae
+        config = vae.config
+        latents = latents.to(dtype=vae.dtype)
+        mean = getattr(config, "latents_mean", None)
+        std = getattr(config, "latents_std", None)
+        if mean is not None and std is not None:
+            channels = latents.shape[1]
+            mean_t = torch.tensor(mean).view(1, channels, 1, 1).to(latents)
+            std_t = torch.tensor(std).view(1, channels, 1, 1).to(latents)
+            latents = latents * std_t / config.scaling_factor + mean_t
+        else:
+            latents = latents / config.scaling_factor
+        decoded: torch.Tensor = vae.decode(latents, return_dict=False)[0]
+        return decoded
+
+    def _upcast_vae(self) -> None:
+        if not self.vae_upcast and self.pipe.vae.dtype != torch.float32:
+            log.warning(
+                "the VAE gave non-finite values in %s; upcasting it to float32 for the rest of "
+                "this run (set GENAUG_DTYPE=bfloat16 or use an fp16-fixed VAE to avoid this)",
+                self.pipe.vae.dtype,
+            )
+            self.pipe.vae.to(dtype=torch.float32)
+        self.vae_upcast = True
+
+    def _decode(self, items: Sequence[Item], latents: torch.Tensor) -> Outcome:
+        n = latents.shape[0]
+        errors: dict[int, str] = {}
+        finite_latents = torch.isfinite(latents.flatten(1)).all(dim=1)
+        pixels = self._vae_decode(latents).float()
+        bad = ~torch.isfinite(pixels.flatten(1)).all(dim=1)
+        retry = (bad & finite_latents).nonzero().flatten()
+        if retry.numel():
+            self._upcast_vae()
+            pixels[retry] = self._vae_decode(latents[retry].float()).float()
+            bad = ~torch.isfinite(pixels.flatten(1)).all(dim=1)
+        if bad.any():
+            for i in bad.nonzero().flatten().tolist():
+                errors[i] = (
+                    "the model produced NaN/Inf pixels for this image even with a float32 VAE "
+                    "(UNet overflow); use GENAUG_DTYPE=bfloat16 or float32"
+                )
+            if self.metrics is not None:
+                self.metrics.nonfinite_images.inc(len(errors))
+            pixels = torch.nan_to_num(pixels, nan=0.0, posinf=0.0, neginf=0.0)
+        images = (pixels / 2 + 0.5).clamp(0, 1)
+        out = [_finish(images[i : i + 1], item) for i, item in enumerate(items)]
+        assert len(out) == n
+        return Outcome(images=out, errors=errors)
+
+    def warmup(self, key: GroupKey, guidance: float) -> None:
+        """One small batch so the first request does not pay for lazy initialisation."""
+        item = Item("warm-up", seed=0, guidance=guidance, output_height=key.height,
+                    output_width=key.width)
+        self.run(key, [item])
+
+
+# RGB -> luminance weights (ITU-R BT.601, as PIL's "L" mode), for one-channel outputs.
+_LUMA = (0.299, 0.587, 0.114)
+
+
+def _finish(image: torch.Tensor, item: Item) -> np.ndarray:
+    """One image in [0, 1], ``[1, 3, h, w]`` -> uint8 ``item.output_shape`` on the host."""
+    if tuple(image.shape[2:]) != (item.output_height, item.output_width):
+        image = F.interpolate(
+            image,
+            size=(item.output_height, item.output_width),
+            mode="bilinear",
+            antialias=True,
+            align_corners=False,
+        ).clamp(0, 1)
+    if item.channels == 1:
+        weights = torch.tensor(_LUMA, dtype=image.dtype, device=image.device).view(1, 3, 1, 1)
+        image = (image * weights).sum(dim=1, keepdim=True)
+    as_uint8 = (image[0] * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
+    out: np.ndarray = as_uint8.cpu().numpy()
+    return out
+
+
+def _refused(key: GroupKey, items: Sequence[Item]) -> dict[int, str]:
+    """Items that cannot be made with ``key``: an img2img item without a uint8
+    ``[key.height, key.width, 3]`` source, or a text-to-image item with one."""
+    expected = (key.height, key.width, 3)
+    refused: dict[int, str] = {}
+    for i, item in enumerate(items):
+        source = item.source
+        if key.mode == "img2img":
+            if source is None:
+                refused[i] = "img2img item has no source image"
+            elif source.dtype != np.uint8 or tuple(source.shape) != expected:
+                refused[i] = (
+                    f"img2img source is {source.dtype} {tuple(source.shape)}; it must be uint8 "
+                    f"{expected}, the key's generation size"
+                )
+        elif source is not None:
+            refused[i] = "a text-to-image item carries a source image; use an img2img key"
+    return refused
+
+
+def _concat(a: Outcome, b: Outcome, offset: int) -> Outcome:
+    errors = dict(a.errors)
+    errors.update({i + offset: msg for i, msg in b.errors.items()})
+    return Outcome(images=[*a.images, *b.images], errors=errors)

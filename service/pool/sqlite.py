@@ -1,0 +1,318 @@
+"""The SQLite backend of the pool: one file, the embedded default for one machine.
+
+Durability. The file is in WAL mode with ``synchronous=NORMAL``: every batch is one transaction,
+a commit appends to the write-ahead log without an fsync, and the log is fsynced at checkpoints.
+A process kill (SIGKILL, OOM) loses nothing committed, because committed pages are already in
+the OS cache; a power loss or OS crash can roll back the last few commits. In both cases SQLite
+recovers to a consistent database on the next open (``PRAGMA integrity_check`` is ``ok``) and at
+worst the batch in flight is lost — which the pool tolerates by design (it is a cache of
+regenerable images), so the fsync per commit of ``synchronous=FULL`` is not worth its cost.
+
+Threads. One SQLite connection per thread (``threading.local``), all opened with
+``check_same_thread=False`` only so that :meth:`close` can close them from the thread that owns
+the store; otherwise each connection is used by its own thread alone. Writers take SQLite's
+write lock (``BEGIN IMMEDIATE``: the label locks of :class:`~genaug.service.pool.store.PoolStore`
+are this one lock) and wait up to ``busy_timeout_s`` for each other; readers run beside them
+on their WAL snapshot. :meth:`SqlitePoolStore.sample_now` (the service's event loop) uses a
+second connection of its thread whose busy timeout is 0 (it gives up at once instead) and
+which never checkpoints the WAL (that I/O is left to the other connections' commits).
+
+Replicas with separate files: give each a plan partition (``GENAUG_REPLICA=i/N``) so that
+replica i only uses plan indices congruent to i mod N and no two replicas make the same image.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from .store import (
+    DEFAULT_LEASE_S,
+    SCHEMA_VERSION,
+    PoolError,
+    PoolSample,
+    PoolSchemaError,
+    PoolStore,
+)
+
+__all__ = ["SqlitePoolStore"]
+
+log = logging.getLogger(__name__)
+
+# Version 2, the layout a new file gets. (No semicolons in comments: the text is split on them.)
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS images (
+    id            INTEGER PRIMARY KEY,
+    pool_id       TEXT    NOT NULL,
+    label         TEXT    NOT NULL,
+    seed          INTEGER NOT NULL,
+    created       REAL    NOT NULL,
+    model_hash    TEXT    NOT NULL,
+    served        INTEGER NOT NULL DEFAULT 0,
+    height        INTEGER NOT NULL,
+    width         INTEGER NOT NULL,
+    channels      INTEGER NOT NULL DEFAULT 3,
+    plan_index    INTEGER,
+    source        TEXT,
+    scheduler     TEXT    NOT NULL DEFAULT 'default',
+    adapter       TEXT,
+    adapter_scale REAL
+);
+CREATE TABLE IF NOT EXISTS image_data (
+    id   INTEGER PRIMARY KEY REFERENCES images (id),
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS images_pool_label_served ON images (pool_id, label, served);
+CREATE TABLE IF NOT EXISTS counters (
+    pool_id         TEXT    NOT NULL,
+    label           TEXT    NOT NULL,
+    generated_total INTEGER NOT NULL DEFAULT 0,
+    served_total    INTEGER NOT NULL DEFAULT 0,
+    next_index      INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (pool_id, label)
+) WITHOUT ROWID;
+"""
+
+# Version 1 -> 2: what the version-2 layout adds. A new file runs it too, after _SCHEMA
+# (the ALTERs are skipped there: the columns exist already).
+_V2 = """
+CREATE UNIQUE INDEX IF NOT EXISTS images_plan_index ON images (pool_id, label, plan_index);
+CREATE TABLE IF NOT EXISTS targets (
+    pool_id TEXT    NOT NULL,
+    label   TEXT    NOT NULL,
+    target  INTEGER NOT NULL,
+    PRIMARY KEY (pool_id, label)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reservations (
+    id          INTEGER PRIMARY KEY,
+    pool_id     TEXT    NOT NULL,
+    label       TEXT    NOT NULL,
+    owner       TEXT    NOT NULL,
+    start_index INTEGER NOT NULL,
+    stride      INTEGER NOT NULL,
+    count       INTEGER NOT NULL,
+    created     REAL    NOT NULL,
+    expires     REAL    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reservations_pool_label ON reservations (pool_id, label);
+CREATE INDEX IF NOT EXISTS reservations_owner ON reservations (owner);
+"""
+
+_V2_COLUMNS = {
+    "channels": "INTEGER NOT NULL DEFAULT 3",
+    "plan_index": "INTEGER",
+    "source": "TEXT",
+    "scheduler": "TEXT NOT NULL DEFAULT 'default'",
+    "adapter": "TEXT",
+    "adapter_scale": "REAL",
+}
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the SQLite error behind a :class:`PoolError`) is SQLITE_BUSY or
+    SQLITE_LOCKED: another connection holds a lock this one did not wait for."""
+    cause = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
+    code = getattr(cause, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _statements(script: str) -> Iterator[str]:
+    for statement in script.split(";"):  # executescript() would COMMIT first
+        if statement.strip():
+            yield statement
+
+
+class SqlitePoolStore(PoolStore):
+    """The pool in one SQLite file (WAL), safe to use from several threads and processes.
+
+    Example::
+
+        store = SqlitePoolStore(Path("pool.db"), capacity_per_label=1000, partition=(0, 2))
+        store.reserve("shapes-0123456789ab", "circle", 8, target=100).indices  # [0, 2, ...]
+    """
+
+    backend = "sqlite"
+    _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+    _GREATEST = "max"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        capacity_per_label: int,
+        partition: tuple[int, int] | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        super().__init__(path, capacity_per_label=capacity_per_label, partition=partition,
+                         lease_s=lease_s)
+        self.path = Path(path)
+        self._busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: list[sqlite3.Connection] = []
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._init_schema()
+        except PoolError:
+            self.close()
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            self.close()
+            raise PoolError(
+                f"cannot open pool database {self.path}: {exc}; set GENAUG_POOL_PATH to a "
+                "writable SQLite file (a new path creates a new pool)"
+            ) from exc
+        self._start_heartbeat()
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def _q(self, sql: str) -> str:
+        return sql
+
+    def _executemany(self, conn: sqlite3.Connection, sql: str, rows: object) -> None:
+        conn.executemany(sql, rows)  # type: ignore[arg-type]
+
+    # -- connections and transactions -------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self._busy_timeout_s,
+            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+            check_same_thread=False,  # only so close() may close it; see module docstring
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA page_size = 16384")  # no-op unless the file is new
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise PoolError(
+                    f"{self.path}: could not switch to WAL mode (got {mode!r}); the pool needs "
+                    "a local file system (not NFS or a read-only mount)"
+                )
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA journal_size_limit = 67108864")  # trim the WAL to 64 MiB
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        # A thread has two connections: the usual one waits up to busy_timeout_s for the
+        # write lock; the one sample_now uses does not wait at all.
+        slot = "conn_nowait" if getattr(self._local, "nowait", False) else "conn"
+        conn: sqlite3.Connection | None = getattr(self._local, slot, None)
+        if conn is not None and not self._closed:
+            return conn
+        with self._lock:
+            if self._closed:
+                raise PoolError(f"pool {self.path} is closed")
+            conn = self._connect()
+            if slot == "conn_nowait":
+                # Never wait for a lock, and never run the WAL checkpoint a commit may trigger
+                # (copying the log into the file and syncing it: the event loop must not). The
+                # other connections' commits (batches stored, lease renewals) checkpoint.
+                conn.execute("PRAGMA busy_timeout = 0")
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
+            self._conns.append(conn)
+        setattr(self._local, slot, conn)
+        return conn
+
+    def sample_now(self, pool_id: str, labels: Sequence[str], n: int) -> PoolSample | None:
+        """:meth:`~genaug.service.pool.store.PoolStore.sample` on this thread, or ``None`` at once
+        when another writer holds the write lock (a batch being stored, a lease renewal).
+
+        Reads never wait in WAL mode; only counting the images served takes the write lock,
+        so a sample answered here is exactly :meth:`sample`, and one that is not has changed
+        nothing (its transaction rolled back)."""
+        self._local.nowait = True
+        try:
+            return self.sample(pool_id, labels, n)
+        except (sqlite3.OperationalError, PoolError) as exc:
+            if _is_busy(exc):
+                return None
+            raise
+        finally:
+            self._local.nowait = False
+
+    @contextmanager
+    def _tx(self, *, write: bool) -> Iterator[sqlite3.Connection]:
+        """One transaction: IMMEDIATE (takes the write lock now) or a deferred read snapshot."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.OperationalError as exc:
+            raise PoolError(f"pool {self.path}: {exc}") from exc
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _init_schema(self) -> None:
+        with self._tx(write=True) as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            fresh = "images" not in tables
+            if "meta" in tables:
+                row = conn.execute(
+                    "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                version = int(row[0]) if row else (1 if not fresh else SCHEMA_VERSION)
+            else:
+                version = 1 if not fresh else SCHEMA_VERSION
+            if version > SCHEMA_VERSION:
+                raise PoolSchemaError(
+                    f"{self.path} has pool schema version {version}, newer than this genaug "
+                    f"knows ({SCHEMA_VERSION}); upgrade genaug (pip install -U genaug) or point "
+                    "GENAUG_POOL_PATH at another file"
+                )
+            for statement in _statements(_SCHEMA):
+                conn.execute(statement)
+            if version < 2:
+                have = {r[1] for r in conn.execute("PRAGMA table_info(images)")}
+                for column, decl in _V2_COLUMNS.items():
+                    if column not in have:
+                        conn.execute(f"ALTER TABLE images ADD COLUMN {column} {decl}")
+                log.warning("pool %s: upgrading schema version %d to %d in place",
+                            self.path, version, SCHEMA_VERSION)
+            for statement in _statements(_V2):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key)"
+                " DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
+
+    def _close_connections(self) -> None:
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:  # pragma: no cover - best effort at shutdown
+                log.warning("error closing pool connection to %s", self.path, exc_info=True)
+
+    def close(self) -> None:
+        """Give back this store's reservations and close every connection; idempotent."""
+        if not hasattr(self, "_conns"):  # failed before connecting
+            self._closed = True
+            return
+        super().close()
+
+    def integrity_check(self) -> str:
+        """``PRAGMA integrity_check`` plus the orphan check: ``"ok"`` for a sound file."""
+        rows = self._conn().execute("PRAGMA integrity_check").fetchall()
+        text = "\n".join(str(r[0]) for r in rows)
+        return text if text != "ok" else super().integrity_check()

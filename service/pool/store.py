@@ -1,0 +1,921 @@
+"""Persistent image pool: one storage interface, two backends (SQLite, PostgreSQL).
+
+A pool is identified by :func:`genaug.service.recipes.spec.pool_id` (recipe name + hash of its
+generation spec and of the model weights), so images made under another prompt or model are
+never mixed in. Each ``images`` row keeps its seed, plan index, label, creation time, model
+hash, size, channels, the scheduler and adapter that made it, the hash of its img2img source
+(variants) and how often it was served; its pixels (raw uint8 HWC bytes) sit in
+``image_data`` under the same id, because a serve updates the served count and an inline blob
+would be rewritten with it.
+
+Backends. :class:`PoolStore` is the interface and holds every query; a backend supplies the
+connection, the transaction, the schema and its upgrades:
+
+- :class:`~genaug.service.pool.sqlite.SqlitePoolStore`: one file, the embedded default for
+  one machine (``GENAUG_POOL_PATH``).
+- :class:`~genaug.service.pool.postgres.PostgresPoolStore`: one database shared by any
+  number of replicas (``GENAUG_POOL_URL=postgresql://...``).
+
+``PoolStore(target, capacity_per_label=...)`` opens the right one (a ``postgresql://`` or
+``postgres://`` URL, else a SQLite path); :func:`open_pool_store` does it from the settings.
+
+Plan indices and reservations. ``counters.next_index`` per (pool, label) is the number of plan
+indices ever handed out. :meth:`PoolStore.reserve` takes a label's counter row lock, counts
+what is stored and what is in flight **in one statement**, and, if the label is below its
+target, records a *reservation* (owner, plan indices, count, lease) and advances the counter,
+all in one transaction. :meth:`PoolStore.add` stores the images of a reservation and deletes
+it in one transaction, so at every instant each planned image is counted exactly once: in the
+fill or in flight. Several planners (threads, processes, replicas on one database) therefore
+stop together exactly at the target and never share a plan index; a crash leaves a gap in the
+plan, never a repeat. A reservation's lease is renewed by its owner's heartbeat; a killed
+owner's reservations expire and their room is planned again, with new indices, by whoever is
+alive. A unique index on (pool, label, plan index) makes a retried ``add`` harmless.
+
+Sampling policy. Within a label, the least-served images go first, random among equals: every
+image is served once before any is served twice, so a consumer sees the whole pool, and together
+with evicting the most-served images first the pool keeps getting fresher. Across labels the
+``n`` images are spread as evenly as the labels' fills allow (water-filling); one sample never
+contains the same image twice, so it may hold fewer than ``n`` when the pool is small.
+
+Schema. ``meta.schema_version`` says which layout a database has; a newer genaug upgrades an
+older database in place (every image kept) and refuses a database newer than it knows
+(:class:`PoolSchemaError`). Version 1 is the SQLite layout of genaug 0.1 (no reservations, no
+source, channels, adapter or scheduler columns); version 2 adds them.
+
+Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: a 1024² RGB image is 3 MiB,
+so 1,000 images per label for 10 labels is about 30 GiB (docs/deploy.md has the table). Both
+backends handle that; beyond a few hundred GiB, or with many replicas far from the database,
+pixels belong in object storage with only their keys in these tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+__all__ = [
+    "LabelStats",
+    "PoolConfigError",
+    "PoolConnectionError",
+    "PoolError",
+    "PoolSample",
+    "PoolSchemaError",
+    "PoolStore",
+    "Reservation",
+    "choose_label",
+    "check_pool_settings",
+    "open_pool_store",
+    "parse_partition",
+    "replica_info",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 2
+_CHUNK = 500  # ids per "IN (...)" clause: far below either backend's parameter limit
+PG_SCHEMES = ("postgresql://", "postgres://")
+DEFAULT_LEASE_S = 60.0
+
+
+class PoolError(RuntimeError):
+    """The pool database cannot be opened or used; the message says why and what to do."""
+
+
+class PoolConfigError(PoolError):
+    """The pool settings can never work (bad URL, both a URL and a path, bad partition)."""
+
+
+class PoolConnectionError(PoolError):
+    """The pool database is unreachable now (outage, restart); retrying later may work."""
+
+
+class PoolSchemaError(PoolError):
+    """The database's schema is newer than this genaug knows; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LabelStats:
+    """Counts for one label of one pool, read in one snapshot.
+
+    ``fill``: images stored now; ``generated``: images ever added; ``served``: images ever
+    served; ``next_index``: plan indices ever handed out; ``fill_served``: sum of the served
+    counts of the images stored now (``fill_served / fill`` is how worn the label is);
+    ``reserved``: images planned and not stored yet (live reservations of every replica);
+    ``target``: the fill asked for through the database (fill requests, waiting samples).
+    """
+
+    fill: int = 0
+    generated: int = 0
+    served: int = 0
+    next_index: int = 0
+    fill_served: int = 0
+    reserved: int = 0
+    target: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Plan indices handed to one planner: ``start, start + stride, ...`` (``count`` of them).
+
+    Recorded in the database with a lease until :meth:`PoolStore.add` stores its images or
+    :meth:`PoolStore.release` gives it back.
+    """
+
+    id: int
+    pool_id: str
+    label: str
+    start: int
+    stride: int
+    count: int
+
+    @property
+    def indices(self) -> list[int]:
+        return [self.start + k * self.stride for k in range(self.count)]
+
+
+@dataclass(frozen=True)
+class PoolSample:
+    """Images drawn from a pool, grouped by label in the order the labels were requested.
+
+    ``images`` uint8 [n, h, w, c] (writable; shape (0, 0, 0, 3) when nothing was available),
+    ``labels`` the label name of each image, ``seeds`` int64 [n], ``sources`` the source hash
+    of each image (img2img variants) or None.
+    """
+
+    images: npt.NDArray[np.uint8]
+    labels: list[str]
+    seeds: npt.NDArray[np.int64]
+    sources: list[str | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def label_indices(self, label_names: Sequence[str]) -> npt.NDArray[np.int32]:
+        """int32 index of each image's label in ``label_names`` (e.g. a recipe's labels)."""
+        index = {name: i for i, name in enumerate(label_names)}
+        try:
+            return np.fromiter((index[x] for x in self.labels), np.int32, len(self.labels))
+        except KeyError as exc:
+            raise KeyError(f"label {exc.args[0]!r} is not in {list(label_names)}") from None
+
+
+class _Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class _Conn(Protocol):
+    """What the queries need of a connection: sqlite3's and psycopg's both have it."""
+
+    def execute(self, sql: Any, params: Any = ...) -> Any: ...
+
+
+def parse_partition(text: str | None) -> tuple[int, int] | None:
+    """``"i/N"`` -> ``(i, N)`` with ``0 <= i < N``; None or "" -> None."""
+    if not text:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None or not (0 <= int(match.group(1)) < int(match.group(2))):
+        raise PoolConfigError(
+            f"GENAUG_REPLICA={text!r} is not i/N with 0 <= i < N; write e.g. 0/2 and 1/2 "
+            "for two replicas"
+        )
+    return int(match.group(1)), int(match.group(2))
+
+
+def _new_owner() -> str:
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class PoolStore(ABC):
+    """An image pool in a database; safe to use from several threads and processes.
+
+    ``PoolStore(target, ...)`` opens a PostgreSQL pool for a ``postgresql://`` URL and a
+    SQLite file otherwise (as ``pathlib.Path`` picks its flavour). Example::
+
+        store = PoolStore(Path("pool.db"), capacity_per_label=1000)
+        res = store.reserve(pid, "P", 8, target=1000)  # None when P is at its target
+        ...  # generate images for recipe.plan("P", i) for i in res.indices
+        store.add(pid, "P", images, seeds, model_hash=model_hash, reservation=res)
+        sample = store.sample(pid, ["I", "P", "R"], 64)
+        sample.images.shape                     # (<=64, h, w, 3)
+        store.close()
+
+    ``partition`` ``(i, N)`` makes :meth:`reserve` hand out only indices congruent to i mod N
+    (replicas with separate SQLite files); ``lease_s`` is how long a reservation lives
+    without a heartbeat (renewed every ``lease_s / 3`` while the store is open).
+    """
+
+    backend: str = ""
+    #: Whether other processes are expected to plan on the same pool (replicas on one
+    #: database): the planner then looks again now and then while idle.
+    shared: bool = False
+    #: SQL for "now" in seconds since the epoch, evaluated by the database.
+    _NOW: str = ""
+    #: SQL name of the two-argument maximum.
+    _GREATEST: str = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PoolStore:
+        if cls is PoolStore:
+            target = args[0] if args else kwargs.get("target", kwargs.get("path"))
+            if isinstance(target, str) and target.startswith(PG_SCHEMES):
+                from .postgres import PostgresPoolStore
+
+                return super().__new__(PostgresPoolStore)
+            from .sqlite import SqlitePoolStore
+
+            return super().__new__(SqlitePoolStore)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        target: str | Path,
+        *,
+        capacity_per_label: int,
+        partition: tuple[int, int] | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> None:
+        if capacity_per_label < 1:
+            raise ValueError(f"capacity_per_label must be >= 1, got {capacity_per_label}")
+        if lease_s <= 0:
+            raise ValueError(f"lease_s must be > 0, got {lease_s}")
+        self.capacity_per_label = capacity_per_label
+        self.partition = partition
+        self.lease_s = lease_s
+        self.owner = _new_owner()
+        self._closed = False
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # -- what a backend supplies ---------------------------------------------------------
+
+    @abstractmethod
+    def _tx(self, *, write: bool) -> AbstractContextManager[Any]:
+        """One transaction: ``write`` may change rows; a read sees one snapshot."""
+
+    @abstractmethod
+    def _q(self, sql: str) -> str:
+        """The backend's spelling of ``sql`` (written with ``?`` placeholders)."""
+
+    @abstractmethod
+    def _close_connections(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the pool lives, for messages (a path, or a URL without its password)."""
+
+    def _exec(self, conn: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+        return conn.execute(self._q(sql), tuple(params))
+
+    def _executemany(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        for row in rows:
+            conn.execute(self._q(sql), tuple(row))
+
+    def _lock_label(self, conn: Any, pool_id: str, label: str) -> int:
+        """Create the label's counter row if needed, lock it until the transaction ends, and
+        return its ``next_index``. Every writer of a label takes this lock first."""
+        row = self._exec(
+            conn,
+            "INSERT INTO counters (pool_id, label) VALUES (?, ?) ON CONFLICT (pool_id, label)"
+            " DO UPDATE SET next_index = counters.next_index RETURNING next_index",
+            (pool_id, label),
+        ).fetchone()
+        return int(row[0])
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        self._heartbeat = threading.Thread(
+            target=self._beat, name="genaug-pool-lease", daemon=True
+        )
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        while not self._stop_heartbeat.wait(self.lease_s / 3):
+            try:
+                self.renew()
+            except PoolError as exc:  # an outage: the next beat tries again
+                log.debug("pool lease renewal failed: %s", exc)
+
+    def close(self) -> None:
+        """Give back this store's reservations and close every connection; idempotent."""
+        if self._closed:
+            return
+        self._stop_heartbeat.set()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=10)
+        try:
+            with self._tx(write=True) as conn:
+                self._exec(conn, "DELETE FROM reservations WHERE owner = ?", (self.owner,))
+        except Exception as exc:  # best effort: unreleased reservations expire by themselves
+            log.info("pool %s: could not release reservations at close: %s", self.location, exc)
+        self._closed = True
+        self._close_connections()
+
+    def __enter__(self) -> PoolStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- planning --------------------------------------------------------------------------
+
+    def reserve(
+        self, pool_id: str, label: str, n: int, *, target: int
+    ) -> Reservation | None:
+        """Reserve up to ``n`` plan indices of ``label`` if it is below ``target``.
+
+        Under the label's lock: expired reservations are dropped, then stored + in-flight
+        images are counted in one statement; the reservation holds ``min(n, target - both)``
+        indices, or the answer is None when there is no room.
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        with self._tx(write=True) as conn:
+            next_index = self._lock_label(conn, pool_id, label)
+            expired = self._exec(
+                conn,
+                "DELETE FROM reservations WHERE pool_id = ? AND label = ?"
+                f" AND expires <= {self._NOW}",
+                (pool_id, label),
+            ).rowcount
+            if expired:
+                log.warning(
+                    "pool %s label %s: %d reservation(s) of a stopped planner expired; "
+                    "planning their images again", pool_id, label, expired,
+                )
+            fill, reserved = self._exec(
+                conn,
+                "SELECT (SELECT COUNT(*) FROM images WHERE pool_id = ? AND label = ?),"
+                " (SELECT COALESCE(SUM(count), 0) FROM reservations"
+                "  WHERE pool_id = ? AND label = ?)",
+                (pool_id, label, pool_id, label),
+            ).fetchone()
+            room = int(target) - int(fill) - int(reserved)
+            if room <= 0:
+                return None
+            count = min(n, room)
+            offset, stride = self.partition if self.partition is not None else (0, 1)
+            start = next_index + (offset - next_index) % stride
+            end = start + (count - 1) * stride + 1
+            self._exec(
+                conn,
+                "UPDATE counters SET next_index = ? WHERE pool_id = ? AND label = ?",
+                (end, pool_id, label),
+            )
+            (rid,) = self._exec(
+                conn,
+                "INSERT INTO reservations (pool_id, label, owner, start_index, stride, count,"
+                f" created, expires) VALUES (?, ?, ?, ?, ?, ?, {self._NOW}, {self._NOW} + ?)"
+                " RETURNING id",
+                (pool_id, label, self.owner, start, stride, count, self.lease_s),
+            ).fetchone()
+        return Reservation(int(rid), pool_id, label, start, stride, count)
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back a reservation whose batch failed: its room is planned again (its indices
+        stay a gap in the plan)."""
+        with self._tx(write=True) as conn:
+            self._exec(conn, "DELETE FROM reservations WHERE id = ?", (reservation.id,))
+
+    def renew(self) -> int:
+        """Extend the lease of every reservation this store holds; return how many."""
+        with self._tx(write=True) as conn:
+            cur = self._exec(
+                conn,
+                f"UPDATE reservations SET expires = {self._NOW} + ? WHERE owner = ?",
+                (self.lease_s, self.owner),
+            )
+            return int(cur.rowcount)
+
+    def set_target(self, pool_id: str, labels: Sequence[str], per_label: int) -> None:
+        """Raise the labels' shared fill target to at least ``per_label`` (never lowers it)."""
+        with self._tx(write=True) as conn:
+            for label in sorted(set(labels)):
+                self._exec(
+                    conn,
+                    "INSERT INTO targets (pool_id, label, target) VALUES (?, ?, ?)"
+                    " ON CONFLICT (pool_id, label) DO UPDATE SET"
+                    f" target = {self._GREATEST}(targets.target, excluded.target)",
+                    (pool_id, label, int(per_label)),
+                )
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def add(
+        self,
+        pool_id: str,
+        label: str,
+        images: npt.NDArray[np.uint8],
+        seeds: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        model_hash: str,
+        next_index: int | None = None,
+        reservation: Reservation | None = None,
+        plan_indices: Sequence[int] | None = None,
+        sources: Sequence[str | None] | None = None,
+        scheduler: str = "default",
+        adapter: str | None = None,
+        adapter_scale: float | None = None,
+    ) -> int:
+        """Store a batch of one label in one transaction; return how many images were evicted.
+
+        ``images`` uint8 [n, h, w, c] with c 1 or 3; ``seeds`` n ints. With ``reservation``
+        the reservation is deleted in the same transaction (``plan_indices`` then name each
+        image's index, default ``reservation.indices``); an image whose plan index is already
+        stored is skipped, so a retried add stores nothing twice. ``next_index``: the label's
+        plan position after this batch when not reserving (stored as max(old, new)).
+        Beyond ``capacity_per_label`` the most-served images go first, the oldest among
+        equals, in the same transaction.
+        """
+        images = np.asarray(images)
+        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] not in (1, 3):
+            raise ValueError(
+                f"images must be uint8 [n, h, w, c] with c 1 or 3, got {images.dtype} "
+                f"{list(images.shape)}"
+            )
+        seed_list = [int(s) for s in np.asarray(seeds).reshape(-1)]
+        n, h, w, c = (int(x) for x in images.shape)
+        if len(seed_list) != n:
+            raise ValueError(f"{len(seed_list)} seeds for {n} images")
+        if plan_indices is None and reservation is not None and n == reservation.count:
+            plan_indices = reservation.indices
+        index_list: list[int | None] = (
+            [int(i) for i in plan_indices] if plan_indices is not None else [None] * n
+        )
+        source_list = list(sources) if sources is not None else [None] * n
+        if len(index_list) != n or len(source_list) != n:
+            raise ValueError(f"{len(index_list)} plan indices and {len(source_list)} sources "
+                             f"for {n} images")
+        images = np.ascontiguousarray(images)
+        now = time.time()
+        with self._tx(write=True) as conn:
+            self._lock_label(conn, pool_id, label)  # writers of a label queue here, in order
+            stored = 0
+            for i in range(n):
+                row = self._exec(
+                    conn,
+                    "INSERT INTO images (pool_id, label, seed, plan_index, created, model_hash,"
+                    " height, width, channels, source, scheduler, adapter, adapter_scale)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (pool_id, label, plan_index) DO NOTHING RETURNING id",
+                    (pool_id, label, seed_list[i], index_list[i], now, model_hash, h, w, c,
+                     source_list[i], scheduler, adapter, adapter_scale),
+                ).fetchone()
+                if row is None:
+                    log.info("pool %s label %s: plan index %s already stored; skipped",
+                             pool_id, label, index_list[i])
+                    continue
+                self._exec(conn, "INSERT INTO image_data (id, data) VALUES (?, ?)",
+                           (int(row[0]), images[i].tobytes()))
+                stored += 1
+            self._exec(
+                conn,
+                "UPDATE counters SET generated_total = generated_total + ?,"
+                f" next_index = {self._GREATEST}(next_index, ?) WHERE pool_id = ? AND label = ?",
+                (stored, next_index or 0, pool_id, label),
+            )
+            if reservation is not None:
+                self._exec(conn, "DELETE FROM reservations WHERE id = ?", (reservation.id,))
+            evicted = self._evict(conn, pool_id, label)
+        if evicted:
+            log.debug("pool %s label %s: evicted %d most-served", pool_id, label, evicted)
+        return evicted
+
+    def _evict(self, conn: Any, pool_id: str, label: str) -> int:
+        (count,) = self._exec(
+            conn, "SELECT COUNT(*) FROM images WHERE pool_id = ? AND label = ?", (pool_id, label)
+        ).fetchone()
+        excess = int(count) - self.capacity_per_label
+        if excess <= 0:
+            return 0
+        victims = [
+            int(r[0])
+            for r in self._exec(
+                conn,
+                "SELECT id FROM images WHERE pool_id = ? AND label = ?"
+                " ORDER BY served DESC, id ASC LIMIT ?",
+                (pool_id, label, excess),
+            ).fetchall()
+        ]
+        self._delete_ids(conn, victims)
+        return len(victims)
+
+    def _delete_ids(self, conn: Any, ids: Sequence[int]) -> None:
+        for lo in range(0, len(ids), _CHUNK):
+            part = list(ids[lo : lo + _CHUNK])
+            marks = ",".join("?" * len(part))
+            self._exec(conn, f"DELETE FROM image_data WHERE id IN ({marks})", part)
+            self._exec(conn, f"DELETE FROM images WHERE id IN ({marks})", part)
+
+    def drop_pool(self, pool_id: str) -> int:
+        """Delete a pool's images, counters, targets and reservations; return images gone.
+
+        ``genaug pool drop POOL_ID`` runs this (e.g. for pools of an old spec or model)."""
+        with self._tx(write=True) as conn:
+            ids = [int(r[0]) for r in self._exec(
+                conn, "SELECT id FROM images WHERE pool_id = ?", (pool_id,)).fetchall()]
+            self._delete_ids(conn, ids)
+            for table in ("counters", "targets", "reservations"):
+                self._exec(conn, f"DELETE FROM {table} WHERE pool_id = ?", (pool_id,))
+        return len(ids)
+
+    # -- sampling --------------------------------------------------------------------------
+
+    def sample(
+        self,
+        pool_id: str,
+        labels: Sequence[str],
+        n: int,
+        rng: np.random.Generator | None = None,
+    ) -> PoolSample:
+        """Draw up to ``n`` distinct images spread evenly over ``labels``; count them served.
+
+        Labels without images get none and their share goes to the others; within a label the
+        least-served images go first, random among equals. The result is grouped by label in
+        the order of ``labels`` (duplicates ignored).
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rng = rng if rng is not None else np.random.default_rng()
+        wanted = list(dict.fromkeys(labels))
+        chosen: list[tuple[str, list[int]]] = []
+        rows: list[tuple[int, int, int, int, int, str | None, bytes]] = []
+        names: list[str] = []
+        with self._tx(write=False) as conn:  # one snapshot: chosen rows exist when fetched
+            candidates = []
+            for label in wanted:
+                meta = self._exec(
+                    conn,
+                    "SELECT id, served FROM images WHERE pool_id = ? AND label = ?",
+                    (pool_id, label),
+                ).fetchall()
+                candidates.append(np.array(meta, dtype=np.int64).reshape(-1, 2))
+            counts = _spread(n, [len(c) for c in candidates], rng)
+            for label, cand, k in zip(wanted, candidates, counts, strict=True):
+                if k == 0:
+                    continue
+                # served + U[0,1): least served first, uniformly random among equals
+                keys = cand[:, 1] + rng.random(len(cand))
+                pick = np.argpartition(keys, k - 1)[:k] if k < len(cand) else slice(None)
+                chosen.append((label, cand[pick, 0].tolist()))
+            for label, ids in chosen:
+                for lo in range(0, len(ids), _CHUNK):
+                    part = ids[lo : lo + _CHUNK]
+                    got = self._exec(
+                        conn,
+                        "SELECT i.id, i.seed, i.height, i.width, i.channels, i.source, d.data"
+                        " FROM images AS i JOIN image_data AS d ON d.id = i.id"
+                        f" WHERE i.id IN ({','.join('?' * len(part))})",
+                        part,
+                    ).fetchall()
+                    rows.extend(got)
+                    names.extend([label] * len(got))
+        if not rows:
+            return PoolSample(np.empty((0, 0, 0, 3), np.uint8), [], np.empty((0,), np.int64))
+
+        h, w, c = int(rows[0][2]), int(rows[0][3]), int(rows[0][4])
+        out = np.empty((len(rows), h, w, c), np.uint8)
+        seeds = np.empty((len(rows),), np.int64)
+        sources: list[str | None] = []
+        served_ids: list[int] = []
+        for j, (image_id, seed, hh, ww, cc, source, data) in enumerate(rows):
+            if (hh, ww, cc) != (h, w, c):
+                raise PoolError(
+                    f"pool {pool_id} holds images of different shapes ({h}x{w}x{c} and "
+                    f"{hh}x{ww}x{cc}); a pool id must pin one output shape: run "
+                    f"`genaug pool drop {pool_id}` and let it be generated again"
+                )
+            out[j] = np.frombuffer(bytes(data), np.uint8).reshape(h, w, c)
+            seeds[j] = seed
+            sources.append(source)
+            served_ids.append(int(image_id))
+
+        with self._tx(write=True) as conn:
+            # Counter rows first, in label order, as every writer locks them: no deadlock.
+            for label, ids in sorted(chosen):
+                self._lock_label(conn, pool_id, label)
+                self._exec(
+                    conn,
+                    "UPDATE counters SET served_total = served_total + ?"
+                    " WHERE pool_id = ? AND label = ?",
+                    (len(ids), pool_id, label),
+                )
+            for lo in range(0, len(served_ids), _CHUNK):
+                part = served_ids[lo : lo + _CHUNK]
+                marks = ",".join("?" * len(part))
+                self._exec(conn, f"UPDATE images SET served = served + 1 WHERE id IN ({marks})",
+                           part)
+        return PoolSample(out, names, seeds, sources if any(sources) else None)
+
+    def sample_now(self, pool_id: str, labels: Sequence[str], n: int) -> PoolSample | None:
+        """:meth:`sample` on the calling thread without waiting for a lock, or ``None`` when
+        it would have to wait (then call :meth:`sample` where waiting is allowed).
+
+        For the service's event loop: a local store answers a small sample in well under a
+        millisecond, less than the hop to a worker thread costs. This backend never answers
+        at once (a database across the network may always wait), so it returns ``None``.
+        """
+        return None
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def fill(self, pool_id: str) -> dict[str, int]:
+        """Images stored now, per label (labels with none are absent)."""
+        with self._tx(write=False) as conn:
+            rows = self._exec(
+                conn,
+                "SELECT label, COUNT(*) FROM images WHERE pool_id = ? GROUP BY label"
+                " ORDER BY label",
+                (pool_id,),
+            ).fetchall()
+        return {str(label): int(count) for label, count in rows}
+
+    def stats(self, pool_id: str, labels: Sequence[str] | None = None) -> dict[str, LabelStats]:
+        """Counts per label, all from one snapshot. With ``labels`` exactly those, in that order
+        (zeros for unseen labels: pass a recipe's ``label_names`` to :func:`choose_label`);
+        else every label the pool has seen, sorted."""
+        with self._tx(write=False) as conn:
+            fills = {
+                str(label): (int(c), int(s))
+                for label, c, s in self._exec(
+                    conn,
+                    "SELECT label, COUNT(*), COALESCE(SUM(served), 0) FROM images"
+                    " WHERE pool_id = ? GROUP BY label",
+                    (pool_id,),
+                ).fetchall()
+            }
+            counters = {
+                str(label): (int(g), int(s), int(i))
+                for label, g, s, i in self._exec(
+                    conn,
+                    "SELECT label, generated_total, served_total, next_index FROM counters"
+                    " WHERE pool_id = ?",
+                    (pool_id,),
+                ).fetchall()
+            }
+            reserved = {
+                str(label): int(r)
+                for label, r in self._exec(
+                    conn,
+                    "SELECT label, COALESCE(SUM(count), 0) FROM reservations"
+                    f" WHERE pool_id = ? AND expires > {self._NOW} GROUP BY label",
+                    (pool_id,),
+                ).fetchall()
+            }
+            targets = {
+                str(label): int(t)
+                for label, t in self._exec(
+                    conn, "SELECT label, target FROM targets WHERE pool_id = ?", (pool_id,)
+                ).fetchall()
+            }
+        names = (
+            list(labels)
+            if labels is not None
+            else sorted(fills.keys() | counters.keys() | reserved.keys() | targets.keys())
+        )
+        out = {}
+        for label in names:
+            fill, fill_served = fills.get(label, (0, 0))
+            generated, served, next_index = counters.get(label, (0, 0, 0))
+            out[label] = LabelStats(
+                fill, generated, served, next_index, fill_served,
+                reserved.get(label, 0), targets.get(label, 0),
+            )
+        return out
+
+    def next_index(self, pool_id: str, label: str) -> int:
+        """Plan indices handed out so far for the label (0 for a new pool)."""
+        with self._tx(write=False) as conn:
+            row = self._exec(
+                conn,
+                "SELECT next_index FROM counters WHERE pool_id = ? AND label = ?",
+                (pool_id, label),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def pools(self) -> list[str]:
+        """Every pool id in the database, sorted."""
+        with self._tx(write=False) as conn:
+            rows = self._exec(
+                conn,
+                "SELECT pool_id FROM counters UNION SELECT pool_id FROM images ORDER BY 1",
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def iter_images(
+        self, pool_id: str, *, chunk: int = 256
+    ) -> Iterator[tuple[str, int, npt.NDArray[np.uint8]]]:
+        """Every image of a pool as ``(label, seed, uint8 [h, w, c])``, without counting it
+        served (for export)."""
+        last = 0
+        while True:
+            with self._tx(write=False) as conn:
+                rows = self._exec(
+                    conn,
+                    "SELECT i.id, i.label, i.seed, i.height, i.width, i.channels, d.data"
+                    " FROM images AS i JOIN image_data AS d ON d.id = i.id"
+                    " WHERE i.pool_id = ? AND i.id > ? ORDER BY i.id LIMIT ?",
+                    (pool_id, last, chunk),
+                ).fetchall()
+            if not rows:
+                return
+            for image_id, label, seed, h, w, c, data in rows:
+                last = int(image_id)
+                image = np.frombuffer(bytes(data), np.uint8).reshape(h, w, c)
+                yield str(label), int(seed), image
+
+    def plan_indices(self, pool_id: str) -> dict[str, list[int]]:
+        """Stored plan indices per label, sorted (images added without one are left out)."""
+        with self._tx(write=False) as conn:
+            rows = self._exec(
+                conn,
+                "SELECT label, plan_index FROM images WHERE pool_id = ? AND plan_index IS NOT"
+                " NULL ORDER BY label, plan_index",
+                (pool_id,),
+            ).fetchall()
+        out: dict[str, list[int]] = {}
+        for label, index in rows:
+            out.setdefault(str(label), []).append(int(index))
+        return out
+
+    def integrity_check(self) -> str:
+        """``"ok"`` for a sound database, else what is wrong (orphan pixels or rows)."""
+        with self._tx(write=False) as conn:
+            (orphans,) = self._exec(
+                conn,
+                "SELECT (SELECT COUNT(*) FROM image_data WHERE id NOT IN (SELECT id FROM"
+                " images)) + (SELECT COUNT(*) FROM images WHERE id NOT IN (SELECT id FROM"
+                " image_data))",
+            ).fetchone()
+        return "ok" if int(orphans) == 0 else f"{int(orphans)} images without pixels or rows"
+
+
+def _spread(n: int, available: Sequence[int], rng: np.random.Generator) -> list[int]:
+    """Split ``n`` over bins holding ``available`` items as evenly as they allow.
+
+    Water-filling: equal shares, a bin that runs out gives its remainder to the others; the
+    last indivisible remainder goes to randomly chosen bins (so no label is always favoured).
+    """
+    alloc = [0] * len(available)
+    remaining = n
+    while remaining > 0:
+        open_bins = [i for i, a in enumerate(available) if alloc[i] < a]
+        if not open_bins:
+            break
+        share = remaining // len(open_bins)
+        if share == 0:
+            for i in rng.choice(open_bins, size=remaining, replace=False):
+                alloc[int(i)] += 1
+            break
+        for i in open_bins:
+            give = min(share, available[i] - alloc[i])
+            alloc[i] += give
+            remaining -= give
+    return alloc
+
+
+def choose_label(
+    stats: Mapping[str, LabelStats],
+    capacity: int | Mapping[str, int],
+    demand: Mapping[str, float] | None = None,
+    *,
+    refresh_served: float | None = None,
+) -> str | None:
+    """The label background generation should fill next, or None when there is nothing to do.
+
+    ``stats[label].fill`` is what counts as there (the planner passes stored + in flight).
+    ``capacity`` is one number for all labels or a target per label (labels without one, or
+    with 0, are never chosen). Candidates are labels below it; with ``refresh_served`` set,
+    also full labels
+    whose images were served that often on average (generating evicts the most-served one, so
+    a heavily used pool keeps getting fresher and stops once it is fresh again). Among them the
+    highest ``(1 + m * share_of_demand) * (1 - fill / capacity)`` wins, ``m`` the number of
+    labels: with no demand the emptiest label, with demand the most-demanded, weighed against
+    how full it is. Ties go to the first label in ``stats`` order. ``demand`` is in any unit
+    (recent requests, images asked for); only the proportions matter.
+
+    Example::
+
+        choose_label({"I": LabelStats(fill=10), "P": LabelStats(fill=0)}, 100)   # 'P'
+    """
+    if isinstance(capacity, int) and capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    demand = demand or {}
+    total = sum(max(0.0, float(demand.get(label, 0.0))) for label in stats)
+    m = len(stats)
+    best: str | None = None
+    best_score = -math.inf
+    for label, s in stats.items():
+        cap = capacity if isinstance(capacity, int) else capacity.get(label, 0)
+        if cap < 1:
+            continue  # no target for this label
+        full = s.fill >= cap
+        worn = (
+            refresh_served is not None and s.fill > 0 and s.fill_served / s.fill >= refresh_served
+        )
+        if full and not worn:
+            continue
+        share = max(0.0, float(demand.get(label, 0.0))) / total if total > 0 else 0.0
+        # a worn full label still needs a non-zero score so it can be chosen
+        room = max(1.0 - s.fill / cap, 0.0) if not full else 0.5 / cap
+        score = (1.0 + m * share) * room
+        if score > best_score:
+            best, best_score = label, score
+    return best
+
+
+# -- settings -> store ---------------------------------------------------------------------
+
+
+def _pool_url(settings: Settings) -> str | None:
+    url = getattr(settings, "pool_url", None)
+    if url is None:
+        return None
+    text = url.get_secret_value() if hasattr(url, "get_secret_value") else str(url)
+    return text or None
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def check_pool_settings(settings: Settings) -> None:
+    """Raise :class:`PoolConfigError` (one line) for pool settings that can never work."""
+    url = _pool_url(settings)
+    parse_partition(getattr(settings, "replica", None))
+    if url is None:
+        return
+    if not url.startswith(PG_SCHEMES):
+        scheme = url.split("://", 1)[0] if "://" in url else url[:20]
+        raise PoolConfigError(
+            f"GENAUG_POOL_URL has scheme {scheme!r}; only postgresql:// or postgres:// is "
+            "supported (e.g. postgresql://genaug:PASSWORD@db:5432/genaug); for a SQLite pool "
+            "set GENAUG_POOL_PATH instead"
+        )
+    if "pool_path" in settings.model_fields_set:
+        raise PoolConfigError(
+            "both GENAUG_POOL_URL and GENAUG_POOL_PATH are set; the pool lives in one place: "
+            "keep GENAUG_POOL_URL for a shared PostgreSQL pool or GENAUG_POOL_PATH for a "
+            "SQLite file, not both"
+        )
+
+
+def open_pool_store(settings: Settings, *, capacity_per_label: int | None = None) -> PoolStore:
+    """The pool the settings name: PostgreSQL for ``GENAUG_POOL_URL``, else the SQLite file
+    ``GENAUG_POOL_PATH``. Raises :class:`PoolError` (its subclasses say why) with one line.
+
+    Blocking (it connects, checks and upgrades the schema): call it from a thread.
+    """
+    check_pool_settings(settings)
+    capacity = capacity_per_label or settings.pool_capacity_per_label
+    partition = parse_partition(getattr(settings, "replica", None))
+    lease_s = float(getattr(settings, "pool_lease_s", DEFAULT_LEASE_S))
+    url = _pool_url(settings)
+    if url is not None:
+        from .postgres import PostgresPoolStore
+
+        return PostgresPoolStore(url, capacity_per_label=capacity, partition=partition,
+                                 lease_s=lease_s)
+    from .sqlite import SqlitePoolStore
+
+    return SqlitePoolStore(settings.pool_path, capacity_per_label=capacity,
+                           partition=partition, lease_s=lease_s)
+
+
+def replica_info(settings: Settings) -> dict[str, str | bool | None]:
+    """The ``replica`` group of ``/v1/info``: the plan partition, the pool backend, and
+    whether idle pre-generation fills pools to capacity (off: only samples that wait and
+    ``fill`` targets make pool images, which a feeder wants to know before it waits)."""
+    partition = parse_partition(getattr(settings, "replica", None))
+    return {
+        "partition": f"{partition[0]}/{partition[1]}" if partition else None,
+        "pool_backend": "postgresql" if _pool_url(settings) else "sqlite",
+        "pregenerate": bool(settings.pregenerate),
+    }

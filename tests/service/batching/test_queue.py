@@ -1,0 +1,114 @@
+"""Unit tests of the fair queue: a synchronous structure, driven directly (no batcher, no loop
+thread), with jobs whose futures live on a private event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from genaug.service.batching.items import GroupKey, Item
+from genaug.service.batching.queue import FairQueue, Job, Priority
+
+KEY = GroupKey(height=8, width=8, steps=1)
+OTHER = GroupKey(height=16, width=16, steps=1)
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def job(
+    loop: asyncio.AbstractEventLoop,
+    client: str,
+    n: int,
+    *,
+    priority: Priority = "bulk",
+    key: GroupKey = KEY,
+    deadline: float = 1e12,
+) -> Job:
+    items = [Item(f"{client}{i}", seed=i, guidance=1.0, output_height=8, output_width=8)
+             for i in range(n)]
+    return Job(key=key, items=items, client=client, priority=priority, deadline=deadline,
+               loop=loop)
+
+
+def taken(parts: list) -> list[str]:  # type: ignore[type-arg]
+    return sorted(item.prompt for part in parts for item in part.items)
+
+
+def test_round_robin_one_image_per_client_per_turn(loop: asyncio.AbstractEventLoop) -> None:
+    queue = FairQueue()
+    flood = job(loop, "a", 10)
+    queue.push(flood)
+    queue.push(job(loop, "b", 2))
+    assert queue.images == 12 and queue.requests == 2
+    head = queue.head()
+    assert head is not None and head[1] == "a"
+    parts = queue.take(KEY, capacity=4, now=0.0, opened_by=head[:2])
+    assert taken(parts) == ["a0", "a1", "b0", "b1"]
+    assert queue.images == 8 and flood.next_index == 2 and flood.started == 0.0
+    # a opened that batch, so it goes to the back; b is gone, so a is next again
+    assert queue.by_client() == {"a": 8}
+
+
+def test_interactive_before_bulk_and_the_opener_goes_last(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(job(loop, "bulk", 3))
+    queue.push(job(loop, "x", 1, priority="interactive"))
+    queue.push(job(loop, "y", 2, priority="interactive"))
+    head = queue.head()
+    assert head is not None and head[:2] == ("interactive", "x")
+    parts = queue.take(KEY, capacity=2, now=1.0, opened_by=head[:2])
+    assert taken(parts) == ["x0", "y0"]
+    head = queue.head()
+    assert head is not None and head[:2] == ("interactive", "y")
+    parts = queue.take(KEY, capacity=3, now=2.0, opened_by=head[:2])
+    assert taken(parts) == ["bulk0", "bulk1", "y1"]
+
+
+def test_a_batch_holds_one_key_and_other_keys_keep_their_place(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(job(loop, "a", 2, key=OTHER))
+    queue.push(job(loop, "b", 2))
+    assert queue.waiting(KEY)[1] == 2 and queue.waiting(OTHER)[1] == 2
+    parts = queue.take(KEY, capacity=8, now=0.0, opened_by=("bulk", "b"))
+    assert taken(parts) == ["b0", "b1"]
+    assert queue.by_client() == {"a": 2} and queue.images == 2
+
+
+def test_prune_removes_expired_and_cancelled_jobs_with_their_images(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    late = job(loop, "late", 3, deadline=5.0)
+    gone = job(loop, "gone", 2)
+    kept = job(loop, "kept", 1)
+    for j in (late, gone, kept):
+        queue.push(j)
+    gone.cancel("disconnected")
+    assert queue.by_client() == {"late": 3, "kept": 1}  # cancelled images are not counted
+    removed = queue.prune(now=10.0)
+    assert {j.client for j in removed} == {"late", "gone"}
+    assert queue.images == 1 and queue.requests == 1
+    assert [j.client for j in queue.drain()] == ["kept"] and queue.images == 0
+
+
+def test_importing_the_routes_does_not_import_torch() -> None:
+    code = (
+        "import sys, genaug.service.api.routes, genaug.service.app; "
+        "print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

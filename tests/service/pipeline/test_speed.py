@@ -1,0 +1,465 @@
+"""Speed options (service/speed.py): each runs, is reported, and keeps the same seed's image.
+
+Every option is checked on the tiny pipeline built with true batching
+(``batch_invariant=False``, as a real SDXL pipeline runs): the default per-image tiny
+pipeline decodes one image at a time, so VAE slicing would have nothing to do.
+
+Tolerances, same seeds, option on vs. off, uint8 pixels:
+
+- channels_last, fuse_qkv, torch.compile (float32 on the CPU: other kernels, other summation
+  order): at most 2 levels of 255 anywhere, mean difference under 0.02 levels (measured: at
+  most 1 level, on ~0.01 % of the pixels).
+- vae_slicing: identical (the same kernels, one image at a time).
+- vae_tiling: identical below the VAE's sample size (64 px for the tiny model: no tiling);
+  above it the tiles are decoded separately and blended, so pixels differ: PSNR at least
+  24 dB (measured ~27 dB at 128 px on the random-weight tiny VAE; a trained VAE with SDXL's
+  128-latent tiles differs far less).
+
+Compilation takes tens of seconds on a CPU: one end-to-end compile test is in the default
+suite, the others are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from genaug.client import Client
+from genaug.service.batching.items import GroupKey, Item, Outcome
+from genaug.service.metrics import Metrics
+from genaug.service.pipeline.load import LoadedModel
+from genaug.service.pipeline.speed import (
+    WARMUP_STEPS,
+    ShapeTracker,
+    Speed,
+    SpeedError,
+    SpeedOptions,
+    TrackedWorker,
+    WarmupShape,
+    apply_speed,
+    parse_warmup_shapes,
+    warmup_plan,
+)
+from genaug.service.pipeline.tiny import build_tiny_pipeline
+from genaug.service.pipeline.worker import PipelineWorker
+from genaug.service.settings import Settings
+from genaug.service.testing import load_tiny, start_service
+
+MAX_LEVELS = 2  # largest uint8 difference allowed for the numerically equivalent options
+MAX_MEAN_LEVELS = 0.02
+MIN_TILING_PSNR_DB = 24.0
+PROMPT = "a red circle on a blue square"
+
+
+def batched_tiny() -> LoadedModel:
+    """A fresh tiny model (options change it in place) that runs batches as batches."""
+    model = load_tiny()
+    pipeline = build_tiny_pipeline(batch_invariant=False)
+    return dataclasses.replace(model, pipeline=pipeline)
+
+
+def items(n: int, size: int = 64, seed: int = 7) -> list[Item]:
+    return [
+        Item(PROMPT, seed=seed + i, guidance=5.0, output_height=size, output_width=size)
+        for i in range(n)
+    ]
+
+
+def generate(options: SpeedOptions, n: int = 3, size: int = 64, steps: int = 3) -> np.ndarray:
+    model = batched_tiny()
+    assert apply_speed(model.pipeline, options) == options
+    outcome = PipelineWorker(model).run(GroupKey(size, size, steps), items(n, size))
+    assert outcome.errors == {}
+    return np.stack(outcome.images).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def baseline() -> np.ndarray:
+    return generate(SpeedOptions())
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray) -> None:
+    diff = np.abs(got.astype(np.int16) - ref.astype(np.int16))
+    assert diff.max() <= MAX_LEVELS, f"max difference {diff.max()} levels"
+    assert diff.mean() <= MAX_MEAN_LEVELS, f"mean difference {diff.mean():.4f} levels"
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+def test_speed_settings_default_to_off() -> None:
+    s = Settings()
+    assert (s.compile, s.channels_last, s.fuse_qkv, s.vae_slicing, s.vae_tiling) == (
+        "off", False, False, False, False
+    )
+    assert s.warmup_shapes == ()
+    assert SpeedOptions.from_settings(s) == SpeedOptions()
+    assert SpeedOptions().label == "baseline"
+
+
+def test_warmup_shapes_parse_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENAUG_WARMUP_SHAPES", " 1024x1024:8, 768X1024:4,1024x1024:8")
+    monkeypatch.setenv("GENAUG_COMPILE", "regional")
+    s = Settings()
+    assert s.warmup_shapes == (WarmupShape(1024, 1024, 8), WarmupShape(768, 1024, 4))
+    assert [str(x) for x in s.warmup_shapes] == ["1024x1024:8", "768x1024:4"]
+    assert s.compile == "regional"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1024x1024", "is not HxW:batch; write e.g. 1024x1024:8"),
+        ("1020x1024:8", "height 1020 is not a positive multiple of 8"),
+        ("64x64:0", "batch 0 must be >= 1"),
+        ("64x64:9", "batch 9 exceeds max_batch_images 8"),
+        ("4096x64:1", "4096x64:1 exceeds max_side 2048; raise GENAUG_MAX_SIDE"),
+    ],
+)
+def test_bad_warmup_shapes_name_the_entry_and_the_fix(value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        Settings(warmup_shapes=value)
+
+
+def test_unknown_compile_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="compile"):
+        Settings(compile="everything")  # type: ignore[arg-type]
+    with pytest.raises(SpeedError, match="GENAUG_COMPILE"):
+        SpeedOptions(compile="everything")  # type: ignore[arg-type]
+
+
+def test_options_parse_and_label() -> None:
+    options = SpeedOptions.parse("compile=regional, channels_last,fuse_qkv")
+    assert options == SpeedOptions(compile="regional", channels_last=True, fuse_qkv=True)
+    assert options.label == "compile=regional+channels_last+fuse_qkv"
+    assert SpeedOptions.parse("baseline") == SpeedOptions()
+    assert SpeedOptions.parse("vae_tiling=false,vae_slicing") == SpeedOptions(vae_slicing=True)
+    with pytest.raises(SpeedError, match="unknown speed option 'turbo'"):
+        SpeedOptions.parse("turbo")
+
+
+def test_parse_warmup_shapes_accepts_lists() -> None:
+    assert parse_warmup_shapes(["64x64:2", (128, 96, 1)]) == (
+        WarmupShape(64, 64, 2), WarmupShape(128, 96, 1)
+    )
+    assert parse_warmup_shapes("") == ()
+
+
+# -- applying options -----------------------------------------------------------------------
+
+
+def test_all_off_changes_nothing() -> None:
+    model = batched_tiny()
+    before = {k: v.clone() for k, v in model.pipeline.unet.state_dict().items()}
+    speed = Speed.setup(model, Settings())
+    assert speed.info() == {
+        "compile": "off",
+        "channels_last": False,
+        "fuse_qkv": False,
+        "vae_slicing": False,
+        "vae_tiling": False,
+        "compiled_shapes": [],
+    }
+    after = model.pipeline.unet.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not hasattr(model.pipeline, "_genaug_speed")
+    worker = PipelineWorker(model)
+    assert speed.wrap(worker) is worker  # nothing to track without compilation
+
+
+def test_channels_last_runs_is_reported_and_keeps_the_image(baseline: np.ndarray) -> None:
+    model = batched_tiny()
+    speed = Speed.setup(model, Settings(channels_last=True))
+    assert speed.info()["channels_last"] is True
+    conv = model.pipeline.unet.conv_in.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    outcome = PipelineWorker(model).run(GroupKey(64, 64, 3), items(3))
+    assert_close(np.stack(outcome.images), baseline)
+
+
+def test_fuse_qkv_runs_is_reported_and_keeps_the_image(baseline: np.ndarray) -> None:
+    model = batched_tiny()
+    speed = Speed.setup(model, Settings(fuse_qkv=True))
+    assert speed.info()["fuse_qkv"] is True
+    processors = {type(p).__name__ for p in model.pipeline.unet.attn_processors.values()}
+    assert processors == {"FusedAttnProcessor2_0"}
+    assert any(hasattr(m, "to_qkv") for m in model.pipeline.unet.modules())  # self-attention
+    assert any(hasattr(m, "to_kv") for m in model.pipeline.unet.modules())  # cross-attention
+    outcome = PipelineWorker(model).run(GroupKey(64, 64, 3), items(3))
+    assert_close(np.stack(outcome.images), baseline)
+
+
+def test_vae_slicing_decodes_one_image_at_a_time_and_keeps_the_image(
+    baseline: np.ndarray,
+) -> None:
+    model = batched_tiny()
+    speed = Speed.setup(model, Settings(vae_slicing=True))
+    assert speed.info()["vae_slicing"] is True
+    calls: list[int] = []
+    decoder = model.pipeline.vae.decoder
+    decoder.register_forward_pre_hook(lambda _m, args: calls.append(int(args[0].shape[0])))
+    outcome = PipelineWorker(model).run(GroupKey(64, 64, 3), items(3))
+    assert calls == [1, 1, 1]
+    got = np.stack(outcome.images)
+    assert np.array_equal(got, baseline)
+
+
+def test_vae_tiling_tiles_only_above_the_vae_size_within_the_stated_psnr(
+    baseline: np.ndarray,
+) -> None:
+    tiled = generate(SpeedOptions(vae_tiling=True))
+    assert np.array_equal(tiled, baseline)  # 64 px: the tiny VAE's own size, no tiles
+    big_ref = generate(SpeedOptions(), n=2, size=128)
+    model = batched_tiny()
+    speed = Speed.setup(model, Settings(vae_tiling=True))
+    assert speed.info()["vae_tiling"] is True
+    shapes: list[tuple[int, ...]] = []
+    model.pipeline.vae.decoder.register_forward_pre_hook(
+        lambda _m, args: shapes.append(tuple(args[0].shape[2:]))
+    )
+    outcome = PipelineWorker(model).run(GroupKey(128, 128, 3), items(2, size=128))
+    # Tiles of at most 8x8 latents (the edges smaller), never the whole 16x16, several each.
+    assert len(shapes) > 2 and all(max(s) <= 8 for s in shapes), shapes
+    big = np.stack(outcome.images)
+    assert not np.array_equal(big, big_ref)
+    assert psnr(big, big_ref) >= MIN_TILING_PSNR_DB
+
+
+def test_same_options_twice_is_a_noop_and_other_options_are_refused() -> None:
+    model = batched_tiny()
+    options = SpeedOptions(fuse_qkv=True)
+    apply_speed(model.pipeline, options)
+    fused = [m.to_qkv for m in model.pipeline.unet.modules() if hasattr(m, "to_qkv")]
+    assert apply_speed(model.pipeline, options) == options
+    again = [m.to_qkv for m in model.pipeline.unet.modules() if hasattr(m, "to_qkv")]
+    assert all(a is b for a, b in zip(fused, again, strict=True))
+    with pytest.raises(SpeedError, match="already has the speed options fuse_qkv"):
+        apply_speed(model.pipeline, SpeedOptions(channels_last=True))
+
+
+def test_fused_projections_are_refused_with_lora_adapters(tmp_path: Any) -> None:
+    lora = tmp_path / "a.safetensors"
+    lora.write_bytes(b"")
+    settings = Settings(fuse_qkv=True, loras=f"a={lora}")
+    with pytest.raises(SpeedError, match="GENAUG_FUSE_QKV cannot be combined with GENAUG_LORAS"):
+        Speed.setup(batched_tiny(), settings)
+
+
+def test_an_option_the_model_cannot_take_names_the_setting() -> None:
+    def refuse() -> None:
+        raise ValueError("`fuse_qkv_projections()` is not supported for added KV projections")
+
+    pipeline = SimpleNamespace(
+        unet=SimpleNamespace(fuse_qkv_projections=refuse), vae=SimpleNamespace()
+    )
+    with pytest.raises(SpeedError, match="GENAUG_FUSE_QKV.*set GENAUG_FUSE_QKV=false"):
+        apply_speed(pipeline, SpeedOptions(fuse_qkv=True))
+
+
+# -- warm-up plan and shape tracking --------------------------------------------------------
+
+
+def test_warmup_plan_without_compile_is_one_default_image_plus_the_listed_shapes() -> None:
+    s = Settings(warmup_shapes="128x128:4")
+    recipe = SimpleNamespace(name="r", height=256, width=256, guidance=3.0)
+    plan = warmup_plan(s, [recipe], defaults=(64, 4, 5.0))
+    assert [(p.key, p.batch, p.guidance) for p in plan] == [
+        (GroupKey(64, 64, 4), 1, 5.0),
+        (GroupKey(128, 128, WARMUP_STEPS), 4, 5.0),
+    ]
+
+
+def test_warmup_plan_with_compile_covers_recipes_and_the_default_at_full_batches() -> None:
+    s = Settings(compile="regional", warmup_shapes="128x128:4, 64x64:8", max_batch_images=8)
+    recipes = [
+        SimpleNamespace(name="a", height=256, width=192, guidance=3.0),
+        SimpleNamespace(name="b", height=64, width=64, guidance=1.0),  # shape listed already
+        SimpleNamespace(
+            name="lcm", height=256, width=192, guidance=1.0, scheduler="lcm",
+            adapter=SimpleNamespace(name="lcm-lora", scale=0.8),
+        ),
+    ]
+    plan = warmup_plan(s, recipes, defaults=(64, 4, 5.0))
+    assert [(p.key, p.batch, p.guidance, p.source) for p in plan] == [
+        (GroupKey(128, 128, WARMUP_STEPS), 4, 5.0, "GENAUG_WARMUP_SHAPES"),
+        (GroupKey(64, 64, WARMUP_STEPS), 8, 5.0, "GENAUG_WARMUP_SHAPES"),
+        (GroupKey(256, 192, WARMUP_STEPS), 8, 3.0, "recipe a"),
+        (
+            GroupKey(256, 192, WARMUP_STEPS, scheduler="lcm", adapter="lcm-lora",
+                     adapter_scale=0.8),
+            8, 1.0, "recipe lcm",
+        ),
+    ]
+
+
+def test_tracker_counts_each_new_shape_once_and_lists_compiled_shapes() -> None:
+    metrics = Metrics()
+    tracker = ShapeTracker(active=True, on_recompile=metrics.recompiles.inc)
+    tracker.mark_compiled(GroupKey(64, 64, 2), 8)
+    assert tracker.observe(GroupKey(64, 64, 30, scheduler="euler"), 8) is False
+    assert tracker.observe(GroupKey(64, 64, 30), 3) is True
+    assert tracker.observe(GroupKey(64, 64, 4), 3) is False  # compiled by the batch before
+    assert tracker.observe(GroupKey(64, 64, 4, adapter="x"), 3) is True
+    assert tracker.observe(GroupKey(64, 64, 4, adapter="x", adapter_scale=0.5), 3) is True
+    assert tracker.compiled_shapes == [
+        "64x64:8", "64x64:3", "64x64:3 (adapter x@1)", "64x64:3 (adapter x@0.5)"
+    ]
+    assert tracker.recompiles == 3
+    assert b"genaug_recompiles_total 3.0" in metrics.render()
+
+
+def test_speed_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
+    info: dict[str, Any] = {"scheduler": "euler"}
+    options = SpeedOptions(compile="regional", fuse_qkv=True)
+    speed = Speed(options, ShapeTracker(active=True), publish=info.update)
+    assert info == {
+        "scheduler": "euler", "compile": "regional", "channels_last": False, "fuse_qkv": True,
+        "vae_slicing": False, "vae_tiling": False, "compiled_shapes": [],
+    }
+    speed.tracker.mark_compiled(GroupKey(64, 64, 2), 2)
+    speed.tracker.observe(GroupKey(64, 64, 4), 1)
+    assert info["compiled_shapes"] == ["64x64:2", "64x64:1"]
+    assert info["scheduler"] == "euler"
+
+
+def test_tracker_is_silent_without_compilation() -> None:
+    tracker = ShapeTracker(active=False, on_recompile=lambda: pytest.fail("counted"))
+    tracker.mark_compiled(GroupKey(64, 64, 2), 8)
+    assert tracker.observe(GroupKey(128, 128, 2), 1) is False
+    assert tracker.compiled_shapes == []
+
+
+def test_tracked_worker_reports_every_batch_before_running_it() -> None:
+    seen: list[tuple[int, int]] = []
+
+    class Inner:
+        def run(self, key: GroupKey, batch: Any) -> Outcome:
+            seen.append((key.height, len(batch)))
+            return Outcome(images=[np.zeros(i.output_shape, np.uint8) for i in batch])
+
+    tracker = ShapeTracker(active=True)
+    worker = TrackedWorker(Inner(), tracker)
+    worker.run(GroupKey(64, 64, 2), items(2))
+    worker.run(GroupKey(64, 64, 2), items(2))
+    worker.run(GroupKey(64, 64, 2), items(1))
+    assert seen == [(64, 2), (64, 2), (64, 1)]
+    assert tracker.recompiles == 2  # nothing was warmed up: both shapes were new
+
+
+# -- through the service --------------------------------------------------------------------
+
+
+def speed_info(live: Any) -> dict[str, Any]:
+    """``GET /v1/info``'s speed group."""
+    info: dict[str, Any] = httpx.get(live.url + "/v1/info", timeout=10).json()["speed"]
+    return info
+
+
+def test_service_applies_options_and_serves_the_same_images(baseline: np.ndarray) -> None:
+    model = batched_tiny()
+    settings = dict(channels_last=True, fuse_qkv=True, vae_slicing=True, max_batch_images=3)
+    with start_service(model, **settings) as live:
+        info = speed_info(live)
+        assert {k: info[k] for k in settings if k in info} == {
+            "channels_last": True, "fuse_qkv": True, "vae_slicing": True
+        }
+        assert info["compile"] == "off" and info["compiled_shapes"] == []
+        with Client(live.url) as client:
+            got = client.generate(PROMPT, n=3, seed=7, height=64, width=64, steps=3,
+                                  guidance=5.0).images
+        assert live.metric("genaug_recompiles_total") == 0
+    assert_close(got, baseline)
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Compiled code is cached per code object process-wide: start and end clean."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def check_compiled_service(compile_mode: str, extra: dict[str, Any], baseline: np.ndarray) -> None:
+    """Warm-up compiles 64x64 at max_batch_images=3 before /readyz; the same seeds give the
+    baseline's images; a batch of another size still works and is counted as a recompile."""
+    model = batched_tiny()
+    with start_service(
+        model, compile=compile_mode, max_batch_images=3, ready_timeout=600, **extra
+    ) as live:
+        info = speed_info(live)
+        assert info["compile"] == compile_mode
+        assert "64x64:3" in info["compiled_shapes"]
+        graphs = compiled_graphs()
+        assert graphs > 0
+        with Client(live.url, timeout=600) as client:
+            got = client.generate(PROMPT, n=3, seed=7, height=64, width=64, steps=3,
+                                  guidance=5.0, timeout_s=600).images
+            assert live.metric("genaug_recompiles_total") == 0
+            assert compiled_graphs() == graphs  # the warmed-up shape did not compile again
+            one = client.generate(PROMPT, n=1, seed=7, height=64, width=64, steps=3,
+                                  guidance=5.0, timeout_s=600).images
+        assert live.metric("genaug_recompiles_total") == 1
+        assert compiled_graphs() > graphs  # ... and the new one really did
+        assert speed_info(live)["compiled_shapes"][-1] == "64x64:1"
+    assert_close(got, baseline)
+    assert_close(one, baseline[:1])
+
+
+@pytest.mark.timeout(900)
+def test_regional_compile_warms_up_reports_and_counts_recompiles(
+    baseline: np.ndarray, fresh_dynamo: None
+) -> None:
+    check_compiled_service("regional", {}, baseline)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_whole_unet_compile_warms_up_reports_and_counts_recompiles(
+    baseline: np.ndarray, fresh_dynamo: None
+) -> None:
+    check_compiled_service("unet", {}, baseline)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_best_combination_compiles_and_keeps_the_image(
+    baseline: np.ndarray, fresh_dynamo: None
+) -> None:
+    check_compiled_service(
+        "regional", {"channels_last": True, "fuse_qkv": True, "vae_slicing": True}, baseline
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_listed_warmup_shapes_are_compiled_before_ready(fresh_dynamo: None) -> None:
+    model = batched_tiny()
+    with start_service(
+        model, compile="regional", max_batch_images=2, warmup_shapes="64x64:1, 80x80:2",
+        ready_timeout=600,
+    ) as live:
+        assert speed_info(live)["compiled_shapes"] == ["64x64:1", "80x80:2", "64x64:2"]
+        with Client(live.url, timeout=600) as client:
+            for n, size in ((1, 64), (2, 80), (2, 64)):
+                client.generate(PROMPT, n=n, seed=1, height=size, width=size, steps=2,
+                                timeout_s=600)
+        assert live.metric("genaug_recompiles_total") == 0
