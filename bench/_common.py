@@ -180,7 +180,7 @@ def _child(
     ``batch_invariant=False`` runs this module as the entry point instead (same app, a truly
     batched tiny pipeline).
     """
-    from genaug.demo import free_port, running_service
+    from genaug.local_service import free_port, running_service
 
     port = free_port()
     entry: tuple[str, ...] = ("-m", "genaug.service")

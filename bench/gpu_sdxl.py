@@ -395,7 +395,7 @@ def release(device: Any) -> None:
 
 def warm_up(bench: Bench, worker: Any, batches: Sequence[int]) -> dict[str, float]:
     """Seconds of the first batch of each shape (compilation included), WARMUP_STEPS steps."""
-    from genaug.service.pipeline.speed import WARMUP_STEPS
+    from genaug.service.pipeline.warmup import WARMUP_STEPS
 
     out: dict[str, float] = {}
     for batch in batches:
@@ -408,7 +408,7 @@ def warm_up(bench: Bench, worker: Any, batches: Sequence[int]) -> dict[str, floa
 
 def probe_seconds_per_image(bench: Bench, worker: Any, batch: int) -> float:
     """A compiled-and-warm batch of WARMUP_STEPS steps, scaled to the bench's steps."""
-    from genaug.service.pipeline.speed import WARMUP_STEPS
+    from genaug.service.pipeline.warmup import WARMUP_STEPS
 
     t0 = time.perf_counter()
     worker.run(bench.key(WARMUP_STEPS), bench.items(batch))
@@ -418,7 +418,7 @@ def probe_seconds_per_image(bench: Bench, worker: Any, batch: int) -> float:
 
 @contextlib.contextmanager
 def serving(bench: Bench, model: Any, options: Any, batch: int) -> Iterator[Any]:
-    from genaug.demo import free_port
+    from genaug.local_service import free_port
     from genaug.service.settings import Settings
     from genaug.service.testing import start_service
 

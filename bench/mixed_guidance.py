@@ -103,7 +103,7 @@ def per_guidance(worker: Any) -> Any:
 @contextlib.contextmanager
 def two_services(threads: int, settings: dict[str, Any]) -> Iterator[dict[str, str]]:
     """Both services as children of this process (this file with ``--serve MODE``)."""
-    from genaug.demo import free_port, running_service
+    from genaug.local_service import free_port, running_service
 
     with contextlib.ExitStack() as stack:
         started: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}

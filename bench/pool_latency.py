@@ -53,7 +53,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import httpx
 
     from genaug.client import Client
-    from genaug.service.pool.store import PoolStore
+    from genaug.service.pool.open import open_pool
 
     capacity = 50 if args.quick else 100
     requests = 60 if args.quick else 300
@@ -80,7 +80,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             on_httpcore._http = httpx.Client(timeout=60)  # httpx's default transport
             _, detail = wait_generated(http, url, "bench", capacity * len(labels))
             time.sleep(0.2)  # let the last batch's commit and the idle check settle
-            store = PoolStore(db, capacity_per_label=capacity)
+            store = open_pool(db, capacity_per_label=capacity)
             http_ms: list[float] = []
             one_ms: list[float] = []
             local_ms: list[float] = []

@@ -73,9 +73,9 @@ def _fill(http: Any, urls: Sequence[str], per_label: int, labels: int) -> float:
 
 
 def _duplicates(url: str, pool_id: str) -> tuple[int, int]:
-    from genaug.service.pool.store import PoolStore
+    from genaug.service.pool.open import open_pool
 
-    with PoolStore(url, capacity_per_label=10**6) as store:
+    with open_pool(url, capacity_per_label=10**6) as store:
         seeds = [seed for _, seed, _ in store.iter_images(pool_id)]
     return len(seeds), len(seeds) - len(set(seeds))
 

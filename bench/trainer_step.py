@@ -6,7 +6,7 @@ Variant ``plain``: p=0, no feeder. Variant ``mixed``: p=0.5, reservoir mixed int
 a feeder thread sampling the recipe's pool every ``--feeder-interval`` s. The variants alternate
 for ``--rounds`` rounds (each a fresh ``fit`` of ``--epochs`` epochs) so that drift in the
 machine's load hits both alike. Step and input-wait times come from the reference trainer's
-:class:`~genaug.trainer.train.StepTimer` (``next()`` on the distributed iterator, timed in
+:class:`~genaug.trainer.instruments.StepTimer` (``next()`` on the distributed iterator, timed in
 Python; the first step of each fit, which traces, is excluded).
 
     python bench/trainer_step.py                       # 1 replica (the CPU)
@@ -39,8 +39,9 @@ def child(args: argparse.Namespace) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    from genaug.trainer.config import TrainConfig
     from genaug.trainer.data import make_demo_dataset
-    from genaug.trainer.train import TrainConfig, Trainer
+    from genaug.trainer.train import Trainer
 
     data = make_demo_dataset(Path(args.workdir) / "data", per_class=args.per_class, size=64)
     common: dict[str, Any] = dict(
@@ -106,7 +107,7 @@ def child(args: argparse.Namespace) -> None:
 
 def parent(args: argparse.Namespace) -> int:
     """Start the service, run the TensorFlow child, print the table."""
-    from genaug.demo import free_port, running_service
+    from genaug.local_service import free_port, running_service
     from genaug.trainer.demo import wait_for_pool
 
     port = free_port()

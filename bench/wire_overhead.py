@@ -44,7 +44,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import httpx
     import numpy as np
 
-    from genaug.client.wire import SAFETENSORS_MEDIA_TYPE, decode_batch, encode_batch
+    from genaug.wire import SAFETENSORS_MEDIA_TYPE, decode_batch, encode_batch
 
     counts = (1, 8) if args.quick else (1, 8, 64)
     sizes = (64, 256)

@@ -14,12 +14,15 @@ Example::
         variants = client.variants(batch.images[:2], "a healing wound", strength=0.5,
                                    n_per_image=3, seed=0)
         variants.sources  # [0, 0, 0, 1, 1, 1]: which input each variant came from
+
+``backoff_s`` is the clients' one backoff formula, public for loops that retry on their own
+(the trainer's feeder). The wire codecs live in :mod:`genaug.wire`, shared with the service.
 """
 
 from __future__ import annotations
 
 from ._async import AsyncClient
-from ._base import GenerateResult, SampleResult
+from ._base import GenerateResult, SampleResult, backoff_s
 from ._sync import Client
 from .errors import (
     AuthenticationError,
@@ -51,4 +54,5 @@ __all__ = [
     "StatusError",
     "TransportError",
     "UnavailableError",
+    "backoff_s",
 ]

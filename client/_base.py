@@ -17,6 +17,14 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from genaug.wire import (
+    PNG_MEDIA_TYPE,
+    SAFETENSORS_MEDIA_TYPE,
+    WireError,
+    decode_batch,
+    encode_image_upload,
+)
+
 from .errors import (
     DecodeError,
     GenaugError,
@@ -25,13 +33,6 @@ from .errors import (
     TransportError,
     UnavailableError,
     error_class,
-)
-from .wire import (
-    PNG_MEDIA_TYPE,
-    SAFETENSORS_MEDIA_TYPE,
-    WireError,
-    decode_batch,
-    encode_image_upload,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"

@@ -6,6 +6,9 @@ The distribution has three parts, each in its own subpackage and its own process
 - ``genaug.client``: small async and sync httpx clients (``pip install genaug[client]``).
 - ``genaug.trainer``: the TensorFlow reservoir, feeder and graph audit.
 
+``genaug.wire`` (the safetensors batch format) is shared by the service and the client, and
+``genaug.local_service`` starts a service as a child process (demo, benchmarks, tests).
+
 Importing this package imports none of torch, tensorflow or httpx.
 """
 

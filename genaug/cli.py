@@ -117,7 +117,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="the reference TensorFlow trainer")
     if command == "train":
         try:
-            from genaug.trainer.train import add_train_arguments
+            from genaug.trainer.config import add_train_arguments
         except ImportError:  # a service-only install: _cmd_train says what to install
             pass
         else:

@@ -56,8 +56,8 @@ def check_kill_during_fill(*, rounds: int = 1, workdir: Path | None = None) -> C
     """Per round: a child service fills its pool while a client samples from it; SIGKILL;
     then the database must pass ``integrity_check``, hold every seed the client was sent,
     keep counters and rows consistent, and serve again after a restart."""
-    from genaug.client.wire import decode_batch
-    from genaug.service.pool.store import PoolStore
+    from genaug.service.pool.open import open_pool
+    from genaug.wire import decode_batch
 
     result = CheckResult("Faults", "kill_during_fill")
     started = time.monotonic()
@@ -111,7 +111,7 @@ def check_kill_during_fill(*, rounds: int = 1, workdir: Path | None = None) -> C
                 stop.set()
                 thread.join(timeout=15)
             acked |= round_acked
-            store = PoolStore(db, capacity_per_label=capacity)
+            store = open_pool(db, capacity_per_label=capacity)
             try:
                 integrity.append(store.integrity_check())
                 (pool,) = store.pools()
@@ -294,7 +294,7 @@ def check_generator_oom(model: Any) -> CheckResult:
     with LogCapture(["genaug.service"], level=logging.WARNING) as logs, \
             start_service(model, wrap=wrap, max_batch_images=8, max_wait_ms=20) as live:
         pipe = holder["pipe"]
-        from genaug.client.wire import decode_batch
+        from genaug.wire import decode_batch
 
         bodies = [{"prompt": f"oom {i}", **SMALL, "n": 2, "seed": 10 * i} for i in range(4)]
         calls_before = len(pipe.calls)

@@ -106,7 +106,7 @@ def child_service(
 ) -> Iterator[Child]:
     """``python -m genaug.service --port P *args`` until the block ends (SIGTERM, then SIGKILL
     after 30 s); waits for ``/readyz``."""
-    from genaug.demo import free_port, running_service
+    from genaug.local_service import free_port, running_service
 
     port = port or free_port()
     with running_service(port, extra_args=list(args), env=env or child_env(),

@@ -62,7 +62,7 @@ class Outcome:
 
 def _client_loop(index: int, stop_at: float, out: list[Outcome], url: str,
                  lock: threading.Lock) -> None:
-    from genaug.client.wire import decode_batch
+    from genaug.wire import decode_batch
 
     kinds = list(KINDS)
     with httpx.Client(base_url=url, timeout=HARD_TIMEOUT_S,

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from genaug.demo import free_port
+from genaug.local_service import free_port
 from genaug.service.testing import start_service
 
 from .faults import RECIPE
@@ -35,7 +35,7 @@ from .result import CheckResult
 
 OPEN = {"/healthz", "/readyz"}
 # "/" is open on purpose: the status page's HTML shell holds no data; its script asks for the
-# key and fetches the data with it (service/guard.py OPEN_PATHS).
+# key and fetches the data with it (service/api/guard.py OPEN_PATHS).
 OPEN_BY_DESIGN = {"/"}
 
 
@@ -163,7 +163,7 @@ def check_auth(model: Any, *, timing_requests: int = 200, workdir: Path | None =
 
 
 def _authenticate() -> Any:
-    from genaug.service import guard
+    from genaug.service.api import guard
 
     return guard.authenticate
 

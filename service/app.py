@@ -34,18 +34,21 @@ from fastapi_offline import FastAPIOffline
 
 from genaug import __version__
 
+from .api.fastpath import DirectSample
 from .api.guard import GuardMiddleware
+from .api.handlers import EXCEPTION_HANDLERS
 from .api.openapi import build_openapi
-from .api.routes import EXCEPTION_HANDLERS, DirectSample, router
+from .api.router import router
 from .api.state import AppState, ModelLoader, Startup, WorkerWrapper
 from .batching.batcher import Batcher
 from .batching.items import Worker
 from .intake.schemas import build_api_models
 from .metrics import Metrics
 from .pipeline.speed import Speed
-from .pool.planner import PoolManager, pool_model_hash
-from .pool.store import open_pool_store, replica_info
-from .recipes.spec import check_recipes, load_recipes
+from .pool.open import open_pool_store, replica_info
+from .pool.planner import PoolPlanner, pool_model_hash
+from .pool.serving import PoolServing
+from .recipes.load import check_recipes, load_recipes
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -100,11 +103,8 @@ def create_app(
         app.add_exception_handler(exc_class, handler)
     # Our routes go first and directly into the app's table, not through include_router:
     # FastAPI matches an included router in an extra pass behind the docs routes, which costs
-    # a pool sample a measurable share of its time. The hot routes lead.
-    hot = ("/v1/recipes/{name}/sample", "/v1/generate", "/v1/variants")
-    ours = sorted(router.routes, key=lambda r: hot.index(getattr(r, "path", ""))
-                  if getattr(r, "path", "") in hot else len(hot))
-    app.router.routes[:0] = ours
+    # a pool sample a measurable share of its time. The hot routes lead (api/router.py).
+    app.router.routes[:0] = router.routes
     app.add_middleware(DirectSample)  # added first: runs inside the guard
     app.add_middleware(
         GuardMiddleware,
@@ -162,7 +162,7 @@ def check_startup(settings: Settings) -> dict[str, str]:
 
     Raises :class:`~genaug.service.pipeline.load.ModelLoadError`.
     """
-    from .pipeline.load import ModelLoadError, resolve_device, resolve_dtype
+    from .pipeline.device import ModelLoadError, resolve_device, resolve_dtype
 
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
@@ -221,13 +221,13 @@ async def _load_and_warm(state: AppState) -> None:
             store = state.store
             # In a thread: it reads the recipes' label image folders (GENAUG_DATA_ROOT).
             state.pools = await asyncio.to_thread(
-                lambda: PoolManager(
+                lambda: PoolServing(PoolPlanner(
                     state.recipes,
                     store,
                     model_hash=pool_model_hash(model),
                     pregenerate=settings.pregenerate,
                     data_root=settings.data_root,
-                )
+                ))
             )
         batcher = Batcher(
             worker,
@@ -245,8 +245,9 @@ async def _load_and_warm(state: AppState) -> None:
             log.info("warm-up done in %.2f s", time.monotonic() - started)
         if state.pools is not None:
             # Only now: a pool batch before the warm-up would run an uncompiled shape first.
-            state.pools.attach(batcher)
-            batcher.idle_source = state.pools
+            # The planner wakes the batcher through this callback; it never holds it.
+            state.pools.attach(wake=batcher.poke)
+            batcher.idle_source = state.pools.planner
             batcher.poke()
         state.ready = True
         log.info(

@@ -12,16 +12,17 @@ Example::
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .batching.items import SchedulerName
-from .pipeline.speed import WarmupShape, parse_warmup_shapes
 
 _LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SHAPE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*:\s*(\d+)\s*$")
 
 TINY_DEFAULTS = {"size": 64, "steps": 4, "guidance": 5.0}
 SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
@@ -55,6 +56,70 @@ def model_path(model: str | Path | None) -> Path | None:
     if model is None or builtin_model(model) is not None:
         return None
     return Path(model).expanduser()
+
+
+# GENAUG_WARMUP_SHAPES entries. Settings parse their own values: the pipeline's warm-up reads
+# these shapes from here, and nothing here imports the pipeline.
+
+
+class WarmupShape(NamedTuple):
+    """One ``HxW:batch`` entry of ``GENAUG_WARMUP_SHAPES``: generation size and batch size.
+
+    Example::
+
+        WarmupShape.parse("1024x1024:8")   # WarmupShape(height=1024, width=1024, batch=8)
+        str(WarmupShape(768, 1024, 4))     # '768x1024:4'
+    """
+
+    height: int
+    width: int
+    batch: int
+
+    def __str__(self) -> str:
+        return f"{self.height}x{self.width}:{self.batch}"
+
+    @classmethod
+    def parse(cls, text: str) -> WarmupShape:
+        match = _SHAPE.match(text)
+        if match is None:
+            raise ValueError(
+                f"warm-up shape {text.strip()!r} is not HxW:batch; write e.g. 1024x1024:8 "
+                "(several separated by commas)"
+            )
+        height, width, batch = (int(g) for g in match.groups())
+        for name, value in (("height", height), ("width", width)):
+            if value < 8 or value % 8:
+                raise ValueError(
+                    f"warm-up shape {text.strip()!r}: {name} {value} is not a positive "
+                    "multiple of 8 (the VAE downsamples by 8); e.g. 1024x1024:8"
+                )
+        if batch < 1:
+            raise ValueError(f"warm-up shape {text.strip()!r}: batch {batch} must be >= 1")
+        return cls(height, width, batch)
+
+
+def parse_warmup_shapes(value: object) -> tuple[WarmupShape, ...]:
+    """``"1024x1024:8, 768x768:4"`` (or a list of such strings or shapes) -> shapes, in order,
+    without duplicates. Raises ``ValueError`` naming the bad entry and the expected form."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        parts: Iterable[Any] = [p for p in value.split(",") if p.strip()]
+    elif isinstance(value, Iterable):
+        parts = value
+    else:
+        raise ValueError(f"warm-up shapes must be a string like '1024x1024:8', got {value!r}")
+    out: list[WarmupShape] = []
+    for part in parts:
+        if isinstance(part, str):
+            shape = WarmupShape.parse(part)
+        elif isinstance(part, Sequence) and len(part) == 3:
+            shape = WarmupShape.parse(f"{part[0]}x{part[1]}:{part[2]}")
+        else:
+            raise ValueError(f"warm-up shape {part!r} is not HxW:batch; write e.g. 1024x1024:8")
+        if shape not in out:
+            out.append(shape)
+    return tuple(out)
 
 
 class Settings(BaseSettings):

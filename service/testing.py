@@ -16,7 +16,7 @@ the next one, which is how a test fills the queue deterministically::
         assert live.metric("genaug_queue_images") == 0
 
 The deployed shape is a child process (``python -m genaug.service``, see
-:func:`genaug.demo.running_service`); :func:`wait_ready` waits for either kind. The service
+:func:`genaug.local_service.running_service`); :func:`wait_ready` waits for either kind. The service
 itself never imports this module.
 """
 
@@ -238,7 +238,7 @@ def start_service(
     """
     import uvicorn
 
-    from genaug.demo import free_port
+    from genaug.local_service import free_port
 
     from .app import create_app
     from .settings import Settings

@@ -1,15 +1,18 @@
-"""Shared fixtures: one tiny model per session, real uvicorn servers on 127.0.0.1.
+"""Shared fixtures: one tiny model per session, real uvicorn servers on 127.0.0.1, and the
+test recipe.
 
 Servers run in a thread of the test process (:mod:`genaug.service.testing`), so tests can
 share the already-built tiny pipeline and hold or count pipeline calls through
 ``live.worker``, a ``GateWorker``. TensorFlow never runs in this process (trainer tests use
-subprocesses).
+subprocesses). ``shapes_recipe`` / ``shapes_recipes_file`` are the one test recipe of the
+pool, replica and hot-path tests.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,6 +24,20 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SHAPES_RECIPE = """\
+recipes:
+  - name: shapes
+    height: 32
+    width: 32
+    steps: 2
+    guidance: 3.0
+    base_seed: 7
+    labels:
+      circle: {prompts: ["a circle", "a round circle"]}
+      square: {prompts: ["a square"]}
+      triangle: {prompts: ["a triangle"], negative_prompt: "blurry"}
+"""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -65,3 +82,19 @@ def make_service(tiny_model: LoadedModel) -> Iterator[Callable[..., LiveService]
     yield make
     for live in started:
         live.stop()
+
+
+@pytest.fixture
+def shapes_recipe() -> str:
+    """The YAML of the test recipe file: one recipe ``shapes``, 32x32 in 2 steps, base seed 7,
+    labels circle (two prompts), square and triangle (with a negative prompt). Tests that need
+    a variant edit the text (``shapes_recipe.replace("steps: 2", "steps: 0")``)."""
+    return SHAPES_RECIPE
+
+
+@pytest.fixture
+def shapes_recipes_file(tmp_path: Path, shapes_recipe: str) -> Path:
+    """``shapes_recipe`` written to ``tmp_path / "recipes.yaml"`` (for ``GENAUG_RECIPES``)."""
+    path = tmp_path / "recipes.yaml"
+    path.write_text(shapes_recipe)
+    return path

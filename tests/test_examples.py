@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from genaug.client import AuthenticationError, Client, TransportError
-from genaug.demo import free_port
+from genaug.local_service import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -266,7 +266,7 @@ def test_multimodal_example_with_a_converted_unet(make_service: Any, tmp_path: P
     assert main(["convert-unet", str(checkpoint), str(converted), "--base", "tiny-random",
                  "--trust-this-file"]) == 0
     assert converted.is_file()
-    from genaug.demo import free_port
+    from genaug.local_service import free_port
 
     port = free_port()
     env = {**os.environ, "GENAUG_MODEL": "tiny-random", "GENAUG_UNET_WEIGHTS": str(converted),

@@ -127,7 +127,7 @@ def read_folder(data: Path, labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_recipe(path: Path, name: str | None) -> tuple[str, Any]:
-    from genaug.service.recipes.spec import load_recipes
+    from genaug.service.recipes.load import load_recipes
 
     recipes = load_recipes(path)
     if name is None:

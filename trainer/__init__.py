@@ -25,8 +25,9 @@ Example::
     assert_no_python_ops(dataset=ds, model=model)
     model.fit(ds, epochs=3, callbacks=[feeder.callback()])  # strict: config errors raise here
 
-Names are imported lazily: ``genaug.trainer.feeder`` and ``genaug.trainer.devices`` do not
-import TensorFlow at import time, the reservoir and the audit do.
+Names are imported lazily: ``genaug.trainer.feeder`` (with its first-contact checks,
+``genaug.trainer.contact``) and ``genaug.trainer.devices`` do not import TensorFlow at import
+time, the reservoir and the audit do.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
         step_functions,
         tracing_counts,
     )
+    from genaug.trainer.contact import FeederConfigError
     from genaug.trainer.devices import DeviceError, configure_devices
-    from genaug.trainer.feeder import FeederConfigError, FeederStats, ReservoirFeeder
+    from genaug.trainer.feeder import FeederStats, ReservoirFeeder
     from genaug.trainer.reservoir import SyntheticReservoir
 
 __all__ = [
@@ -71,7 +73,7 @@ __all__ = [
 _WHERE = {
     "PYTHON_OP_TYPES": "audit",
     "DeviceError": "devices",
-    "FeederConfigError": "feeder",
+    "FeederConfigError": "contact",
     "configure_devices": "devices",
     "FeederStats": "feeder",
     "Finding": "audit",

@@ -9,11 +9,10 @@ mixing pool images in through :class:`~genaug.trainer.reservoir.SyntheticReservo
 :class:`~genaug.trainer.feeder.ReservoirFeeder`. It prints both test accuracies on the 500
 held-out test digits and stops everything. About two minutes on 2 CPU cores.
 
-The same few-shot run backs ``bench/augmentation_gain.py`` (more seeds, more steps, more
-arms): :func:`run_fewshot` starts the TensorFlow child, :func:`fewshot_child` is what runs
-there. The gain comes from the generator: it was trained on the 997 images of the
-``generator`` split, which the few-shot classifier never sees (as SDXL saw far more images
-than any user's data set holds).
+The few-shot runs live in :mod:`genaug.trainer.fewshot`, which also backs
+``bench/augmentation_gain.py`` (more seeds, more steps, more arms). The gain comes from the
+generator: it was trained on the 997 images of the ``generator`` split, which the few-shot
+classifier never sees (as SDXL saw far more images than any user's data set holds).
 
 This module imports neither TensorFlow nor torch at import time: both live in the child
 processes.
@@ -27,36 +26,33 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import logging
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from genaug.trainer.fewshot import FewShotRun, run_fewshot
+
 __all__ = [
     "DEMO_RECIPE",
-    "FewShotRun",
     "default_recipes_path",
-    "fewshot_child",
-    "run_fewshot",
+    "labelled_grid",
     "run_full_demo",
-    "tf_child_env",
     "wait_for_pool",
+    "write_digit_grid",
 ]
 
 log = logging.getLogger(__name__)
 
 DEMO_RECIPE = "digits"
 """The recipe in ``recipes/digits.yaml``; its labels ``0``..``9`` are the digit classes."""
-
-_RESULT = "GENAUG_FEWSHOT_RESULT "  # prefix of the child's JSON result lines
 
 
 def default_recipes_path() -> Path:
@@ -90,209 +86,29 @@ def wait_for_pool(
             time.sleep(0.5)
 
 
-# ----------------------------------------------------------------------------- few-shot runs
-
-
-@dataclass
-class FewShotRun:
-    """One few-shot training run on the digits (a row of the benchmark, a line of the demo).
-
-    Attributes:
-        arm: a name for the result (``"real only"``, ``"text-to-image p=0.5"``...).
-        seed: picks the few-shot subset (:func:`genaug.digits.subset` of the ``fewshot``
-            split) and seeds the model's initialisation, shuffling and mixing.
-        per_class: real images per class.
-        steps / batch / learning_rate: training (global batch over ``cpu_replicas``).
-        service / recipe / p: mixing from that recipe's pool; ``p == 0`` or no recipe: real
-            images only; ``p == 1``: synthetic only (every real image replaced).
-        slots_per_class: reservoir size; training starts when every class holds
-            ``prefill_per_class`` images (or after ``prefill_timeout_s``).
-    """
-
-    arm: str
-    seed: int = 0
-    per_class: int = 5
-    steps: int = 300
-    batch: int = 32
-    learning_rate: float = 2e-3
-    cpu_replicas: int = 2
-    service: str | None = None
-    recipe: str | None = None
-    p: float = 0.0
-    slots_per_class: int = 64
-    prefill_per_class: int = 32
-    prefill_timeout_s: float = 300.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def tf_child_env(threads: int = 2) -> dict[str, str]:
-    """Environment of a TensorFlow child: CPU only, quiet, small thread pools."""
-    return {
-        **os.environ,
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "KERAS_BACKEND": "tensorflow",
-        "TF_NUM_INTEROP_THREADS": str(threads),
-        "TF_NUM_INTRAOP_THREADS": str(threads),
-        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def run_fewshot(
-    runs: Sequence[FewShotRun], *, timeout_s: float = 600.0, echo: bool = True,
-) -> list[dict[str, Any]]:
-    """Run ``runs`` in one TensorFlow child process (in order); return their results.
-
-    Each result is the run's fields plus ``test_accuracy`` (on the 500 ``test`` digits),
-    ``mixed_fraction``, ``feeder`` (images received), ``fit_s``. With ``echo`` the child's
-    progress lines are printed as they come. Raises ``RuntimeError`` when the child fails.
-    """
-    cmd = [sys.executable, "-m", "genaug.trainer.demo", "--fewshot-json",
-           json.dumps([asdict(r) for r in runs])]
-    proc = subprocess.Popen(cmd, env=tf_child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    results: list[dict[str, Any]] = []
-    tail: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            if line.startswith(_RESULT):
-                results.append(json.loads(line[len(_RESULT):]))
-                continue
-            tail = (tail + [line.rstrip()])[-40:]
-            if echo and line.startswith("  "):
-                print(line.rstrip(), flush=True)  # noqa: T201
-            if time.monotonic() > deadline:
-                raise TimeoutError
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except (TimeoutError, subprocess.TimeoutExpired):
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"the few-shot training did not finish within {timeout_s:.0f} s; "
-                           "last output:\n" + "\n".join(tail)) from None
-    if proc.returncode != 0 or len(results) != len(runs):
-        raise RuntimeError(f"the few-shot training process failed (exit {proc.returncode}); "
-                           "last output:\n" + "\n".join(tail))
-    return results
-
-
-def _client_id(arm: str) -> str:
-    """A valid ``X-Client-Id`` naming the arm (1-64 of letters, digits and ``._:@/-``)."""
-    return ("fewshot-" + re.sub(r"[^A-Za-z0-9._:@/-]+", "-", arm).strip("-"))[:64]
-
-
-def _build_cnn(seed: int) -> Any:
-    """A small CNN for float [0, 255] 64x64 images; shifts and rotations as graph ops."""
-    import keras
-
-    return keras.Sequential(
-        [
-            keras.Input((64, 64, 3)),
-            keras.layers.Rescaling(1.0 / 255.0),
-            keras.layers.RandomTranslation(0.08, 0.08, fill_mode="constant", seed=seed),
-            keras.layers.RandomRotation(0.04, fill_mode="constant", seed=seed + 1),
-            keras.layers.AveragePooling2D(2),  # 32x32 holds all a digit has (8x8 at source)
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dropout(0.3, seed=seed + 2),
-            keras.layers.Dense(10),
-        ],
-        name="fewshot_cnn",
-    )
-
-
-def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict[str, Any]:
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    from genaug.digits import load_split, subset
-
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(run.seed)
-    images, labels = load_split("fewshot")
-    keep = subset(labels, run.per_class, seed=run.seed)
-    x = images[keep].astype(np.float32)
-    y = labels[keep].astype(np.int32)
-    ds = (tf.data.Dataset.from_tensor_slices((x, y))
-          .shuffle(len(x), seed=run.seed, reshuffle_each_iteration=True)
-          .repeat().batch(run.batch, drop_remainder=True))
-    reservoir = feeder = None
-    mixing = run.p > 0 and run.recipe is not None and run.service is not None
-    if mixing:
-        from genaug.trainer.feeder import ReservoirFeeder
-        from genaug.trainer.reservoir import SyntheticReservoir
-
-        reservoir = SyntheticReservoir(10, run.slots_per_class, (64, 64, 3))
-        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed),
-                    num_parallel_calls=tf.data.AUTOTUNE)
-        feeder = ReservoirFeeder(
-            reservoir, url=run.service, recipe=run.recipe,
-            label_map={str(d): d for d in range(10)}, batch=32, interval_s=0.2,
-            client_kwargs={"client_id": f"genaug-fewshot-{run.arm}", "timeout": 30.0},
-        )
-        feeder.start()
-        deadline = time.monotonic() + run.prefill_timeout_s
-        want = min(run.prefill_per_class, run.slots_per_class)
-        while reservoir.fill_counts().min() < want and time.monotonic() < deadline:
-            time.sleep(0.2)
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-    strategy = tf.distribute.MirroredStrategy(devices)
-    with strategy.scope():
-        model = _build_cnn(run.seed)
-        model.compile(
-            optimizer=keras.optimizers.Adam(run.learning_rate),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"], jit_compile=False,
-        )
-    epochs = 5
-    t0 = time.perf_counter()
-    try:
-        model.fit(ds, epochs=epochs, steps_per_epoch=max(1, run.steps // epochs), verbose=0)
-    finally:
-        if feeder is not None:
-            feeder.stop()
-    fit_s = time.perf_counter() - t0
-    test_ds = tf.data.Dataset.from_tensor_slices(test).batch(100)
-    _, accuracy = model.evaluate(test_ds, verbose=0)
-    result = asdict(run)
-    result.update(
-        test_accuracy=float(accuracy), fit_s=round(fit_s, 1),
-        mixed_fraction=reservoir.mixed_fraction() if reservoir is not None else 0.0,
-        feeder=feeder.stats.images_received if feeder is not None else 0,
-        reservoir_fill=reservoir.fill_counts().tolist() if reservoir is not None else [],
-    )
-    return result
-
-
-def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
-    """In the TensorFlow process: configure ``cpu_replicas`` logical CPUs, run each run,
-    print one result line per run (read by :func:`run_fewshot`)."""
-    import numpy as np
-
-    from genaug.digits import load_split
-    from genaug.trainer.devices import configure_devices
-
-    devices = configure_devices(None, runs[0].cpu_replicas if runs else 2)
-    test_images, test_labels = load_split("test")
-    test = (test_images.astype(np.float32), test_labels.astype(np.int32))
-    results = []
-    for run in runs:
-        result = _one_run(run, devices, test)
-        print(f"  {run.arm:<24} seed {run.seed}: test accuracy "  # noqa: T201
-              f"{result['test_accuracy']:.3f} ({run.steps} steps in {result['fit_s']:.0f} s, "
-              f"{100 * result['mixed_fraction']:.0f}% synthetic)", flush=True)
-        print(_RESULT + json.dumps(result), flush=True)  # noqa: T201
-        results.append(result)
-    return results
-
-
 # ----------------------------------------------------------------------------- the demo
+
+
+def labelled_grid(rows: dict[str, np.ndarray], *, scale: int = 2) -> bytes:
+    """A PNG with one row per label: the label's name, then its images (uint8 ``[n, h, w, 3]``,
+    shown ``scale`` times larger)."""
+    from PIL import Image, ImageDraw
+
+    first = next(iter(rows.values()))
+    h, w = first.shape[1] * scale, first.shape[2] * scale
+    cols = max(len(images) for images in rows.values())
+    margin = 48
+    canvas = Image.new("RGB", (margin + cols * (w + 4), len(rows) * (h + 4)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for r, (label, images) in enumerate(rows.items()):
+        y = r * (h + 4)
+        draw.text((8, y + h // 2 - 6), label, fill="black")
+        for c, image in enumerate(images):
+            tile = Image.fromarray(image).resize((w, h), Image.Resampling.NEAREST)
+            canvas.paste(tile, (margin + c * (w + 4), y))
+    buf = io.BytesIO()
+    canvas.save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def write_digit_grid(client: Any, out: Path, *, per_label: int = 4) -> None:
@@ -307,9 +123,6 @@ def write_digit_grid(client: Any, out: Path, *, per_label: int = 4) -> None:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    import numpy as np
-
-    from genaug.demo import labelled_grid
     from genaug.digits import PROMPTS, load_split, subset
 
     t0 = time.monotonic()
@@ -362,7 +175,7 @@ def run_full_demo(
         train: False stops after the grid and the pool (no TensorFlow needed).
     """
     from genaug.client import Client, GenaugError
-    from genaug.demo import free_port, running_service
+    from genaug.local_service import free_port, running_service
 
     recipes = recipes or default_recipes_path()
     if not recipes.is_file():
@@ -443,15 +256,9 @@ def run_full_demo(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m genaug.trainer.demo [--fewshot-json JSON]``: the demo, or a few-shot child."""
-    parser = argparse.ArgumentParser(prog="python -m genaug.trainer.demo")
-    parser.add_argument("--fewshot-json", default=None,
-                        help="run these FewShotRun dicts here (the TensorFlow child)")
-    args = parser.parse_args(argv)
-    if args.fewshot_json is not None:
-        logging.basicConfig(level=logging.WARNING)
-        fewshot_child([FewShotRun(**r) for r in json.loads(args.fewshot_json)])
-        return 0
+    """``python -m genaug.trainer.demo``: the demo (the same as ``genaug demo --out
+    genaug-demo.png`` without the grid)."""
+    argparse.ArgumentParser(prog="python -m genaug.trainer.demo").parse_args(argv)
     return run_full_demo()
 
 

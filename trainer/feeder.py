@@ -13,8 +13,9 @@ default) checks its first contact with the service (at :meth:`ReservoirFeeder.st
 the Keras callback calls when ``fit`` begins) and raises :class:`FeederConfigError` before any
 training step for a rejected API key, an unknown recipe, a ``label_map`` name the recipe
 lacks, images of another size or channel count than the reservoir's, or a pool that is empty
-with nothing to fill it. Outages (connection refused, 503, 429, timeouts) are not mistakes:
-they stay tolerant, and the check runs at the first contact that gets an answer.
+with nothing to fill it; the checks live in :mod:`genaug.trainer.contact`. Outages
+(connection refused, 503, 429, timeouts) are not mistakes: they stay tolerant, and the check
+runs at the first contact that gets an answer.
 
 Importing this module imports neither TensorFlow nor torch; ``genaug.client`` is imported when
 the feeder thread builds its client from ``url``.
@@ -33,9 +34,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from genaug.trainer.contact import (
+    FeederConfigError,
+    first_contact_answers,
+    first_contact_problems,
+    warn_if_tensorflow_sees_generator_gpu,
+)
+
 if TYPE_CHECKING:
     from genaug.trainer.reservoir import SyntheticReservoir
 
+# FeederConfigError and first_contact_problems are defined in genaug.trainer.contact and
+# re-exported here, where feeder users have always imported them.
 __all__ = ["FeederConfigError", "FeederStats", "ReservoirFeeder", "first_contact_problems"]
 
 log = logging.getLogger(__name__)
@@ -48,117 +58,6 @@ class _ReservoirLike(Protocol):
 
     def write(self, label: int, images: np.ndarray) -> int: ...
     def fill_counts(self) -> np.ndarray: ...
-
-
-class FeederConfigError(RuntimeError):
-    """A strict feeder's first contact found a configuration mistake; the message lists each
-    one with its fix. Raised by :meth:`ReservoirFeeder.start` (and so by ``fit`` through the
-    callback) before any training step."""
-
-
-# Errors that mean "the service is not answering now", never "the configuration is wrong".
-_OUTAGE_NAMES = {
-    "TransportError", "UnavailableError", "RateLimitedError", "DeadlineExceededError",
-    "ServerError", "DecodeError",
-}
-
-
-def _is_outage(exc: BaseException) -> bool:
-    if isinstance(exc, OSError | asyncio.TimeoutError | TimeoutError):
-        return True
-    return any(t.__name__ in _OUTAGE_NAMES for t in type(exc).__mro__)
-
-
-def _is_config_status(exc: BaseException) -> bool:
-    """401/403 (AuthenticationError) or 404 (NotFoundError) from the client."""
-    return any(t.__name__ in {"AuthenticationError", "NotFoundError"} for t in type(exc).__mro__)
-
-
-def _output_size(spec: Mapping[str, Any], info: Mapping[str, Any]) -> tuple[int, int] | None:
-    limits = info.get("limits") if isinstance(info.get("limits"), Mapping) else {}
-    default = limits.get("default_size") if isinstance(limits, Mapping) else None
-    h = spec.get("output_height") or spec.get("height") or default
-    w = spec.get("output_width") or spec.get("width") or default
-    return (int(h), int(w)) if isinstance(h, int) and isinstance(w, int) else None
-
-
-def first_contact_problems(
-    *,
-    info: Mapping[str, Any],
-    recipe_detail: Mapping[str, Any] | None,
-    recipe: str | None,
-    label_map: Mapping[str, int],
-    image_shape: tuple[int, int, int],
-    wait_s: float = 0.0,
-) -> list[str]:
-    """What a strict feeder refuses, from ``/v1/info`` and ``/v1/recipes/{name}`` answers.
-
-    Each problem is one sentence naming the value found, the value expected and the fix.
-    Pure: no I/O (unit-testable on recorded answers).
-
-    Example::
-
-        first_contact_problems(info=client.info(), recipe_detail=client.recipe("digits"),
-                               recipe="digits", label_map={"3": 0},
-                               image_shape=(64, 64, 1))
-        # ['recipe digits makes 3-channel images; the reservoir holds 1 ...']
-    """
-    h, w, c = image_shape
-    problems: list[str] = []
-    if recipe is None or recipe_detail is None:
-        limits = info.get("limits") if isinstance(info.get("limits"), Mapping) else {}
-        max_side = limits.get("max_side") if isinstance(limits, Mapping) else None
-        if isinstance(max_side, int) and max(h, w) > max_side:
-            problems.append(
-                f"the reservoir holds {h}x{w} images but the service makes at most "
-                f"{max_side} px (max_side); build a smaller reservoir or set GENAUG_MAX_SIDE"
-            )
-        if c != 3:
-            problems.append(
-                f"the reservoir holds {c}-channel images but generate makes RGB; sample a "
-                "recipe with output_channels: 1 instead of prompts="
-            )
-        return problems
-    labels = [str(x) for x in recipe_detail.get("labels") or []]
-    unknown = sorted(set(label_map) - set(labels))
-    if unknown:
-        problems.append(
-            f"label_map names {unknown}, which recipe {recipe!r} lacks (its labels: {labels}); "
-            "fix the label_map keys (recipe label -> class index)"
-        )
-    spec = recipe_detail.get("spec") if isinstance(recipe_detail.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
-    size = _output_size(spec, info)
-    if size is not None and size != (h, w):
-        problems.append(
-            f"recipe {recipe!r} makes {size[0]}x{size[1]} images but the reservoir holds "
-            f"{h}x{w}; build the reservoir with image_shape=({size[0]}, {size[1]}, {c}) and "
-            f"resize the real images to match, or set the recipe's output_height/output_width "
-            f"to {h}/{w}"
-        )
-    channels = int(spec.get("output_channels") or 3)
-    if channels != c:
-        problems.append(
-            f"recipe {recipe!r} makes {channels}-channel images but the reservoir holds {c}; "
-            f"build the reservoir with image_shape=({h}, {w}, {channels}) or set the recipe's "
-            f"output_channels: {c}"
-        )
-    fill = recipe_detail.get("fill") if isinstance(recipe_detail.get("fill"), Mapping) else {}
-    targets = recipe_detail.get("target_per_label")
-    if isinstance(fill, Mapping) and isinstance(targets, Mapping) and wait_s <= 0:
-        starved = sorted(
-            name for name in label_map
-            if name in labels and not fill.get(name) and not targets.get(name)
-        )
-        if starved:
-            problems.append(
-                f"recipe {recipe!r} holds no image for labels {starved} and nothing will "
-                "make any: pre-generation is off (GENAUG_PREGENERATE=false) and no fill "
-                f"target is set. Fill it first (genaug pregenerate --recipe {recipe} "
-                f"--per-label N, or client.fill({recipe!r}, per_label=N)), turn "
-                "pre-generation on, or give the feeder wait_s > 0 so samples ask for images"
-            )
-    return problems
 
 
 @dataclass(frozen=True)
@@ -468,26 +367,12 @@ class ReservoirFeeder:
                 self._stats = replace(self._stats, connected=False)
 
     async def _first_contact(self, client: Any) -> None:
-        """Strict checks; raises :class:`FeederConfigError` for mistakes, the client's error
-        for an outage (the caller backs off and comes back here)."""
+        """Strict checks (:mod:`genaug.trainer.contact`); raises :class:`FeederConfigError`
+        for mistakes, the client's error for an outage (the caller backs off and comes back
+        here)."""
         where = ", ".join(getattr(client, "urls", None) or [str(self._url or "the service")])
-        try:
-            info = await client.info()
-            detail = await client.recipe(self.recipe) if self.recipe is not None else None
-        except Exception as exc:
-            if _is_config_status(exc) and not _is_outage(exc):
-                status = getattr(exc, "status", None)
-                if status in (401, 403):
-                    raise FeederConfigError(
-                        f"the genaug service at {where} refused the API key ({exc}); pass "
-                        "api_key= (or set GENAUG_API_KEY) to one of its keys"
-                    ) from exc
-                raise FeederConfigError(
-                    f"recipe {self.recipe!r} is unknown to the genaug service at {where} "
-                    f"({exc}); check recipe= or start the service with --recipes FILE"
-                ) from exc
-            raise
-        self._warn_if_tensorflow_sees_generator_gpu(info, where)
+        info, detail = await first_contact_answers(client, recipe=self.recipe, where=where)
+        warn_if_tensorflow_sees_generator_gpu(info, where)
         problems = first_contact_problems(
             info=info, recipe_detail=detail, recipe=self.recipe, label_map=self.label_map,
             image_shape=self.reservoir.image_shape,
@@ -502,18 +387,6 @@ class ReservoirFeeder:
         self._contact.set()
 
     @staticmethod
-    def _warn_if_tensorflow_sees_generator_gpu(info: Mapping[str, Any], where: str) -> None:
-        from genaug.trainer.devices import tensorflow_sees_service_gpu
-
-        try:
-            warning = tensorflow_sees_service_gpu(info, where)
-        except Exception:  # noqa: BLE001 - a warning must never stop the feeder
-            log.debug("could not compare TensorFlow's GPUs with the service's", exc_info=True)
-            return
-        if warning:
-            log.warning("!" * 78 + "\n%s\n" + "!" * 78, warning)
-
-    @staticmethod
     async def _close(client: Any) -> None:
         closer = getattr(client, "aclose", None) or getattr(client, "close", None)
         if closer is None:
@@ -526,7 +399,7 @@ class ReservoirFeeder:
             log.debug("closing the feeder's client failed", exc_info=True)
 
     def _backoff_delay(self, exc: BaseException | None = None) -> float:
-        from genaug.client._base import backoff_s
+        from genaug.client import backoff_s
 
         # jitter: trainers don't retry in lockstep
         delay: float = backoff_s(

@@ -24,10 +24,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from genaug.client.wire import SAFETENSORS_MEDIA_TYPE
+from genaug.wire import SAFETENSORS_MEDIA_TYPE
 
 from .guard import OPEN_PATHS
-from .routes import CLIENT_ID_PATTERN
+from .requests import CLIENT_ID_PATTERN
 from .state import AppState
 
 CLIENT_ID_HEADER: dict[str, Any] = {

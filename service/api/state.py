@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..batching.items import Worker
     from ..pipeline.load import LoadedModel
     from ..pipeline.worker import PipelineWorker
-    from ..pool.planner import PoolManager
+    from ..pool.serving import PoolServing
     from ..pool.store import PoolStore
     from ..recipes.spec import Recipe
 
@@ -55,7 +55,7 @@ class AppState:
     model: LoadedModel | None = None
     batcher: Batcher | None = None
     store: PoolStore | None = None
-    pools: PoolManager | None = None
+    pools: PoolServing | None = None
     device_info: dict[str, Any] = field(default_factory=dict)
     speed_info: dict[str, Any] = field(default_factory=dict)
     adapters_info: list[dict[str, Any]] = field(default_factory=list)
@@ -79,7 +79,7 @@ class AppState:
             )
         return self.batcher
 
-    def require_pools(self) -> PoolManager:
+    def require_pools(self) -> PoolServing:
         self.require_batcher()
         if self.pools is None:
             raise NotReadyError(

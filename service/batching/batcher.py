@@ -2,9 +2,9 @@
 
 Where things run:
 
-- On the event loop: admission (:meth:`Batcher.submit`), the :class:`~genaug.service.batching.queue.
-  FairQueue` and the scheduling task that forms batches from it, and the bookkeeping in
-  :class:`~genaug.service.batching.usage.Activity`.
+- On the event loop: admission (:meth:`Batcher.submit`), the fair queue
+  (:class:`~genaug.service.batching.queue.FairQueue`) and the scheduling task that forms
+  batches from it, and the bookkeeping in :class:`~genaug.service.batching.usage.Activity`.
 - In the one **worker thread**: :meth:`Worker.run <genaug.service.batching.items.Worker.run>`, i.e.
   every pipeline call (diffusers pipelines and schedulers are not thread-safe), plus
   :meth:`run_in_worker` jobs such as the warm-up.

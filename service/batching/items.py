@@ -9,7 +9,7 @@ the pipeline worker all speak about work in the same terms without importing eac
 - :class:`Item` holds everything that may differ between batch mates: prompt, negative
   prompt, seed, guidance, output size and channels, and for img2img the source image. An
   image depends on its own item and the key, never on its batch mates: guidance and the
-  negative prompt are applied per image inside one UNet call (``service/sampler.py``).
+  negative prompt are applied per image inside one UNet call (``service/pipeline/sampler.py``).
 - A :class:`Worker` turns ``(key, items)`` into an :class:`Outcome`, in one thread.
 
 Example::

@@ -9,6 +9,9 @@ This command is the one place genaug does that, and only when told to with
 
 What it does:
 
+Steps 1 to 3 are the service's own UNet checkpoint reader
+(:mod:`~genaug.service.pipeline.weights`), with the one difference the flag makes:
+
 1. Reads ``SRC``: safetensors directly; a pickle first with ``weights_only=True`` (safe, no
    flag needed), and only when that fails and ``--trust-this-file`` is given, with
    ``weights_only=False``. Without the flag it refuses and says why.
@@ -37,15 +40,22 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import pickle
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
-if TYPE_CHECKING:
-    import torch
+from ..pipeline.weights import (
+    WRAPPER_KEYS,
+    CheckpointError,
+    FoundState,
+    NoUnetState,
+    PickleRefused,
+    compare_shapes,
+    read_checkpoint,
+)
+from ..pipeline.weights import find_unet_state as _find_unet_state
 
 __all__ = [
     "ConvertError",
@@ -54,18 +64,10 @@ __all__ = [
     "convert_unet",
     "find_unet_state",
     "run_convert",
-    "strip_prefixes",
 ]
 
 log = logging.getLogger(__name__)
 
-WRAPPER_KEYS = ("state_dict", "model_state_dict", "unet", "unet_state_dict", "ema")
-"""Keys under which checkpoints commonly keep the UNet's state dict, in preference order."""
-
-PREFIXES = ("module.", "_orig_mod.", "unet.")
-"""Key prefixes stripped (repeatedly, in any order): DDP, torch.compile, pipeline dicts."""
-
-_MAX_DEPTH = 4
 _SHOWN = 8  # keys listed per section of the diff
 
 
@@ -125,151 +127,45 @@ class ConvertResult:
         return "\n".join(lines)
 
 
-def strip_prefixes(key: str) -> str:
-    """``module._orig_mod.unet.conv_in.weight`` -> ``conv_in.weight``."""
-    changed = True
-    while changed:
-        changed = False
-        for prefix in PREFIXES:
-            if key.startswith(prefix):
-                key = key[len(prefix):]
-                changed = True
-    return key
-
-
-def _as_mapping(obj: Any) -> Mapping[str, Any] | None:
-    """A mapping, or a module's ``state_dict()`` (a pickled model or EMA wrapper)."""
-    if isinstance(obj, Mapping):
-        return obj
-    state_dict = getattr(obj, "state_dict", None)
-    if callable(state_dict):
-        try:
-            result = state_dict()
-        except Exception:  # an optimizer-like object whose state_dict needs arguments
-            return None
-        return result if isinstance(result, Mapping) else None
-    return None
-
-
-def _candidates(obj: Any, where: str, depth: int) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    mapping = _as_mapping(obj)
-    if mapping is None or depth > _MAX_DEPTH:
-        return
-    yield where, mapping
-    for key in WRAPPER_KEYS:
-        if key in mapping:
-            inner = f"{where}.{key}" if where != "<top level>" else key
-            yield from _candidates(mapping[key], inner, depth + 1)
-
-
-def _tensor_items(mapping: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    import torch
-
-    tensors: dict[str, torch.Tensor] = {}
-    ignored: list[str] = []
-    for key, value in mapping.items():
-        if isinstance(value, torch.Tensor):
-            tensors[strip_prefixes(str(key))] = value
-        else:
-            ignored.append(str(key))
-    return tensors, ignored
-
-
-def _select(obj: Any, path: str) -> Any:
-    current = obj
-    for part in path.split("."):
-        mapping = _as_mapping(current)
-        if mapping is None or part not in mapping:
-            have = sorted(map(str, mapping)) if mapping is not None else []
-            raise ConvertError(
-                f"--key {path!r}: no entry {part!r} there; it has {have[:12]}"
-                + (" ..." if len(have) > 12 else "")
-            )
-        current = mapping[part]
-    return current
-
-
 def find_unet_state(
     obj: Any, expected: Mapping[str, tuple[int, ...]], *, key: str | None = None
-) -> tuple[str, dict[str, torch.Tensor], list[str], list[str]]:
-    """Find the UNet state dict in a loaded checkpoint.
+) -> FoundState:
+    """The shared finder (:func:`genaug.service.pipeline.weights.find_unet_state`), its
+    errors as :class:`ConvertError` naming ``--key``.
 
     Returns ``(location, tensors with prefixes stripped, ignored non-tensor keys, other
-    locations that also match)``. The chosen one is the candidate sharing the most keys with
-    ``expected`` (ties: the order of :data:`WRAPPER_KEYS`, the top level first).
-
-    Raises:
-        ConvertError: nothing in ``obj`` looks like a state dict of tensors.
+    locations that also match)``.
     """
-    if key is not None:
-        mapping = _as_mapping(_select(obj, key))
-        if mapping is None:
-            raise ConvertError(f"--key {key!r} holds {type(_select(obj, key)).__name__}, "
-                               "not a state dict")
-        tensors, ignored = _tensor_items(mapping)
-        return key, tensors, ignored, []
-    scored: list[tuple[int, int, str, dict[str, torch.Tensor], list[str]]] = []
-    for order, (where, mapping) in enumerate(_candidates(obj, "<top level>", 0)):
-        tensors, ignored = _tensor_items(mapping)
-        if tensors:
-            scored.append((len(tensors.keys() & expected.keys()), -order, where, tensors, ignored))
-    if not scored:
-        kind = type(obj).__name__
-        keys = sorted(map(str, obj))[:12] if isinstance(obj, Mapping) else []
+    try:
+        return _find_unet_state(obj, expected, key=key)
+    except NoUnetState as exc:
+        if key is not None:
+            raise ConvertError(f"--key {key!r}: {exc}") from exc
         raise ConvertError(
-            f"found no state dict of tensors in the checkpoint (a {kind}"
-            + (f" with keys {keys}" if keys else "")
-            + f"); looked at the top level and under {', '.join(WRAPPER_KEYS)}. Pick the entry "
-            "with --key NAME (dotted for nested entries, e.g. --key checkpoint.model)"
-        )
-    scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
-    best = scored[0]
-    others = [s[2] for s in scored[1:] if s[0] == best[0] and s[0] > 0]
-    return best[2], best[3], best[4], others
+            f"{exc}. Pick the entry with --key NAME (dotted for nested entries, e.g. "
+            "--key checkpoint.model)"
+        ) from exc
 
 
-def read_checkpoint(src: Path, *, trust: bool) -> tuple[Any, bool]:
-    """Load ``src``; returns ``(object, needed weights_only=False)``.
+def read_unet_checkpoint(src: Path, *, trust: bool) -> tuple[Any, bool]:
+    """Load ``src`` with the shared reader; returns ``(object, needed weights_only=False)``.
 
     Raises:
         ConvertError: missing file, unreadable file, or a pickle that needs
             ``weights_only=False`` without ``trust``.
     """
-    import torch
-
-    if not src.is_file():
-        raise ConvertError(f"{src} does not exist or is not a file")
-    if src.suffix.lower() == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(src)), False
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ConvertError(f"{src} is not a readable safetensors file: {exc}") from exc
     try:
-        return torch.load(str(src), map_location="cpu", weights_only=True), False
-    except pickle.UnpicklingError as exc:
-        detail = str(exc).splitlines()[0]
-        if not trust:
-            raise ConvertError(
-                f"refusing to unpickle {src}: it holds objects other than tensors ({detail}), "
-                "and reading those means torch.load(weights_only=False), which runs any code "
-                "the file carries. If you made this file or trust its source, run again with "
-                "--trust-this-file; the result is a .safetensors file that never needs this "
-                "again"
-            ) from exc
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        raise ConvertError(f"{src} could not be read by torch.load: {exc}") from exc
-    log.warning("unpickling %s with weights_only=False (--trust-this-file)", src)
-    try:
-        return torch.load(str(src), map_location="cpu", weights_only=False), True
-    except Exception as exc:  # whatever the pickle's own code raises
+        return read_checkpoint(src, trust=trust)
+    except PickleRefused as exc:
         raise ConvertError(
-            f"{src} could not be unpickled even with weights_only=False: "
-            f"{type(exc).__name__}: {exc}. A class it refers to may need to be importable "
-            "(run the command in the environment that saved it)"
+            f"refusing to unpickle {src}: it holds objects other than tensors ({exc.detail}), "
+            "and reading those means torch.load(weights_only=False), which runs any code "
+            "the file carries. If you made this file or trust its source, run again with "
+            "--trust-this-file; the result is a .safetensors file that never needs this "
+            "again"
         ) from exc
+    except CheckpointError as exc:
+        raise ConvertError(str(exc)) from exc
 
 
 def base_unet_shapes(base: str | None) -> tuple[str, dict[str, tuple[int, ...]]]:
@@ -347,17 +243,12 @@ def convert_unet(
     if dst.resolve() == src.resolve():
         raise ConvertError("DST is SRC; write the converted weights to a new file")
     base_name, expected = base_unet_shapes(base)
-    loaded, unpickled = read_checkpoint(src, trust=trust)
+    loaded, unpickled = read_unet_checkpoint(src, trust=trust)
     location, tensors, ignored, others = find_unet_state(loaded, expected, key=key)
+    diff = compare_shapes(tensors, expected)
     result = ConvertResult(location=location, unpickled=unpickled, tensors=len(tensors),
-                           ignored=ignored, others=others)
-    result.missing = sorted(expected.keys() - tensors.keys())
-    result.unexpected = sorted(tensors.keys() - expected.keys())
-    result.mismatched = [
-        (k, tuple(tensors[k].shape), expected[k])
-        for k in sorted(tensors.keys() & expected.keys())
-        if tuple(tensors[k].shape) != expected[k]
-    ]
+                           missing=diff.missing, unexpected=diff.unexpected,
+                           mismatched=diff.mismatched, ignored=ignored, others=others)
     log.info("base %s: %d UNet tensors; %s: %d tensors at %s", base_name, len(expected), src,
              len(tensors), location)
     if result.ok:

@@ -102,7 +102,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _open_store(args: argparse.Namespace, command: str,
                 capacity: int | None = None) -> tuple[PoolStore | None, str]:
     """The pool the flags and settings name, or None and a one-line reason."""
-    from ..pool.store import PoolError, open_pool_store
+    from ..pool.open import open_pool_store
+    from ..pool.types import PoolError
 
     settings = _settings(args)
     if settings.pool_url is None and not Path(settings.pool_path).exists() and capacity is None:
@@ -140,7 +141,8 @@ KEPT = "stopped; every finished batch is kept"
 
 
 def _pregenerate_local(args: argparse.Namespace) -> int:
-    from ..recipes.spec import RecipeError, check_recipes, load_recipes
+    from ..recipes.load import check_recipes, load_recipes
+    from ..recipes.spec import RecipeError
 
     with _StopFlag() as stop:
         settings = _settings(args)
@@ -184,7 +186,7 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                      store: PoolStore, stop: threading.Event) -> int:
     from ..pipeline.load import load_model
     from ..pipeline.worker import PipelineWorker
-    from ..pool.planner import PoolManager, pool_model_hash
+    from ..pool.planner import PoolPlanner, pool_model_hash
 
     if stop.is_set():
         print(f"\n{KEPT}", file=sys.stderr)  # noqa: T201
@@ -193,17 +195,17 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                        device=settings.device, dtype=settings.dtype,
                        single_file_config=settings.single_file_config)
     generator = PipelineWorker(model)
-    manager = PoolManager({args.recipe: recipe}, store, model_hash=pool_model_hash(model),
+    planner = PoolPlanner({args.recipe: recipe}, store, model_hash=pool_model_hash(model),
                           pregenerate=False, data_root=settings.data_root)
-    manager.raise_target(args.recipe, args.per_label, shared=False)
-    pid = manager.pool_ids[args.recipe]
+    planner.raise_target(args.recipe, args.per_label, shared=False)
+    pid = planner.pool_ids[args.recipe]
     bars = _bars(recipe.label_names, args.per_label)
     try:
         while not stop.is_set():
             _update(bars, _fill_or_empty(store, pid))
-            work = manager.next_idle_batch(settings.max_batch_images)
+            work = planner.next_idle_batch(settings.max_batch_images)
             if work is None:
-                if manager.paused:  # the database is unreachable: wait, it resumes by itself
+                if planner.paused:  # the database is unreachable: wait, it resumes by itself
                     stop.wait(2.0)
                     continue
                 break
@@ -225,7 +227,7 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
 
 
 def _fill_or_empty(store: PoolStore, pid: str) -> dict[str, int]:
-    from ..pool.store import PoolConnectionError
+    from ..pool.types import PoolConnectionError
 
     try:
         return store.fill(pid)

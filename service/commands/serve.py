@@ -30,7 +30,8 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     Start-up problems (a wrong device, a missing model path, an invalid setting) print one
     clear line and exit 2 before anything listens.
     """
-    from ..pool.store import PoolError, open_pool_store
+    from ..pool.open import open_pool_store
+    from ..pool.types import PoolError
     from ..recipes.spec import RecipeError
     from ..settings import Settings
 

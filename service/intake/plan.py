@@ -13,12 +13,14 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..batching.items import GroupKey, Item
-from ..recipes.spec import source_hash
+from ..recipes.sources import SourceImage, source_hash
+from ..recipes.spec import Recipe
 from .schemas import GenerateRequest
 from .uploads import Upload
 
@@ -112,3 +114,45 @@ def plan_variants(
             ))
     sources = np.repeat(np.arange(len(upload.sources), dtype=np.int32), params.n_per_image)
     return key, items, sources
+
+
+def plan_pool_batch(
+    recipe: Recipe, label: str, indices: Sequence[int], sources: Sequence[SourceImage]
+) -> tuple[GroupKey, list[Item]]:
+    """The work of one pool batch: ``recipe``'s ``label`` at plan ``indices`` (the pool
+    planner's reservation).
+
+    Each image's prompt and seed come from :meth:`~genaug.service.recipes.spec.Recipe.plan`.
+    With ``sources`` (the label's image folder, read once by the planner) the batch is
+    img2img: plan index k takes source ``k mod len(sources)`` and keeps its hash; without,
+    text-to-image.
+    """
+    spec = recipe.labels[label]
+    adapter = recipe.adapter_for(label)
+    out_h, out_w = recipe.output_size
+    key = GroupKey(
+        height=recipe.height,
+        width=recipe.width,
+        steps=recipe.steps,
+        scheduler=recipe.scheduler,
+        adapter=adapter.name if adapter is not None else None,
+        adapter_scale=adapter.scale if adapter is not None else 1.0,
+        mode="img2img" if sources else "text",
+        strength=spec.strength if sources else 1.0,
+    )
+    items = []
+    for index in indices:
+        plan = recipe.plan(label, index)
+        source = sources[index % len(sources)] if sources else None
+        items.append(Item(
+            plan.prompt,
+            seed=plan.seed,
+            guidance=recipe.guidance,
+            output_height=out_h,
+            output_width=out_w,
+            negative_prompt=plan.negative_prompt,
+            channels=recipe.output_channels,
+            source=source.pixels if source is not None else None,
+            source_hash=source.hash if source is not None else None,
+        ))
+    return key, items

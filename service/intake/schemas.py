@@ -1,4 +1,4 @@
-"""Request and response bodies of the HTTP API: pydantic, ``extra="forbid"``, explicit bounds.
+"""Request bodies of the HTTP API: pydantic, ``extra="forbid"``, explicit bounds.
 
 The request models are built per app by :func:`build_api_models` from the running
 configuration, so the schema served at ``/openapi.json`` and the validation are one thing:
@@ -6,7 +6,8 @@ operator limits (``GENAUG_MAX_SIDE`` ...) are the maxima, recipe labels and adap
 enums, and a bound that involves two fields is folded into one field's bound (``seed`` stops
 ``max_n - 1`` below the largest seed, so ``seed + n - 1`` always fits). What the schema admits,
 the service accepts; the few dynamic answers no schema can express (a full queue, a deadline,
-a model still loading) are listed in docs/reliability.md.
+a model still loading) are listed in docs/reliability.md. The answers' models are the HTTP
+edge's (``api/responses.py``).
 
 JSON numbers: an integer field accepts an integral number (``4.0``), as JSON Schema's
 ``integer`` does, and a number field accepts an integer; strings and booleans are refused.
@@ -100,7 +101,32 @@ class Body(BaseModel):
         return out
 
 
-class GenerateRequest(Body):
+class GenerationFields(Body):
+    """The fields generate and the variants' params share: what to draw, at which output
+    size, with which steps, guidance, seed, scheduler and adapter, how urgent and for how long.
+
+    The base of :class:`GenerateRequest` and :class:`VariantParams`; the configured bounds of
+    these fields are set once for both by :func:`build_api_models`. Example::
+
+        body = GenerateRequest(prompt="a red circle", n=2)
+        isinstance(body, GenerationFields), body.priority   # True, 'interactive'
+    """
+
+    prompt: str
+    negative_prompt: str | None = None
+    output_height: int | None = None
+    output_width: int | None = None
+    steps: int | None = None
+    guidance: float | None = None
+    seed: int | None = None
+    priority: Priority = "interactive"
+    timeout_s: float | None = None
+    scheduler: str | None = None
+    adapter: str | None = None
+    adapter_scale: float | None = None
+
+
+class GenerateRequest(GenerationFields):
     """``POST /v1/generate``. Omitted size, steps and guidance take the service defaults.
 
     Example body::
@@ -112,24 +138,12 @@ class GenerateRequest(Body):
     of ``output_height``/``output_width`` the other keeps the generated aspect ratio.
     """
 
-    prompt: str
-    negative_prompt: str | None = None
     n: int = 1
     height: int | None = None
     width: int | None = None
-    output_height: int | None = None
-    output_width: int | None = None
-    steps: int | None = None
-    guidance: float | None = None
-    seed: int | None = None
-    priority: Priority = "interactive"
-    timeout_s: float | None = None
-    scheduler: str | None = None
-    adapter: str | None = None
-    adapter_scale: float | None = None
 
 
-class VariantParams(Body):
+class VariantParams(GenerationFields):
     """The ``params`` part of ``POST /v1/variants`` (multipart): how to vary the sources.
 
     Example part::
@@ -139,20 +153,8 @@ class VariantParams(Body):
     Variant ``k`` of source ``j`` uses seed ``seed + j * n_per_image + k``.
     """
 
-    prompt: str
-    negative_prompt: str | None = None
     strength: float = 0.5
     n_per_image: int = 1
-    output_height: int | None = None
-    output_width: int | None = None
-    steps: int | None = None
-    guidance: float | None = None
-    seed: int | None = None
-    priority: Priority = "interactive"
-    timeout_s: float | None = None
-    scheduler: str | None = None
-    adapter: str | None = None
-    adapter_scale: float | None = None
 
 
 class SampleRequest(Body):
@@ -200,7 +202,8 @@ def _choice(names: Sequence[str]) -> Any:
 def _generation_fields(
     s: Settings, adapters: Sequence[str], schedulers: Sequence[str], *, max_images: int
 ) -> dict[str, Any]:
-    """Fields shared by generate and the variants' params, with their configured bounds."""
+    """The :class:`GenerationFields` of generate and the variants' params, with their
+    configured bounds."""
     side = s.max_side - s.max_side % 8
     fields: dict[str, Any] = {
         "prompt": (str, Field(min_length=1, max_length=s.max_prompt_chars, pattern=_NON_BLANK,
@@ -349,163 +352,3 @@ def build_api_models(
         max_side=s.max_side,
     )
 
-
-# -- responses --------------------------------------------------------------------------------
-
-
-class ErrorDetail(BaseModel):
-    type: str
-    message: str
-    field: str | None = None
-    id: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """The one error shape every non-2xx answer has."""
-
-    error: ErrorDetail
-
-
-class Limits(BaseModel):
-    """The operator's bounds (``GENAUG_MAX_*``) and the defaults of omitted fields."""
-
-    max_n: int
-    max_side: int
-    max_steps: int
-    max_batch_images: int
-    max_queue_images: int
-    max_wait_ms: float
-    max_prompt_chars: int
-    max_timeout_s: float
-    min_timeout_s: float
-    max_sample_n: int
-    max_body_bytes: int
-    max_upload_bytes: int
-    max_variant_sources: int
-    default_size: int
-    default_steps: int
-    default_guidance: float
-    default_timeout_s: float
-
-
-class ModelInfo(BaseModel):
-    """What is loaded: ``kind`` (tiny-digits, tiny-random, diffusers, single-file), where from,
-    a content hash of the weights, and what the embedded default was trained on."""
-
-    kind: str
-    source: str
-    hash: str
-    dtype: str
-    trained_on: dict[str, Any] | None = None
-
-
-class DeviceInfo(BaseModel):
-    """Where the pipeline runs. ``cuda_uuid`` and ``pci_bus_id`` identify a CUDA device so a
-    trainer on the same host can hide it from TensorFlow (``configure_devices``)."""
-
-    name: str
-    type: str
-    cuda_uuid: str | None = None
-    pci_bus_id: str | None = None
-    torch_threads: int | None = None
-
-
-class AdapterInfo(BaseModel):
-    name: str
-    hash: str
-    source: str
-
-
-class SpeedInfo(BaseModel):
-    """The speed options in force and the shapes compiled at warm-up."""
-
-    scheduler: str = "default"
-    compile: str = "off"
-    channels_last: bool = False
-    fuse_qkv: bool = False
-    vae_slicing: bool = False
-    vae_tiling: bool = False
-    compiled_shapes: list[str] = Field(default_factory=list)
-
-
-class ReplicaInfo(BaseModel):
-    """Where this replica's pool lives and which part of the seed plan it takes."""
-
-    partition: str | None = None
-    pool_backend: str | None = None
-    pregenerate: bool = True
-
-
-class InfoResponse(BaseModel):
-    """``GET /v1/info``."""
-
-    version: str
-    ready: bool
-    auth: bool
-    model: ModelInfo | None
-    device: DeviceInfo
-    adapters: list[AdapterInfo]
-    speed: SpeedInfo
-    replica: ReplicaInfo
-    limits: Limits
-
-
-class HealthResponse(BaseModel):
-    status: str
-    detail: str | None = None
-
-
-class RecipeSummary(BaseModel):
-    name: str
-    description: str
-    labels: list[str]
-    pool_id: str
-    capacity_per_label: int
-    target_per_label: dict[str, int]
-    fill: dict[str, int]
-
-
-class RecipeList(BaseModel):
-    recipes: list[RecipeSummary]
-
-
-class RecipeDetail(RecipeSummary):
-    spec: dict[str, Any]
-    spec_hash: str
-    model_hash: str
-    per_label: dict[str, dict[str, int]]
-    totals: dict[str, int]
-    generation_rate: float
-
-
-class ClientReport(BaseModel):
-    """One client identity's use of the generator."""
-
-    client: str
-    requests: int
-    images: int
-    generation_s: float
-    generation_share: float
-    queued_images: int
-    rejected: int
-    dropped: int
-    failed: int
-
-
-class ClientsResponse(BaseModel):
-    """``GET /v1/clients``: per identity (API key id and/or X-Client-Id, else the peer IP)."""
-
-    clients: list[ClientReport]
-
-
-class StatusResponse(BaseModel):
-    """``GET /v1/status``: everything the status page shows, in one call."""
-
-    info: InfoResponse
-    queue_images: int
-    busy: bool
-    uptime_s: float
-    clients: list[ClientReport]
-    throughput: list[dict[str, Any]]
-    recipes: list[RecipeSummary]
-    recent_images: int

@@ -2,9 +2,10 @@
 
 Parts: one ``image`` part per source (a PNG), or one ``images`` part holding a genaug
 safetensors batch (``images`` uint8 ``[N, H, W, 3]``), plus one ``params`` part (JSON,
-validated by the app's :class:`~genaug.service.intake.schemas.VariantParams`). Every problem is a
-422 that names the part, what was found and what to send; the body size was already bounded
-by the guard (``GENAUG_MAX_UPLOAD_BYTES``) before any of this runs.
+validated by the app's :class:`~genaug.service.intake.schemas.VariantParams` with the JSON
+bodies' parser, :func:`~genaug.service.intake.parse.parse_json`). Every problem is a 422
+that names the part, what was found and what to send; the body size was already bounded by
+the guard (``GENAUG_MAX_UPLOAD_BYTES``) before any of this runs.
 
 Example::
 
@@ -25,9 +26,10 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 
-from genaug.client.wire import WireError, decode_image_upload
+from genaug.wire import WireError, decode_image_upload
 
-from ..errors import InvalidRequestError, parse_json
+from ..errors import InvalidRequestError
+from .parse import parse_json
 from .schemas import VariantParams
 
 PARTS = ("image", "images", "params")

@@ -10,7 +10,8 @@ adapter at the key's scale before a batch (``set_adapters``) or turns all off
 costs no reload and no copy of any weight.
 
 The file is read with ``safetensors`` (never unpickled); its content hash (16 hex chars of
-blake2b, like the model's ``weights_hash``) names it in ``/v1/info`` and in pool identity.
+blake2b over its bytes, :func:`~genaug.service.pipeline.weights.hash_files`, the hasher of the
+model's ``weights_hash``) names it in ``/v1/info`` and in pool identity.
 
 Example::
 
@@ -23,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import warnings
 from collections.abc import Mapping
@@ -31,13 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .sampler import quiet_diffusers
+from .quiet import quiet_diffusers
+from .weights import hash_files
 
-__all__ = ["AdapterInfo", "AdapterLoadError", "Adapters", "UnknownAdapterError", "file_hash"]
+__all__ = ["AdapterInfo", "AdapterLoadError", "Adapters", "UnknownAdapterError"]
 
 log = logging.getLogger(__name__)
-
-_HASH_CHUNK = 8 * 1024 * 1024
 
 
 class UnknownAdapterError(ValueError):
@@ -67,15 +66,6 @@ class AdapterInfo:
     name: str
     source: str
     hash: str
-
-
-def file_hash(path: Path) -> str:
-    """16 hex chars of blake2b over the file's bytes (a rename changes nothing)."""
-    hasher = hashlib.blake2b(digest_size=8)
-    with path.open("rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            hasher.update(chunk)
-    return hasher.hexdigest()
 
 
 class Adapters:
@@ -171,6 +161,6 @@ class Adapters:
             raise AdapterLoadError(
                 f"{where} holds no LoRA weights that match this model's UNet or text encoders"
             )
-        info = AdapterInfo(name=name, source=str(path), hash=file_hash(path))
+        info = AdapterInfo(name=name, source=str(path), hash=hash_files([path], sizes=False))
         log.info("loaded %s, hash %s", where, info.hash)
         return info

@@ -26,10 +26,11 @@ Semantics, per image, as diffusers defines them for one call:
   img2img noise, then every scheduler noise (``euler_a``, ``lcm``). An image is therefore a
   function of its own item, the key and the weights, never of its batch mates.
 - **img2img.** The source (uint8 ``[H, W, 3]``) becomes ``x / 255 * 2 - 1`` (diffusers'
-  PIL path), is VAE-encoded and sampled with its item's generator, scaled, and noised to the
-  first timestep of the strength's share of the schedule; the loop then runs the remaining
-  ``int(steps * strength)`` steps, as ``StableDiffusionXLImg2ImgPipeline`` does, except that
-  at least one step always runs (diffusers fails when ``int(steps * strength)`` is 0).
+  PIL path), is VAE-encoded (:class:`~genaug.service.pipeline.vae.Vae`) and sampled with its
+  item's generator, scaled, and noised to the first timestep of the strength's share of the
+  schedule; the loop then runs the remaining ``int(steps * strength)`` steps, as
+  ``StableDiffusionXLImg2ImgPipeline`` does, except that at least one step always runs
+  (diffusers fails when ``int(steps * strength)`` is 0).
 
 For a batch with one shared guidance and one kind of negative prompt, the latents equal
 ``StableDiffusionXLPipeline.__call__(..., output_type="latent")`` (and the img2img pipeline's)
@@ -49,134 +50,20 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..batching.items import SCHEDULERS, GroupKey, Item
+from ..batching.items import GroupKey, Item
+from .quiet import quiet_diffusers
+from .schedulers import Schedulers
+from .vae import Vae
 
-__all__ = [
-    "SCHEDULER_CLASSES",
-    "Sampler",
-    "Schedulers",
-    "UnknownSchedulerError",
-    "img2img_pipeline",
-    "quiet_diffusers",
-]
+__all__ = ["Sampler", "img2img_pipeline"]
 
 log = logging.getLogger(__name__)
-
-# Sigma spacing families: a named scheduler sets all three, so a model config that uses one of
-# them (e.g. exponential sigmas) cannot leak into a name that means another.
-_PLAIN_SIGMAS = {"use_karras_sigmas": False, "use_exponential_sigmas": False,
-                 "use_beta_sigmas": False}
-_KARRAS_SIGMAS = {**_PLAIN_SIGMAS, "use_karras_sigmas": True}
-_DPMPP_2M = {"algorithm_type": "dpmsolver++", "solver_order": 2}
-
-#: Scheduler name -> (diffusers class, overrides on top of the model's scheduler config).
-SCHEDULER_CLASSES: dict[str, tuple[str, dict[str, Any]]] = {
-    "euler": ("EulerDiscreteScheduler", _PLAIN_SIGMAS),
-    "euler_a": ("EulerAncestralDiscreteScheduler", {}),
-    "dpmpp_2m": ("DPMSolverMultistepScheduler", {**_DPMPP_2M, **_PLAIN_SIGMAS}),
-    "dpmpp_2m_karras": ("DPMSolverMultistepScheduler", {**_DPMPP_2M, **_KARRAS_SIGMAS}),
-    "unipc": ("UniPCMultistepScheduler", _PLAIN_SIGMAS),
-    "lcm": ("LCMScheduler", {}),
-}
-assert set(SCHEDULER_CLASSES) | {"default"} == set(SCHEDULERS)
-
-
-class UnknownSchedulerError(ValueError):
-    """A scheduler name that is not one of :data:`~genaug.service.batching.items.SCHEDULERS`."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.known = SCHEDULERS
-        super().__init__(
-            f"unknown scheduler {name!r}; use one of: {', '.join(SCHEDULERS)} "
-            "(GENAUG_SCHEDULER, a recipe's or a request's scheduler)"
-        )
-
-
-@contextmanager
-def quiet_diffusers() -> Iterator[None]:
-    """Silence diffusers' warnings for a moment (dtype casts, absent text-encoder LoRA keys)
-    that say nothing about genaug's use of it; errors still raise."""
-    logger = logging.getLogger("diffusers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-class Schedulers:
-    """One scheduler instance per name, built from the model's scheduler config, cached.
-
-    ``default`` is the setting (``GENAUG_SCHEDULER``) that a key's ``"default"`` resolves to;
-    as a setting, ``"default"`` is the scheduler the model brought. Instances are stateful
-    (diffusers keeps step indices and multistep history in them): :meth:`get` belongs to the
-    worker thread; :meth:`resolve` and :meth:`describe` are safe from any thread.
-
-    Example::
-
-        schedulers = Schedulers(pipeline, default="euler_a")
-        schedulers.resolve("default")  # "euler_a"
-        schedulers.get("dpmpp_2m")  # a DPMSolverMultistepScheduler, the same one every time
-        schedulers.describe()  # "euler_a (EulerAncestralDiscreteScheduler)"
-    """
-
-    def __init__(self, pipeline: Any, *, default: str = "default") -> None:
-        if default not in SCHEDULERS:
-            raise UnknownSchedulerError(default)
-        self.default = default
-        self._model_scheduler: Any = pipeline.scheduler
-        # Never the pipeline's own instance: its state (step index, multistep history) would
-        # be shared by every worker built on this model (two services in one process).
-        model_scheduler = pipeline.scheduler
-        self._cache: dict[str, Any] = {
-            "default": type(model_scheduler).from_config(model_scheduler.config)
-        }
-
-    def resolve(self, name: str) -> str:
-        """The scheduler a key's ``name`` runs: ``"default"`` is the service's setting."""
-        if name not in SCHEDULERS:
-            raise UnknownSchedulerError(name)
-        return self.default if name == "default" else name
-
-    def get(self, name: str) -> Any:
-        """The scheduler instance for a key's ``name`` (built on first use)."""
-        resolved = self.resolve(name)
-        if resolved not in self._cache:
-            self._cache[resolved] = self._build(resolved)
-        return self._cache[resolved]
-
-    def describe(self, name: str = "default") -> str:
-        """``"<name> (<diffusers class>)"`` of what ``name`` runs, e.g. for ``/v1/info``.
-        Builds nothing, so any thread may ask."""
-        resolved = self.resolve(name)
-        if resolved == "default":
-            class_name = type(self._model_scheduler).__name__
-        else:
-            class_name = SCHEDULER_CLASSES[resolved][0]
-        return f"{resolved} ({class_name})"
-
-    def _build(self, name: str) -> Any:
-        import diffusers
-
-        class_name, overrides = SCHEDULER_CLASSES[name]
-        cls = getattr(diffusers, class_name)
-        accepted = inspect.signature(cls.__init__).parameters
-        kwargs = {k: v for k, v in overrides.items() if k in accepted}
-        config = {k: v for k, v in self._model_scheduler.config.items() if k in accepted}
-        scheduler = cls.from_config({**config, **kwargs})
-        log.info("scheduler %s: %s from the model's %s config", name, class_name,
-                 type(self._model_scheduler).__name__)
-        return scheduler
-
 
 def img2img_pipeline(pipeline: Any) -> Any:
     """``StableDiffusionXLImg2ImgPipeline.from_pipe(pipeline)``: the same component objects
@@ -193,8 +80,8 @@ def img2img_pipeline(pipeline: Any) -> Any:
 class Sampler:
     """The denoising loop with per-image guidance (module docstring); returns latents.
 
-    ``upcast_vae`` is called when the VAE encoder gives non-finite moments for a source in
-    half precision (the SDXL fp16 VAE overflow); those sources are encoded again in float32.
+    img2img sources are encoded through ``vae`` (the worker passes the one it decodes with,
+    so a float32 upcast made by either holds for both); without one the sampler makes its own.
 
     Example::
 
@@ -209,13 +96,13 @@ class Sampler:
         *,
         device: torch.device,
         schedulers: Schedulers,
-        upcast_vae: Callable[[], None] | None = None,
+        vae: Vae | None = None,
     ) -> None:
         self.pipe: Any = pipeline
         self.img2img: Any = img2img_pipeline(pipeline)
         self.device = device
         self.schedulers = schedulers
-        self._upcast_vae = upcast_vae
+        self.vae = vae if vae is not None else Vae(pipeline, device=device)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -370,52 +257,13 @@ class Sampler:
     ) -> torch.Tensor:
         """Encode the sources, sample each posterior with its item's generator, scale, and
         noise to ``start`` (the strength's first timestep) with the same generators."""
-        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
         from diffusers.utils.torch_utils import randn_tensor
 
-        vae = self.pipe.vae
         sources = np.stack([_source_array(item, key) for item in items])
-        pixels = torch.from_numpy(sources).permute(0, 3, 1, 2).float() / 255.0
-        pixels = (2.0 * pixels - 1.0).to(self.device)
-        moments = self._encode_moments(pixels)
-        posterior = DiagonalGaussianDistribution(moments)
-        # posterior.sample(generators), spelled out: one draw per row from that row's generator
-        draw = randn_tensor(
-            posterior.mean.shape, generator=generators, device=self.device, dtype=moments.dtype
-        )
-        latents = (posterior.mean + posterior.std * draw).to(dtype)
-        config = vae.config
-        mean = getattr(config, "latents_mean", None)
-        std = getattr(config, "latents_std", None)
-        if mean is not None and std is not None:
-            channels = latents.shape[1]
-            mean_t = torch.tensor(mean).view(1, channels, 1, 1).to(self.device, dtype)
-            std_t = torch.tensor(std).view(1, channels, 1, 1).to(self.device, dtype)
-            latents = (latents - mean_t) * config.scaling_factor / std_t
-        else:
-            latents = config.scaling_factor * latents
+        latents = self.vae.encode(sources, generators, dtype=dtype)
         noise = randn_tensor(latents.shape, generator=generators, device=self.device, dtype=dtype)
         noised: torch.Tensor = scheduler.add_noise(latents, noise, start.repeat(len(items)))
         return noised
-
-    def _encode_moments(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The VAE posterior's moments ``[N, 2C, h, w]``, encoded in the VAE's dtype. A source
-        whose moments are not finite in half precision (the SDXL fp16 VAE overflow) upcasts
-        the VAE to float32 for good, as a non-finite decode does, and is encoded again."""
-        vae = self.pipe.vae
-        moments = _moments(vae, pixels.to(vae.dtype))
-        bad = ~torch.isfinite(moments.flatten(1)).all(dim=1)
-        if bad.any() and vae.dtype != torch.float32 and self._upcast_vae is not None:
-            self._upcast_vae()
-            rows = bad.nonzero().flatten()
-            moments = moments.float()
-            moments[rows] = _moments(vae, pixels[rows].to(vae.dtype)).float()
-        return moments
-
-
-def _moments(vae: Any, pixels: torch.Tensor) -> torch.Tensor:
-    moments: torch.Tensor = vae.encode(pixels).latent_dist.parameters
-    return moments
 
 
 def _guide(

@@ -1,4 +1,4 @@
-"""Speed options for the loaded pipeline, the compile warm-up, and its shape bookkeeping.
+"""Speed options for the loaded pipeline, and the lifespan's handle on them (:class:`Speed`).
 
 The options (``GENAUG_*`` settings, all off by default):
 
@@ -25,51 +25,34 @@ Life cycle (the app's lifespan is the one caller)::
     await batcher.run_in_worker(lambda: speed.warm_up(generator, plan))  # before /readyz 200
     speed.info()  # {"compile": "regional", ..., "compiled_shapes": ["1024x1024:8"]}
 
-Everything that touches torch is imported inside functions: ``settings.py`` imports this
-module for :class:`WarmupShape`.
+The warm-up itself (its plan, running it, the compiled-shape bookkeeping) is
+:mod:`~genaug.service.pipeline.warmup`; the hot-path wrapper that reports each batch's shape is
+:mod:`~genaug.service.pipeline.tracked`. Everything that touches torch is imported inside
+functions: the app imports this module before any model is loaded.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
-from ..batching.items import GroupKey, Item, Outcome, Worker
+from ..batching.items import Worker
+from .tracked import TrackedWorker
+from .warmup import ShapeTracker, WarmupRecord, WarmupStep, run_warmup, warmup_plan
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from ..settings import Settings
     from .load import LoadedModel
 
-__all__ = [
-    "COMPILE_MODES",
-    "WARMUP_STEPS",
-    "Speed",
-    "SpeedError",
-    "SpeedOptions",
-    "ShapeTracker",
-    "TrackedWorker",
-    "WarmupRecord",
-    "WarmupShape",
-    "WarmupStep",
-    "apply_speed",
-    "parse_warmup_shapes",
-    "warmup_plan",
-]
+__all__ = ["COMPILE_MODES", "Speed", "SpeedError", "SpeedOptions", "apply_speed"]
 
 log = logging.getLogger(__name__)
 
 CompileMode = Literal["off", "unet", "regional"]
 COMPILE_MODES: tuple[CompileMode, ...] = ("off", "unet", "regional")
-
-#: Denoising steps of a warm-up batch: compiling needs one UNet call; the second step runs
-#: the compiled code once more (and a multistep scheduler's second-order branch).
-WARMUP_STEPS = 2
 
 #: torch.compile recompiles a function for each new static shape up to this many times, then
 #: silently runs it eagerly. Regional compilation shares one code object among all transformer
@@ -78,11 +61,6 @@ RECOMPILE_LIMIT = 64
 
 # The attribute on a pipeline that records the options applied to it (see apply_speed).
 _APPLIED_ATTR = "_genaug_speed"
-
-_SHAPE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*:\s*(\d+)\s*$")
-
-# A batch's compiled shape: height, width, batch size, adapter ("name@scale") or None.
-Shape = tuple[int, int, int, str | None]
 
 
 class SpeedError(RuntimeError):
@@ -245,252 +223,7 @@ def _raise_recompile_limit() -> None:
             return
 
 
-# -- warm-up shapes -------------------------------------------------------------------------
-
-
-class WarmupShape(NamedTuple):
-    """One ``HxW:batch`` entry of ``GENAUG_WARMUP_SHAPES``: generation size and batch size.
-
-    Example::
-
-        WarmupShape.parse("1024x1024:8")   # WarmupShape(height=1024, width=1024, batch=8)
-        str(WarmupShape(768, 1024, 4))     # '768x1024:4'
-    """
-
-    height: int
-    width: int
-    batch: int
-
-    def __str__(self) -> str:
-        return f"{self.height}x{self.width}:{self.batch}"
-
-    @classmethod
-    def parse(cls, text: str) -> WarmupShape:
-        match = _SHAPE.match(text)
-        if match is None:
-            raise ValueError(
-                f"warm-up shape {text.strip()!r} is not HxW:batch; write e.g. 1024x1024:8 "
-                "(several separated by commas)"
-            )
-        height, width, batch = (int(g) for g in match.groups())
-        for name, value in (("height", height), ("width", width)):
-            if value < 8 or value % 8:
-                raise ValueError(
-                    f"warm-up shape {text.strip()!r}: {name} {value} is not a positive "
-                    "multiple of 8 (the VAE downsamples by 8); e.g. 1024x1024:8"
-                )
-        if batch < 1:
-            raise ValueError(f"warm-up shape {text.strip()!r}: batch {batch} must be >= 1")
-        return cls(height, width, batch)
-
-
-def parse_warmup_shapes(value: object) -> tuple[WarmupShape, ...]:
-    """``"1024x1024:8, 768x768:4"`` (or a list of such strings or shapes) -> shapes, in order,
-    without duplicates. Raises ``ValueError`` naming the bad entry and the expected form."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        parts: Iterable[Any] = [p for p in value.split(",") if p.strip()]
-    elif isinstance(value, Iterable):
-        parts = value
-    else:
-        raise ValueError(f"warm-up shapes must be a string like '1024x1024:8', got {value!r}")
-    out: list[WarmupShape] = []
-    for part in parts:
-        if isinstance(part, str):
-            shape = WarmupShape.parse(part)
-        elif isinstance(part, Sequence) and len(part) == 3:
-            shape = WarmupShape.parse(f"{part[0]}x{part[1]}:{part[2]}")
-        else:
-            raise ValueError(f"warm-up shape {part!r} is not HxW:batch; write e.g. 1024x1024:8")
-        if shape not in out:
-            out.append(shape)
-    return tuple(out)
-
-
-class WarmupStep(NamedTuple):
-    """One warm-up batch: the key (``WARMUP_STEPS`` steps), how many images, their guidance.
-
-    Guidance matters only through classifier-free guidance being on (> 1) or off, which
-    doubles the UNet's batch; ``source`` says why the step is in the plan.
-    """
-
-    key: GroupKey
-    batch: int
-    guidance: float = 5.0
-    source: str = "GENAUG_WARMUP_SHAPES"
-
-
-def warmup_plan(
-    settings: Settings,
-    recipes: Iterable[Any] = (),
-    *,
-    defaults: tuple[int, int, float],
-) -> list[WarmupStep]:
-    """The batches to run before ``/readyz`` turns 200, in order.
-
-    ``defaults`` is ``(size, steps, guidance)`` used when a request omits them. Without
-    compilation: one image at the default size and steps (lazy initialisation, so the first
-    request does not pay for it), then the ``GENAUG_WARMUP_SHAPES``. With compilation: the
-    ``GENAUG_WARMUP_SHAPES``, each recipe's generation size (with its guidance, scheduler and
-    adapter when the recipe has them) and the default size, those two at
-    ``max_batch_images`` (what a saturated service runs), each for ``WARMUP_STEPS`` steps. A
-    shape (size, batch, adapter) is never repeated.
-    """
-    size, steps, guidance = defaults
-    full = settings.max_batch_images
-    compiling = settings.compile != "off"
-    plan: list[WarmupStep] = []
-    seen: set[Shape] = set()
-
-    def add(step: WarmupStep) -> None:
-        shape = _shape_of(step.key, step.batch)
-        if shape not in seen:
-            seen.add(shape)
-            plan.append(step)
-
-    if not compiling:
-        add(WarmupStep(GroupKey(size, size, steps), 1, guidance, "default size"))
-    for shape in settings.warmup_shapes:
-        add(WarmupStep(GroupKey(shape.height, shape.width, WARMUP_STEPS), shape.batch, guidance))
-    if not compiling:
-        return plan
-    for recipe in recipes:
-        adapter = getattr(recipe, "adapter", None)
-        adapter_name = getattr(adapter, "name", adapter) if adapter is not None else None
-        key = GroupKey(
-            height=int(recipe.height),
-            width=int(recipe.width),
-            steps=WARMUP_STEPS,
-            scheduler=str(getattr(recipe, "scheduler", None) or "default"),
-            adapter=str(adapter_name) if adapter_name is not None else None,
-            adapter_scale=float(getattr(adapter, "scale", 1.0) or 1.0),
-        )
-        add(WarmupStep(key, full, float(recipe.guidance), f"recipe {recipe.name}"))
-    add(WarmupStep(GroupKey(size, size, WARMUP_STEPS), full, guidance, "default size"))
-    return plan
-
-
-# -- shape tracking -------------------------------------------------------------------------
-
-
-def _shape_of(key: GroupKey, batch: int) -> Shape:
-    # What makes torch.compile (static shapes) compile again: the latent size, the batch, and
-    # a LoRA adapter with its scale (the active adapter and its scale are attributes of the
-    # injected layers, which the compiled code is guarded on). Steps, scheduler, guidance
-    # values, prompts and seeds do not.
-    adapter = None if key.adapter is None else f"{key.adapter}@{key.adapter_scale:g}"
-    return key.height, key.width, batch, adapter
-
-
-def _shape_text(shape: Shape) -> str:
-    height, width, batch, adapter = shape
-    text = f"{height}x{width}:{batch}"
-    return f"{text} (adapter {adapter})" if adapter is not None else text
-
-
-class ShapeTracker:
-    """Which batch shapes the compiled pipeline has seen; counts batches of new ones.
-
-    A shape is (generation size, batch size, adapter). With compilation on, a batch of a
-    shape not compiled before makes torch compile again (seconds to minutes on a GPU): the
-    worker reports each batch with :meth:`observe`, which counts such a batch as a recompile
-    (``on_recompile``, the ``genaug_recompiles_total`` counter) and remembers the shape. With
-    compilation off it records nothing.
-
-    Example::
-
-        tracker = ShapeTracker(active=True, on_recompile=metrics.recompiles.inc)
-        tracker.mark_compiled(GroupKey(64, 64, 2), 8)      # warm-up
-        tracker.observe(GroupKey(64, 64, 30), 8)           # False: compiled at warm-up
-        tracker.observe(GroupKey(64, 64, 30), 3)           # True: a recompile
-        tracker.compiled_shapes                            # ['64x64:8', '64x64:3']
-    """
-
-    def __init__(
-        self,
-        *,
-        active: bool,
-        on_recompile: Callable[[], object] | None = None,
-        on_new_shape: Callable[[], object] | None = None,
-    ) -> None:
-        self.active = active
-        self.on_recompile = on_recompile
-        self.on_new_shape = on_new_shape
-        self.recompiles = 0
-        self._shapes: list[Shape] = []
-        self._lock = threading.Lock()
-
-    def mark_compiled(self, key: GroupKey, batch: int) -> None:
-        """Record a shape compiled on purpose (warm-up); never counted as a recompile."""
-        if not self.active:
-            return
-        shape = _shape_of(key, batch)
-        with self._lock:
-            if shape in self._shapes:
-                return
-            self._shapes.append(shape)
-        if self.on_new_shape is not None:
-            self.on_new_shape()
-
-    def observe(self, key: GroupKey, batch: int) -> bool:
-        """Report one batch before it runs; ``True`` (and counted) when its shape is new."""
-        if not self.active:
-            return False
-        shape = _shape_of(key, batch)
-        with self._lock:
-            if shape in self._shapes:
-                return False
-            self._shapes.append(shape)
-            self.recompiles += 1
-        log.warning(
-            "a batch of shape %s was not compiled at warm-up: compiling it now (add it to "
-            "GENAUG_WARMUP_SHAPES to compile it before the service reports ready)",
-            _shape_text(shape),
-        )
-        if self.on_recompile is not None:
-            self.on_recompile()
-        if self.on_new_shape is not None:
-            self.on_new_shape()
-        return True
-
-    @property
-    def compiled_shapes(self) -> list[str]:
-        """``HxW:batch`` of every shape compiled so far (warm-up first), as GENAUG_WARMUP_SHAPES
-        writes them; an adapter is added in parentheses."""
-        with self._lock:
-            return [_shape_text(s) for s in self._shapes]
-
-
-class TrackedWorker:
-    """A :class:`Worker` that reports each batch's shape, then runs it.
-
-    Example::
-
-        worker = TrackedWorker(generator, tracker)
-        worker.run(key, items)   # tracker.observe(key, len(items)); generator.run(key, items)
-    """
-
-    def __init__(self, inner: Worker, tracker: ShapeTracker) -> None:
-        self.inner = inner
-        self.tracker = tracker
-
-    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
-        self.tracker.observe(key, len(items))
-        return self.inner.run(key, items)
-
-
 # -- the lifespan's handle ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WarmupRecord:
-    """How long one warm-up batch took (compilation included)."""
-
-    shape: str
-    source: str
-    seconds: float
-    failed: int
 
 
 class Speed:
@@ -561,34 +294,14 @@ class Speed:
     def plan(
         settings: Settings, recipes: Iterable[Any] = (), *, defaults: tuple[int, int, float]
     ) -> list[WarmupStep]:
-        """See :func:`warmup_plan`."""
+        """See :func:`~genaug.service.pipeline.warmup.warmup_plan`."""
         return warmup_plan(settings, recipes, defaults=defaults)
 
     def warm_up(self, worker: Worker, plan: Iterable[WarmupStep]) -> list[WarmupRecord]:
         """Run each planned batch on ``worker`` (the unwrapped generator) and record its shape
-        as compiled. Call it in the worker thread (``batcher.run_in_worker``)."""
-        records: list[WarmupRecord] = []
-        for step in plan:
-            shape = _shape_text(_shape_of(step.key, step.batch))
-            items = [
-                Item(
-                    "warm-up",
-                    seed=i,
-                    guidance=step.guidance,
-                    output_height=step.key.height,
-                    output_width=step.key.width,
-                )
-                for i in range(step.batch)
-            ]
-            started = time.perf_counter()
-            outcome = worker.run(step.key, items)
-            seconds = time.perf_counter() - started
-            self.tracker.mark_compiled(step.key, step.batch)
-            records.append(WarmupRecord(shape, step.source, seconds, len(outcome.errors)))
-            log.info("warm-up %s (%s): %.2f s", shape, step.source, seconds)
-            if outcome.errors:
-                log.warning("warm-up %s: %d image(s) failed: %s", shape, len(outcome.errors),
-                            next(iter(outcome.errors.values())))
+        as compiled (:func:`~genaug.service.pipeline.warmup.run_warmup`). Call it in the worker
+        thread (``batcher.run_in_worker``)."""
+        records = run_warmup(worker, plan, self.tracker)
         self.warmup_records.extend(records)
         return records
 

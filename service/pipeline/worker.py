@@ -15,17 +15,18 @@ is where the per-image guarantees are kept:
   item, never on its batch mates.
 - **Schedulers.** ``GENAUG_SCHEDULER`` (``scheduler=``) is used for keys whose scheduler is
   ``"default"``; other names override it. One instance per name, built from the model's
-  scheduler config and cached (:class:`~genaug.service.pipeline.sampler.Schedulers`).
+  scheduler config and cached (:class:`~genaug.service.pipeline.schedulers.Schedulers`).
 - **LoRA adapters.** All of ``GENAUG_LORAS`` (``loras=``) are loaded at construction, none
   active; each batch activates its key's adapter at its scale, or none
   (:class:`~genaug.service.pipeline.adapters.Adapters`). Switching costs no reload.
 - **img2img.** Built from the same components (``StableDiffusionXLImg2ImgPipeline.from_pipe``,
   no second copy of the weights). An item whose source is missing or not uint8
   ``[key.height, key.width, 3]`` fails alone; its batch mates are made.
-- **NaN/Inf guard.** The UNet loop returns latents and the VAE decode happens here, so each
-  image is checked. A non-finite decode (the SDXL fp16 VAE overflow that gives black images)
-  upcasts the VAE to float32 for good and decodes those latents again (a non-finite img2img
-  encode does the same); non-finite latents fail only their own items. No such image is ever
+- **NaN/Inf guard.** The UNet loop returns latents and the worker decodes them through its
+  :class:`~genaug.service.pipeline.vae.Vae` (shared with the sampler), so each image is
+  checked. A non-finite decode (the SDXL fp16 VAE overflow that gives black images) upcasts
+  the VAE to float32 for good and decodes those latents again (a non-finite img2img encode
+  does the same); non-finite latents fail only their own items. No such image is ever
   served.
 - **Out of memory.** The batch is halved and retried; only an image that cannot run alone
   fails.
@@ -48,7 +49,9 @@ from ..batching.items import GroupKey, Item, Outcome
 from ..metrics import Metrics
 from .adapters import Adapters
 from .load import LoadedModel
-from .sampler import Sampler, Schedulers
+from .sampler import Sampler
+from .schedulers import Schedulers
+from .vae import Vae
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -97,12 +100,11 @@ class PipelineWorker:
         # diffusers' pipeline classes are dynamically typed: components are attributes.
         self.pipe: Any = model.pipeline
         self.metrics = metrics
-        self.vae_upcast = False
         self.schedulers = Schedulers(self.pipe, default=scheduler)
         self.adapters = Adapters(self.pipe, loras or {})
+        self.vae = Vae(self.pipe, device=model.device)
         self.sampler = Sampler(
-            self.pipe, device=model.device, schedulers=self.schedulers,
-            upcast_vae=self._upcast_vae,
+            self.pipe, device=model.device, schedulers=self.schedulers, vae=self.vae
         )
 
     @classmethod
@@ -115,6 +117,11 @@ class PipelineWorker:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def vae_upcast(self) -> bool:
+        """The VAE was moved to float32 after a non-finite half-precision result."""
+        return self.vae.upcast
 
     # -- Worker protocol ---------------------------------------------------------------------
 
@@ -179,43 +186,10 @@ class PipelineWorker:
         """Latents of every item, in order, from one per-image-guidance sampling loop."""
         return self.sampler.denoise(key, items)
 
-    def _vae_decode(self, latents: torch.Tensor) -> torch.Tensor:
-        vae = self.pipe.vae
-        config = vae.config
-        latents = latents.to(dtype=vae.dtype)
-        mean = getattr(config, "latents_mean", None)
-        std = getattr(config, "latents_std", None)
-        if mean is not None and std is not None:
-            channels = latents.shape[1]
-            mean_t = torch.tensor(mean).view(1, channels, 1, 1).to(latents)
-            std_t = torch.tensor(std).view(1, channels, 1, 1).to(latents)
-            latents = latents * std_t / config.scaling_factor + mean_t
-        else:
-            latents = latents / config.scaling_factor
-        decoded: torch.Tensor = vae.decode(latents, return_dict=False)[0]
-        return decoded
-
-    def _upcast_vae(self) -> None:
-        if not self.vae_upcast and self.pipe.vae.dtype != torch.float32:
-            log.warning(
-                "the VAE gave non-finite values in %s; upcasting it to float32 for the rest of "
-                "this run (set GENAUG_DTYPE=bfloat16 or use an fp16-fixed VAE to avoid this)",
-                self.pipe.vae.dtype,
-            )
-            self.pipe.vae.to(dtype=torch.float32)
-        self.vae_upcast = True
-
     def _decode(self, items: Sequence[Item], latents: torch.Tensor) -> Outcome:
         n = latents.shape[0]
         errors: dict[int, str] = {}
-        finite_latents = torch.isfinite(latents.flatten(1)).all(dim=1)
-        pixels = self._vae_decode(latents).float()
-        bad = ~torch.isfinite(pixels.flatten(1)).all(dim=1)
-        retry = (bad & finite_latents).nonzero().flatten()
-        if retry.numel():
-            self._upcast_vae()
-            pixels[retry] = self._vae_decode(latents[retry].float()).float()
-            bad = ~torch.isfinite(pixels.flatten(1)).all(dim=1)
+        pixels, bad = self.vae.decode(latents)
         if bad.any():
             for i in bad.nonzero().flatten().tolist():
                 errors[i] = (

@@ -12,7 +12,7 @@ of a label change in one order across all replicas, and the count of stored + re
 is taken in one statement after the lock.
 
 Outages. A connection that cannot be had within ``connect_timeout_s`` raises
-:class:`~genaug.service.pool.store.PoolConnectionError`; for one second after a failure further
+:class:`~genaug.service.pool.types.PoolConnectionError`; for one second after a failure further
 calls fail at once instead of each waiting again (a sample answers 503 at once, not after
 the timeout). The pool reconnects by itself once the
 database is back.
@@ -25,6 +25,7 @@ than this genaug knows.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -34,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from .store import (
+from .store import PoolStore
+from .types import (
     DEFAULT_LEASE_S,
     SCHEMA_VERSION,
     PoolConfigError,
@@ -42,11 +44,9 @@ from .store import (
     PoolError,
     PoolSample,
     PoolSchemaError,
-    PoolStore,
-    redact_url,
 )
 
-__all__ = ["PostgresPoolStore"]
+__all__ = ["PostgresPoolStore", "redact_url"]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,11 @@ SELECT i.id, p.label, i.seed, i.height, i.width, i.channels, i.source, d.data
 FROM picked AS p JOIN images AS i ON i.id = p.id JOIN image_data AS d ON d.id = p.id
 ORDER BY array_position(%(labels)s, p.label), p.rn
 """
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -30,14 +30,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .store import (
-    DEFAULT_LEASE_S,
-    SCHEMA_VERSION,
-    PoolError,
-    PoolSample,
-    PoolSchemaError,
-    PoolStore,
-)
+from .store import PoolStore
+from .types import DEFAULT_LEASE_S, SCHEMA_VERSION, PoolError, PoolSample, PoolSchemaError
 
 __all__ = ["SqlitePoolStore"]
 

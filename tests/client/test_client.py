@@ -37,8 +37,8 @@ from genaug.client._base import (
     decode_generate,
     decode_sample,
 )
-from genaug.client.wire import encode_batch
-from genaug.demo import free_port
+from genaug.local_service import free_port
+from genaug.wire import encode_batch
 
 KINDS = ["sync", "async"]
 

@@ -16,7 +16,7 @@ import pytest
 
 from genaug.client import Client
 from genaug.client._transport import StdlibTransport, _readable, mounts
-from genaug.demo import free_port
+from genaug.local_service import free_port
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 

@@ -21,9 +21,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from genaug.client import AsyncClient, Client, GenerateResult
-from genaug.client._base import backoff_s
-from genaug.client.wire import (
+from genaug.client import AsyncClient, Client, GenerateResult, backoff_s
+from genaug.wire import (
     SAFETENSORS_MEDIA_TYPE,
     WireError,
     decode_batch,

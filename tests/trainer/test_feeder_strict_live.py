@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from test_feeder import NumpyReservoir, wait_for
 
-from genaug.demo import free_port
+from genaug.local_service import free_port
 from genaug.trainer.feeder import FeederConfigError, ReservoirFeeder
 
 ROOT = Path(__file__).resolve().parents[2]

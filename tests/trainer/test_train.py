@@ -4,8 +4,8 @@ Issue 4, Tests: item 2 (fit with 4 MirroredStrategy replicas finishes within a h
 while a live service feeds the reservoir), item 8 (the service SIGKILLed mid-fit: training
 completes, the feeder reconnects after a restart on the same port) and item 9 (the data errors
 and the NaN stop, each asserted on its message). TensorFlow and the service each run in their
-own process (``_train_child.py`` starts the service with ``genaug.demo.running_service``); the
-trainer process never imports torch.
+own process (``_train_child.py`` starts the service with
+``genaug.local_service.running_service``); the trainer process never imports torch.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ def test_importing_train_and_its_modules_imports_neither_tensorflow_nor_torch() 
     code = (
         "import sys\n"
         "import genaug.trainer.train, genaug.trainer.devices, genaug.trainer.instruments\n"
+        "import genaug.trainer.config, genaug.trainer.summary, genaug.trainer.contact\n"
         "import genaug.trainer.labels\n"
         "heavy = sorted(m for m in ('tensorflow', 'torch', 'keras') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
@@ -61,7 +62,7 @@ def test_every_train_config_field_is_a_flag_named_after_it() -> None:
     import argparse
     from dataclasses import MISSING, fields
 
-    from genaug.trainer.train import TrainConfig, add_train_arguments, config_from_args
+    from genaug.trainer.config import TrainConfig, add_train_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)

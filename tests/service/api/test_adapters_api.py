@@ -14,10 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
-from genaug.client.wire import decode_batch
-from genaug.demo import free_port
+from genaug.local_service import free_port
 from genaug.service.pipeline.load import load_model
 from genaug.service.testing import LiveService, make_lora, start_service, wait_ready
+from genaug.wire import decode_batch
 
 
 @pytest.fixture(scope="module")

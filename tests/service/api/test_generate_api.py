@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from genaug.client.wire import SAFETENSORS_MEDIA_TYPE, decode_batch
+from genaug.wire import SAFETENSORS_MEDIA_TYPE, decode_batch
 
 
 def post(live: Any, body: Any, **kwargs: Any) -> httpx.Response:

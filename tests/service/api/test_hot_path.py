@@ -9,27 +9,15 @@ from typing import Any
 import httpx
 import pytest
 
-from genaug.client.wire import decode_batch
-from genaug.service.api.routes import DirectSample
+from genaug.service.api.fastpath import DirectSample
+from genaug.wire import decode_batch
 
-RECIPE = """
-recipes:
-  - name: shapes
-    height: 32
-    width: 32
-    steps: 1
-    guidance: 3.0
-    labels:
-      circle: {prompts: ["a circle"]}
-      square: {prompts: ["a square"]}
-"""
 SAMPLE = "/v1/recipes/shapes/sample"
 
 
-def pool_service(make_service: Any, tmp_path: Path, **settings: Any) -> Any:
-    recipes = tmp_path / "recipes.yaml"
-    recipes.write_text(RECIPE)
-    return make_service(recipes=recipes, pool_path=tmp_path / "pool.db",
+def pool_service(make_service: Any, recipes: Path, **settings: Any) -> Any:
+    """A service with ``recipes`` (the ``shapes_recipes_file`` fixture) and a small pool."""
+    return make_service(recipes=recipes, pool_path=recipes.parent / "pool.db",
                         pool_capacity_per_label=2, **settings)
 
 
@@ -55,8 +43,11 @@ def test_only_the_exact_sample_route_takes_the_hot_path(
     assert DirectSample(app=None)._recipe({**scope, "root_path": "/x"}) is None  # type: ignore[arg-type]
 
 
-def test_the_guard_runs_before_the_hot_path(make_service: Any, tmp_path: Path) -> None:
-    live = pool_service(make_service, tmp_path, api_keys=["s3cret"], max_body_bytes=1024)
+def test_the_guard_runs_before_the_hot_path(
+    make_service: Any, shapes_recipes_file: Path
+) -> None:
+    live = pool_service(make_service, shapes_recipes_file, api_keys=["s3cret"],
+                        max_body_bytes=1024)
     r = httpx.post(live.url + SAMPLE, json={"n": 1})
     assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized", r.text
     key = {"Authorization": "Bearer s3cret"}
@@ -69,8 +60,10 @@ def test_the_guard_runs_before_the_hot_path(make_service: Any, tmp_path: Path) -
     assert live.metric("genaug_rejections_total", 'reason="body_too_large"') == 1
 
 
-def test_errors_keep_the_app_shapes_and_metrics(make_service: Any, tmp_path: Path) -> None:
-    live = pool_service(make_service, tmp_path)
+def test_errors_keep_the_app_shapes_and_metrics(
+    make_service: Any, shapes_recipes_file: Path
+) -> None:
+    live = pool_service(make_service, shapes_recipes_file)
     r = httpx.post(live.url + SAMPLE, json={"n": -1})
     assert r.status_code == 422 and r.json()["error"]["field"] == "n", r.text
     r = httpx.post(live.url + SAMPLE, json={"labels": ["hexagon"]})
@@ -86,9 +79,9 @@ def test_errors_keep_the_app_shapes_and_metrics(make_service: Any, tmp_path: Pat
 
 
 def test_an_unexpected_failure_is_a_500_with_an_error_id(
-    make_service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_service: Any, shapes_recipes_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    live = pool_service(make_service, tmp_path)
+    live = pool_service(make_service, shapes_recipes_file)
 
     async def broken(*args: Any) -> Any:
         raise RuntimeError("store exploded")

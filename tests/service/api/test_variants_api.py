@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from genaug.client.wire import PNG_MEDIA_TYPE, decode_batch, encode_image_upload
 from genaug.service.pipeline.load import LoadedModel
 from genaug.service.testing import LiveService, start_service
+from genaug.wire import PNG_MEDIA_TYPE, decode_batch, encode_image_upload
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 

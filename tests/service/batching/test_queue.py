@@ -106,7 +106,7 @@ def test_prune_removes_expired_and_cancelled_jobs_with_their_images(
 
 def test_importing_the_routes_does_not_import_torch() -> None:
     code = (
-        "import sys, genaug.service.api.routes, genaug.service.app; "
+        "import sys, genaug.service.api.router, genaug.service.app; "
         "print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -22,12 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from genaug.service.commands.convert_unet import (
-    ConvertError,
-    convert_unet,
-    find_unet_state,
-    strip_prefixes,
-)
+from genaug.service.commands.convert_unet import ConvertError, convert_unet, find_unet_state
 from genaug.service.pipeline.load import ModelLoadError, load_model
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 
@@ -52,13 +47,6 @@ def training_checkpoint(state: dict[str, torch.Tensor], *, wrapper: str = "model
         "args": argparse.Namespace(lr=1e-4, batch_size=8, output_dir="runs/x"),
         "epoch": 12,
     }
-
-
-def test_strip_prefixes() -> None:
-    assert strip_prefixes("module._orig_mod.unet.conv_in.weight") == "conv_in.weight"
-    assert strip_prefixes("_orig_mod.module.conv_in.weight") == "conv_in.weight"
-    assert strip_prefixes("conv_in.weight") == "conv_in.weight"
-    assert strip_prefixes("down_blocks.0.module.weight") == "down_blocks.0.module.weight"
 
 
 def test_a_checkpoint_that_needs_unpickling_is_refused_without_the_flag(

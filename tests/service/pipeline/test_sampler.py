@@ -19,7 +19,7 @@ from PIL import Image
 
 from genaug.service.batching.items import SCHEDULERS, GroupKey, Item
 from genaug.service.pipeline.load import LoadedModel, load_model
-from genaug.service.pipeline.sampler import SCHEDULER_CLASSES, Schedulers, UnknownSchedulerError
+from genaug.service.pipeline.schedulers import SCHEDULER_CLASSES, Schedulers, UnknownSchedulerError
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.pipeline.worker import PipelineWorker
 

@@ -1,4 +1,5 @@
-"""Speed options (service/speed.py): each runs, is reported, and keeps the same seed's image.
+"""Speed options (service/pipeline/speed.py): each runs, is reported, and keeps the same seed's
+image. The warm-up plan and the shape tracker are tests/service/pipeline/test_warmup.py.
 
 Every option is checked on the tiny pipeline built with true batching
 (``batch_invariant=False``, as a real SDXL pipeline runs): the default per-image tiny
@@ -32,24 +33,13 @@ import pytest
 import torch
 
 from genaug.client import Client
-from genaug.service.batching.items import GroupKey, Item, Outcome
-from genaug.service.metrics import Metrics
+from genaug.service.batching.items import GroupKey, Item
 from genaug.service.pipeline.load import LoadedModel
-from genaug.service.pipeline.speed import (
-    WARMUP_STEPS,
-    ShapeTracker,
-    Speed,
-    SpeedError,
-    SpeedOptions,
-    TrackedWorker,
-    WarmupShape,
-    apply_speed,
-    parse_warmup_shapes,
-    warmup_plan,
-)
+from genaug.service.pipeline.speed import Speed, SpeedError, SpeedOptions, apply_speed
 from genaug.service.pipeline.tiny import build_tiny_pipeline
+from genaug.service.pipeline.warmup import ShapeTracker
 from genaug.service.pipeline.worker import PipelineWorker
-from genaug.service.settings import Settings
+from genaug.service.settings import Settings, WarmupShape, parse_warmup_shapes
 from genaug.service.testing import load_tiny, start_service
 
 MAX_LEVELS = 2  # largest uint8 difference allowed for the numerically equivalent options
@@ -269,56 +259,7 @@ def test_an_option_the_model_cannot_take_names_the_setting() -> None:
         apply_speed(pipeline, SpeedOptions(fuse_qkv=True))
 
 
-# -- warm-up plan and shape tracking --------------------------------------------------------
-
-
-def test_warmup_plan_without_compile_is_one_default_image_plus_the_listed_shapes() -> None:
-    s = Settings(warmup_shapes="128x128:4")
-    recipe = SimpleNamespace(name="r", height=256, width=256, guidance=3.0)
-    plan = warmup_plan(s, [recipe], defaults=(64, 4, 5.0))
-    assert [(p.key, p.batch, p.guidance) for p in plan] == [
-        (GroupKey(64, 64, 4), 1, 5.0),
-        (GroupKey(128, 128, WARMUP_STEPS), 4, 5.0),
-    ]
-
-
-def test_warmup_plan_with_compile_covers_recipes_and_the_default_at_full_batches() -> None:
-    s = Settings(compile="regional", warmup_shapes="128x128:4, 64x64:8", max_batch_images=8)
-    recipes = [
-        SimpleNamespace(name="a", height=256, width=192, guidance=3.0),
-        SimpleNamespace(name="b", height=64, width=64, guidance=1.0),  # shape listed already
-        SimpleNamespace(
-            name="lcm", height=256, width=192, guidance=1.0, scheduler="lcm",
-            adapter=SimpleNamespace(name="lcm-lora", scale=0.8),
-        ),
-    ]
-    plan = warmup_plan(s, recipes, defaults=(64, 4, 5.0))
-    assert [(p.key, p.batch, p.guidance, p.source) for p in plan] == [
-        (GroupKey(128, 128, WARMUP_STEPS), 4, 5.0, "GENAUG_WARMUP_SHAPES"),
-        (GroupKey(64, 64, WARMUP_STEPS), 8, 5.0, "GENAUG_WARMUP_SHAPES"),
-        (GroupKey(256, 192, WARMUP_STEPS), 8, 3.0, "recipe a"),
-        (
-            GroupKey(256, 192, WARMUP_STEPS, scheduler="lcm", adapter="lcm-lora",
-                     adapter_scale=0.8),
-            8, 1.0, "recipe lcm",
-        ),
-    ]
-
-
-def test_tracker_counts_each_new_shape_once_and_lists_compiled_shapes() -> None:
-    metrics = Metrics()
-    tracker = ShapeTracker(active=True, on_recompile=metrics.recompiles.inc)
-    tracker.mark_compiled(GroupKey(64, 64, 2), 8)
-    assert tracker.observe(GroupKey(64, 64, 30, scheduler="euler"), 8) is False
-    assert tracker.observe(GroupKey(64, 64, 30), 3) is True
-    assert tracker.observe(GroupKey(64, 64, 4), 3) is False  # compiled by the batch before
-    assert tracker.observe(GroupKey(64, 64, 4, adapter="x"), 3) is True
-    assert tracker.observe(GroupKey(64, 64, 4, adapter="x", adapter_scale=0.5), 3) is True
-    assert tracker.compiled_shapes == [
-        "64x64:8", "64x64:3", "64x64:3 (adapter x@1)", "64x64:3 (adapter x@0.5)"
-    ]
-    assert tracker.recompiles == 3
-    assert b"genaug_recompiles_total 3.0" in metrics.render()
+# -- the lifespan's handle ------------------------------------------------------------------
 
 
 def test_speed_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
@@ -333,30 +274,6 @@ def test_speed_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
     speed.tracker.observe(GroupKey(64, 64, 4), 1)
     assert info["compiled_shapes"] == ["64x64:2", "64x64:1"]
     assert info["scheduler"] == "euler"
-
-
-def test_tracker_is_silent_without_compilation() -> None:
-    tracker = ShapeTracker(active=False, on_recompile=lambda: pytest.fail("counted"))
-    tracker.mark_compiled(GroupKey(64, 64, 2), 8)
-    assert tracker.observe(GroupKey(128, 128, 2), 1) is False
-    assert tracker.compiled_shapes == []
-
-
-def test_tracked_worker_reports_every_batch_before_running_it() -> None:
-    seen: list[tuple[int, int]] = []
-
-    class Inner:
-        def run(self, key: GroupKey, batch: Any) -> Outcome:
-            seen.append((key.height, len(batch)))
-            return Outcome(images=[np.zeros(i.output_shape, np.uint8) for i in batch])
-
-    tracker = ShapeTracker(active=True)
-    worker = TrackedWorker(Inner(), tracker)
-    worker.run(GroupKey(64, 64, 2), items(2))
-    worker.run(GroupKey(64, 64, 2), items(2))
-    worker.run(GroupKey(64, 64, 2), items(1))
-    assert seen == [(64, 2), (64, 2), (64, 1)]
-    assert tracker.recompiles == 2  # nothing was warmed up: both shapes were new
 
 
 # -- through the service --------------------------------------------------------------------

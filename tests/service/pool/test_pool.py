@@ -16,17 +16,15 @@ import numpy as np
 import pytest
 from _postgres import shared_cluster
 
-from genaug.service.pool.store import (
+from genaug.service.pool.open import check_pool_settings, open_pool, replica_info
+from genaug.service.pool.planner import choose_label
+from genaug.service.pool.store import PoolStore, _spread
+from genaug.service.pool.types import (
     LabelStats,
     PoolConfigError,
     PoolError,
     PoolSchemaError,
-    PoolStore,
-    _spread,
-    check_pool_settings,
-    choose_label,
     parse_partition,
-    replica_info,
 )
 from genaug.service.settings import Settings
 
@@ -65,7 +63,7 @@ def open_store(target: str) -> Iterator[Opener]:
 
     def open_(**kwargs: object) -> PoolStore:
         kwargs.setdefault("capacity_per_label", 100)
-        store = PoolStore(target, **kwargs)  # type: ignore[arg-type]
+        store = open_pool(target, **kwargs)  # type: ignore[arg-type]
         opened.append(store)
         return store
 
@@ -381,7 +379,7 @@ def test_a_version_1_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
     path = tmp_path / "old.db"
     shutil.copy(DATA / "pool_v1.db", path)  # written by genaug 0.1's PoolStore (schema v1)
     pid = "shapes-361f7691b896"
-    with PoolStore(path, capacity_per_label=100) as store:
+    with open_pool(path, capacity_per_label=100) as store:
         stats = store.stats(pid)
         assert {k: (s.fill, s.generated, s.next_index) for k, s in stats.items()} == {
             "circle": (3, 3, 3), "square": (2, 2, 2)}
@@ -403,24 +401,24 @@ def test_a_version_1_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
 
 def test_wal_mode_and_bad_file(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "pool.db"
-    with PoolStore(path, capacity_per_label=1):
+    with open_pool(path, capacity_per_label=1):
         conn = sqlite3.connect(path)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         conn.close()
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not a database" * 100)
     with pytest.raises(PoolError, match="GENAUG_POOL_PATH"):
-        PoolStore(junk, capacity_per_label=1)
+        open_pool(junk, capacity_per_label=1)
 
 
 def test_postgres_connection_errors_are_one_clear_line() -> None:
     cluster = shared_cluster()
     with pytest.raises(PoolError, match="cannot connect") as info:
-        PoolStore(cluster.url(password="wrong"), capacity_per_label=1)
+        open_pool(cluster.url(password="wrong"), capacity_per_label=1)
     message = str(info.value)
     assert "password" in message and "\n" not in message and "wrong" not in message
     with pytest.raises(PoolError, match="cannot connect") as info:
-        PoolStore("postgresql://genaug:x@127.0.0.1:1/none", capacity_per_label=1)
+        open_pool("postgresql://genaug:x@127.0.0.1:1/none", capacity_per_label=1)
     assert "GENAUG_POOL_URL" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -456,9 +454,9 @@ WRITER = """
 import sys
 import numpy as np
 from pathlib import Path
-from genaug.service.pool.store import PoolStore
+from genaug.service.pool.open import open_pool
 
-store = PoolStore(Path(sys.argv[1]), capacity_per_label=10**9)
+store = open_pool(Path(sys.argv[1]), capacity_per_label=10**9)
 start = store.next_index("p", "I")
 k = start
 while True:
@@ -486,7 +484,7 @@ def test_sigkill_during_writes_leaves_consistent_db(tmp_path: Path) -> None:  # 
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
         assert proc.returncode == -signal.SIGKILL
-        with PoolStore(path, capacity_per_label=10**9) as store:
+        with open_pool(path, capacity_per_label=10**9) as store:
             assert store.integrity_check() == "ok"
             stats = store.stats("p")["I"]
             assert stats.fill == stats.generated == stats.next_index > 0

@@ -1,4 +1,4 @@
-"""The pre-generation planner (PoolManager) against real stores, without a pipeline.
+"""The pre-generation planner (PoolPlanner) against real stores, without a pipeline.
 
 The batches it plans are completed by hand (a made-up outcome) so each test decides exactly
 when the store thread commits: that is how the overshoot race of issue 10.1 is forced.
@@ -19,9 +19,12 @@ from PIL import Image
 
 from genaug.service.batching.items import IdleWork, Outcome
 from genaug.service.errors import PoolUnavailableError
-from genaug.service.pool.planner import PoolManager
+from genaug.service.pool.open import open_pool
+from genaug.service.pool.planner import PoolPlanner
+from genaug.service.pool.serving import PoolServing
 from genaug.service.pool.store import PoolStore
-from genaug.service.recipes.spec import LabelSpec, Recipe, parse_recipes
+from genaug.service.recipes.load import parse_recipes
+from genaug.service.recipes.spec import LabelSpec, Recipe
 
 
 def _recipe(**kwargs: Any) -> Recipe:
@@ -59,7 +62,7 @@ def pool_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(pool_target: str) -> Iterator[PoolStore]:
-    s = PoolStore(pool_target, capacity_per_label=4)
+    s = open_pool(pool_target, capacity_per_label=4)
     yield s
     s.close()
 
@@ -69,12 +72,12 @@ def test_a_commit_between_the_planners_reads_plans_no_extra_batch(store: PoolSto
     the pool's fill. The old planner then read its in-flight count without that batch (it had
     just left it) and planned one batch too many; counting both in the pool, in one snapshot,
     cannot."""
-    manager = PoolManager({"r": _recipe(labels={"a": LabelSpec(prompts=["x"])})}, store,
+    planner = PoolPlanner({"r": _recipe(labels={"a": LabelSpec(prompts=["x"])})}, store,
                           model_hash="m", pregenerate=True)
-    first = manager.next_idle_batch(2)
-    second = manager.next_idle_batch(2)
+    first = planner.next_idle_batch(2)
+    second = planner.next_idle_batch(2)
     assert first is not None and second is not None
-    assert manager.next_idle_batch(2) is None  # 4 planned: the target
+    assert planner.next_idle_batch(2) is None  # 4 planned: the target
 
     read = store.stats
     armed = [True]
@@ -87,21 +90,21 @@ def test_a_commit_between_the_planners_reads_plans_no_extra_batch(store: PoolSto
         return result
 
     store.stats = stats_then_commit  # type: ignore[method-assign]
-    assert not armed[0] or manager.next_idle_batch(2) is None
+    assert not armed[0] or planner.next_idle_batch(2) is None
     assert not armed[0], "the planner never read the pool"
     _in_store_thread(lambda: second.on_done(_outcome(second)))
-    assert manager.next_idle_batch(2) is None
-    stats = read(manager.pool_ids["r"], ["a"])["a"]
+    assert planner.next_idle_batch(2) is None
+    stats = read(planner.pool_ids["r"], ["a"])["a"]
     assert (stats.fill, stats.generated, stats.reserved) == (4, 4, 0)
 
 
 def test_planned_exactly_to_target_with_commits_interleaved(store: PoolStore) -> None:
-    manager = PoolManager({"r": _recipe()}, store, model_hash="m", pregenerate=True)
+    planner = PoolPlanner({"r": _recipe()}, store, model_hash="m", pregenerate=True)
     pending: list[IdleWork] = []
     made = 0
     rng = np.random.default_rng(0)
     while True:
-        work = manager.next_idle_batch(3)
+        work = planner.next_idle_batch(3)
         if work is not None:
             pending.append(work)
             made += len(work.items)
@@ -111,29 +114,29 @@ def test_planned_exactly_to_target_with_commits_interleaved(store: PoolStore) ->
         elif work is None:
             break
     assert made == 8
-    stats = store.stats(manager.pool_ids["r"], ["a", "b"])
+    stats = store.stats(planner.pool_ids["r"], ["a", "b"])
     assert {k: (s.fill, s.generated, s.reserved) for k, s in stats.items()} == {
         "a": (4, 4, 0), "b": (4, 4, 0)}
 
 
 def test_a_failed_batch_releases_its_reservation(store: PoolStore) -> None:
-    manager = PoolManager({"r": _recipe(labels={"a": LabelSpec(prompts=["x"])})}, store,
+    planner = PoolPlanner({"r": _recipe(labels={"a": LabelSpec(prompts=["x"])})}, store,
                           model_hash="m", pregenerate=True)
-    work = manager.next_idle_batch(4)
-    assert work is not None and manager.next_idle_batch(4) is None
+    work = planner.next_idle_batch(4)
+    assert work is not None and planner.next_idle_batch(4) is None
     assert work.on_failed is not None
     work.on_failed(RuntimeError("out of memory"))
-    again = manager.next_idle_batch(4)
+    again = planner.next_idle_batch(4)
     assert again is not None
     assert [it.seed for it in again.items] != [it.seed for it in work.items]  # new indices
     again.on_done(_outcome(again))
-    assert store.stats(manager.pool_ids["r"], ["a"])["a"].fill == 4
+    assert store.stats(planner.pool_ids["r"], ["a"])["a"].fill == 4
 
 
 def test_shared_targets_and_local_ones(store: PoolStore) -> None:
     recipes = {"r": _recipe()}
-    a = PoolManager(recipes, store, model_hash="m", pregenerate=False)
-    b = PoolManager(recipes, store, model_hash="m", pregenerate=False)
+    a = PoolPlanner(recipes, store, model_hash="m", pregenerate=False)
+    b = PoolPlanner(recipes, store, model_hash="m", pregenerate=False)
     assert a.next_idle_batch(8) is None
     a.raise_target("r", 2)  # a fill on one replica: every replica fills to it
     work = b.next_idle_batch(8)
@@ -161,8 +164,8 @@ recipes:
       a: {prompts: ["x"]}
       b: {prompts: ["y"], adapter: {name: other, scale: 1.5}}
 """, path=Path("r.yaml"))["depth"]
-    manager = PoolManager({"depth": recipe}, store, model_hash="m", pregenerate=True)
-    works = [manager.next_idle_batch(4), manager.next_idle_batch(4)]
+    planner = PoolPlanner({"depth": recipe}, store, model_hash="m", pregenerate=True)
+    works = [planner.next_idle_batch(4), planner.next_idle_batch(4)]
     keys = {}
     for work in works:
         assert work is not None
@@ -173,7 +176,7 @@ recipes:
     assert (keys["a"].scheduler, keys["a"].adapter, keys["a"].adapter_scale) == (
         "euler_a", "lcm", 0.7)
     assert (keys["b"].adapter, keys["b"].adapter_scale, keys["b"].mode) == ("other", 1.5, "text")
-    sample = store.sample(manager.pool_ids["depth"], ["a", "b"], 8)
+    sample = store.sample(planner.pool_ids["depth"], ["a", "b"], 8)
     assert sample.images.shape == (8, 16, 16, 1)
 
 
@@ -200,13 +203,13 @@ recipes:
       T: {prompts: ["text only"]}
 """
     recipe = parse_recipes(text, path=Path("r.yaml"))["v"]
-    manager = PoolManager({"v": recipe}, store, model_hash="m", pregenerate=True,
+    planner = PoolPlanner({"v": recipe}, store, model_hash="m", pregenerate=True,
                           data_root=root)
     # images x variants_per_image, capped at the capacity (4)
-    assert (manager.target("v", "P"), manager.target("v", "Q"), manager.target("v", "T")) == (
+    assert (planner.target("v", "P"), planner.target("v", "Q"), planner.target("v", "T")) == (
         4, 2, 4)
     seen: list[tuple[str | None, int]] = []
-    while (work := manager.next_idle_batch(4)) is not None:
+    while (work := planner.next_idle_batch(4)) is not None:
         if work.key.mode == "img2img" and work.items[0].prompt == "a wound":
             assert work.key.strength == 0.4 and (work.key.height, work.key.width) == (16, 16)
             for item in work.items:
@@ -219,42 +222,43 @@ recipes:
     # capacity 4 caps P at 4 variants: sources alternate, so both images are used twice
     assert sorted(v for _, v in seen) == [40, 40, 80, 80]
     assert len({h for h, _ in seen}) == 2
-    sample = store.sample(manager.pool_ids["v"], ["P"], 10)
+    sample = store.sample(planner.pool_ids["v"], ["P"], 10)
     assert sample.sources is not None and set(sample.sources) == {h for h, _ in seen}
-    assert store.fill(manager.pool_ids["v"]) == {"P": 4, "Q": 2, "T": 4}
+    assert store.fill(planner.pool_ids["v"]) == {"P": 4, "Q": 2, "T": 4}
     # the pool identity follows the folder's content
     _write_images(root / "wounds" / "P", 3)
-    other = PoolManager({"v": recipe}, store, model_hash="m", pregenerate=True, data_root=root)
-    assert other.pool_ids["v"] != manager.pool_ids["v"]
+    other = PoolPlanner({"v": recipe}, store, model_hash="m", pregenerate=True, data_root=root)
+    assert other.pool_ids["v"] != planner.pool_ids["v"]
 
 
 def test_outage_pauses_planning_keeps_finished_batches_and_resumes() -> None:
     cluster = PgCluster()
     try:
         cluster.start()
-        store = PoolStore(cluster.new_database(), capacity_per_label=4)
-        manager = PoolManager({"r": _recipe(labels={"a": LabelSpec(prompts=["x"])})}, store,
+        store = open_pool(cluster.new_database(), capacity_per_label=4)
+        planner = PoolPlanner({"r": _recipe(labels={"a": LabelSpec(prompts=["x"])})}, store,
                               model_hash="m", pregenerate=True)
-        work = manager.next_idle_batch(2)
+        work = planner.next_idle_batch(2)
         assert work is not None
         cluster.stop()
         work.on_done(_outcome(work))  # the database is gone: the batch is kept
-        assert manager.paused and manager.unsaved_images == 2
-        assert manager.next_idle_batch(2) is None and manager.paused
+        assert planner.paused and planner.unsaved_images == 2
+        assert planner.next_idle_batch(2) is None and planner.paused
+        serving = PoolServing(planner)
         with pytest.raises(PoolUnavailableError) as info:
-            manager.detail("r")
+            serving.detail("r")
         assert info.value.status == 503 and info.value.headers["Retry-After"]
-        assert manager.summary("r")["fill"] == {"a": 0}  # last known counts, no error
+        assert serving.summary("r")["fill"] == {"a": 0}  # last known counts, no error
         cluster.start()
         deadline = time.monotonic() + 30
-        rest = manager.next_idle_batch(2)  # stores the kept batch first, then plans
+        rest = planner.next_idle_batch(2)  # stores the kept batch first, then plans
         while rest is None and time.monotonic() < deadline:  # as the batcher's back-off does
             time.sleep(0.5)
-            rest = manager.next_idle_batch(2)
-        assert rest is not None and not manager.paused and manager.unsaved_images == 0
+            rest = planner.next_idle_batch(2)
+        assert rest is not None and not planner.paused and planner.unsaved_images == 0
         rest.on_done(_outcome(rest))
-        assert manager.next_idle_batch(2) is None
-        stats = store.stats(manager.pool_ids["r"], ["a"])["a"]
+        assert planner.next_idle_batch(2) is None
+        stats = store.stats(planner.pool_ids["r"], ["a"])["a"]
         assert (stats.fill, stats.generated, stats.reserved) == (4, 4, 0)
         store.close()
     finally:

@@ -26,35 +26,21 @@ import numpy as np
 import pytest
 from _postgres import PgCluster, shared_cluster
 
-from genaug.client.wire import decode_batch
-from genaug.demo import free_port, running_service
-from genaug.service.pool.store import PoolStore
+from genaug.local_service import free_port, running_service
+from genaug.service.pool.open import open_pool
 from genaug.service.testing import read_metric, wait_ready
+from genaug.wire import decode_batch
 
-RECIPE = """
-recipes:
-  - name: shapes
-    height: 32
-    width: 32
-    steps: 2
-    guidance: 3.0
-    base_seed: 7
-    labels:
-      circle: {prompts: ["a circle", "a round circle"]}
-      square: {prompts: ["a square"]}
-      triangle: {prompts: ["a triangle"], negative_prompt: "blurry"}
-"""
-LABELS = ["circle", "square", "triangle"]
+LABELS = ["circle", "square", "triangle"]  # of the shapes_recipe fixture
 
 
 @contextlib.contextmanager
-def replicas(tmp_path: Path, names: list[str], *args: str,
+def replicas(recipes: Path, names: list[str], *args: str,
              env: dict[str, str] | None = None) -> Iterator[list[Any]]:
     """Service processes started together (their start-ups overlap), yielded once all are
-    ready as objects with ``url``, ``proc`` and ``log``; all stopped on exit."""
-    recipes = tmp_path / "recipes.yaml"
-    if not recipes.exists():
-        recipes.write_text(RECIPE)
+    ready as objects with ``url``, ``proc`` and ``log``; all stopped on exit. ``recipes``
+    is the ``shapes_recipes_file`` fixture; the logs go beside it."""
+    tmp_path = recipes.parent
     child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     child_env.pop("GENAUG_POOL_PATH", None)
     ports: list[int] = []
@@ -81,10 +67,10 @@ def replicas(tmp_path: Path, names: list[str], *args: str,
 
 
 @contextlib.contextmanager
-def replica(tmp_path: Path, name: str, *args: str,
+def replica(recipes: Path, name: str, *args: str,
             env: dict[str, str] | None = None) -> Iterator[Any]:
     """One service process; yields an object with ``url``, ``proc`` and ``log``."""
-    with replicas(tmp_path, [name], *args, env=env) as (live,):
+    with replicas(recipes, [name], *args, env=env) as (live,):
         yield live
 
 
@@ -103,7 +89,7 @@ def wait_until(check: Any, timeout: float = 180, what: str = "") -> None:
 
 def pool_contents(url: str, pid: str) -> tuple[dict[str, list[int]], list[int]]:
     """Plan indices per label and every seed, read straight from the database."""
-    with PoolStore(url, capacity_per_label=10**6) as store:
+    with open_pool(url, capacity_per_label=10**6) as store:
         return store.plan_indices(pid), [seed for _, seed, _ in store.iter_images(pid)]
 
 
@@ -112,11 +98,11 @@ def pool_generated(live: Any) -> float:
 
 
 def test_two_replicas_fill_exactly_to_target_and_sample_each_others_images(
-    tmp_path: Path,
+    shapes_recipes_file: Path,
 ) -> None:
     url = shared_cluster().new_database()
     args = ["--pool-url", url, "--pool-capacity-per-label", "100", "--pregenerate", "false"]
-    with replicas(tmp_path, ["a", "b"], *args) as (a, b):
+    with replicas(shapes_recipes_file, ["a", "b"], *args) as (a, b):
         for live in (a, b):  # a fill asked of either replica is every replica's target
             r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 12})
             assert r.status_code == 200, r.text
@@ -139,10 +125,10 @@ def test_two_replicas_fill_exactly_to_target_and_sample_each_others_images(
         assert min(made.values()) > 0, f"one replica did all the work: {made}"
 
 
-def test_a_killed_replicas_work_is_finished_by_the_other(tmp_path: Path) -> None:
+def test_a_killed_replicas_work_is_finished_by_the_other(shapes_recipes_file: Path) -> None:
     url = shared_cluster().new_database()
     args = ["--pool-url", url, "--pool-capacity-per-label", "100", "--pregenerate", "false"]
-    with replicas(tmp_path, ["a", "b"], *args) as (a, b):
+    with replicas(shapes_recipes_file, ["a", "b"], *args) as (a, b):
         for live in (a, b):
             r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 24})
             assert r.status_code == 200, r.text
@@ -169,12 +155,13 @@ def test_a_killed_replicas_work_is_finished_by_the_other(tmp_path: Path) -> None
         assert gaps == 0 or "expired" in log, (gaps, log[-2000:])
 
 
-def test_database_outage_while_serving(tmp_path: Path) -> None:
+def test_database_outage_while_serving(shapes_recipes_file: Path) -> None:
     cluster = PgCluster()
     try:
         cluster.start()
         url = cluster.new_database()
-        with replica(tmp_path, "a", "--pool-url", url, "--pool-capacity-per-label", "30") as a:
+        with replica(shapes_recipes_file, "a", "--pool-url", url,
+                     "--pool-capacity-per-label", "30") as a:
             wait_until(lambda: sum(detail(a)["fill"].values()) >= 6, what="some images")
             pid = detail(a)["pool_id"]
             _, before = pool_contents(url, pid)
@@ -205,9 +192,7 @@ def test_database_outage_while_serving(tmp_path: Path) -> None:
         cluster.destroy()
 
 
-def _serve_exit(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    recipes = tmp_path / "recipes.yaml"
-    recipes.write_text(RECIPE)
+def _serve_exit(recipes: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     run = subprocess.run(
         [sys.executable, "-m", "genaug.service", "--port", "1", "--recipes", str(recipes),
@@ -216,10 +201,12 @@ def _serve_exit(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -
     return run.returncode, run.stderr
 
 
-def test_bad_pool_configuration_exits_2_with_one_line(tmp_path: Path) -> None:
+def test_bad_pool_configuration_exits_2_with_one_line(
+    tmp_path: Path, shapes_recipes_file: Path
+) -> None:
     cluster = shared_cluster()
     old = cluster.new_database()
-    with PoolStore(old, capacity_per_label=1) as store, store._tx(write=True) as conn:
+    with open_pool(old, capacity_per_label=1) as store, store._tx(write=True) as conn:
         store._exec(conn, "UPDATE meta SET value = '7' WHERE key = 'schema_version'")
     cases = [
         (["--pool-url", cluster.url(password="not-it")], {}, "password authentication failed"),
@@ -233,7 +220,7 @@ def test_bad_pool_configuration_exits_2_with_one_line(tmp_path: Path) -> None:
         (["--replica", "2/2", "--pool-path", str(tmp_path / "p.db")], {}, "GENAUG_REPLICA"),
     ]
     for args, env, words in cases:
-        code, err = _serve_exit(tmp_path, *args, env=env)
+        code, err = _serve_exit(shapes_recipes_file, *args, env=env)
         # one line says what is wrong (log records, timestamped, may precede it)
         lines = [line for line in err.splitlines()
                  if line.strip() and not re.match(r"\d{4}-\d\d-\d\d ", line)]
@@ -243,10 +230,9 @@ def test_bad_pool_configuration_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_sqlite_replicas_with_a_plan_partition_never_repeat_a_seed(
-    make_service: Any, tmp_path: Path
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
 ) -> None:
-    recipes = tmp_path / "recipes.yaml"
-    recipes.write_text(RECIPE)
+    recipes = shapes_recipes_file
     # One pool filled without a partition first: turned on later, each replica continues
     # after the file's highest index, in its own residue class.
     seed_pool = tmp_path / "seed.db"
@@ -264,7 +250,7 @@ def test_sqlite_replicas_with_a_plan_partition_never_repeat_a_seed(
                             max_batch_images=4, replica=f"{i}/2")
         wait_until(lambda live=live: sum(_fill(live).values()) == 30, what="a replica's fill")
         live.stop()
-        with PoolStore(path, capacity_per_label=100) as store:
+        with open_pool(path, capacity_per_label=100) as store:
             (pid,) = store.pools()
             everything = store.plan_indices(pid)
             new.append({k: [x for x in v if x >= 3] for k, v in everything.items()})

@@ -17,25 +17,12 @@ import numpy as np
 import pytest
 
 from genaug.client import Client
-from genaug.client.wire import decode_batch
-from genaug.service.pool.store import PoolStore
-
-RECIPE = """
-recipes:
-  - name: shapes
-    height: 32
-    width: 32
-    steps: 2
-    guidance: 3.0
-    base_seed: 7
-    labels:
-      circle: {prompts: ["a circle", "a round circle"]}
-      square: {prompts: ["a square"]}
-      triangle: {prompts: ["a triangle"], negative_prompt: "blurry"}
-"""
+from genaug.service.pool.open import open_pool
+from genaug.wire import decode_batch
 
 
-def write_recipe(tmp_path: Path, text: str = RECIPE, name: str = "recipes.yaml") -> Path:
+def write_recipe(tmp_path: Path, text: str, name: str = "recipes.yaml") -> Path:
+    """Write a variant of the ``shapes_recipe`` fixture's text."""
     path = tmp_path / name
     path.write_text(text)
     return path
@@ -62,9 +49,9 @@ def sample(live: Any, body: dict[str, Any], name: str = "shapes") -> httpx.Respo
 
 
 def test_pools_fill_in_the_background_and_stop_when_full(
-    make_service: Any, tmp_path: Path
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
 ) -> None:
-    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pool_capacity_per_label=6, max_batch_images=4)
     detail = wait_fill(live, 6)
     assert detail["fill"] == {"circle": 6, "square": 6, "triangle": 6}
@@ -85,12 +72,12 @@ def test_pools_fill_in_the_background_and_stop_when_full(
 
 
 def test_small_samples_are_read_on_the_event_loop_large_ones_in_a_thread(
-    make_service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shapes_recipes_file: Path
 ) -> None:
     """Up to 786 KB of pixels (here 256 images of 32x32 RGB) a sample is read on the event
     loop, without the hop to a thread; one image more and it goes to a thread. (With full
     pools and an hour's lease nothing else writes, so ``sample_now`` never meets the lock.)"""
-    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pool_capacity_per_label=6, max_batch_images=4, pool_lease_s=3600)
     wait_fill(live, 6)
     store = live.state.pools.store
@@ -114,8 +101,10 @@ def test_small_samples_are_read_on_the_event_loop_large_ones_in_a_thread(
     assert len(decode_batch(sample(live, {"n": 257}).content)) == 18
     assert [call for call, _ in seen] == ["sample"] and seen[0][1] != loop_thread
 
-def test_sample_shapes_labels_counts_and_served(make_service: Any, tmp_path: Path) -> None:
-    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+def test_sample_shapes_labels_counts_and_served(
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
+) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pool_capacity_per_label=6)
     wait_fill(live, 6)
     r = sample(live, {"n": 9})
@@ -141,8 +130,8 @@ def test_sample_shapes_labels_counts_and_served(make_service: Any, tmp_path: Pat
     np.testing.assert_array_equal(decode_batch(direct.content).images[0], one.images[0])
 
 
-def test_sample_errors(make_service: Any, tmp_path: Path) -> None:
-    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+def test_sample_errors(make_service: Any, tmp_path: Path, shapes_recipes_file: Path) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pool_capacity_per_label=2)
     r = sample(live, {"n": 1}, name="nope")
     assert r.status_code == 404 and "shapes" in r.json()["error"]["message"]
@@ -157,9 +146,9 @@ def test_sample_errors(make_service: Any, tmp_path: Path) -> None:
 
 
 def test_wait_s_generates_on_demand_and_never_waits_longer(
-    make_service: Any, tmp_path: Path
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
 ) -> None:
-    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pregenerate=False)
     assert sum(recipe_detail(live)["fill"].values()) == 0
     r = sample(live, {"labels": "circle", "n": 0, "wait_s": 0})
@@ -179,9 +168,9 @@ def test_wait_s_generates_on_demand_and_never_waits_longer(
 
 
 def test_restart_keeps_images_and_a_changed_prompt_starts_a_new_pool(
-    make_service: Any, tmp_path: Path
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path, shapes_recipe: str
 ) -> None:
-    recipes, db = write_recipe(tmp_path), tmp_path / "pool.db"
+    recipes, db = shapes_recipes_file, tmp_path / "pool.db"
     first = make_service(recipes=recipes, pool_path=db, pool_capacity_per_label=4)
     before = wait_fill(first, 4)
     seeds_before = set(decode_batch(sample(first, {"n": 12}).content).seeds.tolist())
@@ -192,7 +181,7 @@ def test_restart_keeps_images_and_a_changed_prompt_starts_a_new_pool(
     seeds_after = set(decode_batch(sample(again, {"n": 12}).content).seeds.tolist())
     assert seeds_after == seeds_before
     again.stop()
-    changed = write_recipe(tmp_path, RECIPE.replace("a square", "a blue square"), "v2.yaml")
+    changed = write_recipe(tmp_path, shapes_recipe.replace("a square", "a blue square"), "v2.yaml")
     third = make_service(recipes=changed, pool_path=db, pool_capacity_per_label=4,
                          pregenerate=False)
     detail = recipe_detail(third)
@@ -201,8 +190,10 @@ def test_restart_keeps_images_and_a_changed_prompt_starts_a_new_pool(
     assert not set(decode_batch(sample(third, {"n": 12}).content).seeds.tolist())
 
 
-def test_direct_request_waits_at_most_one_prefill_batch(make_service: Any, tmp_path: Path) -> None:
-    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+def test_direct_request_waits_at_most_one_prefill_batch(
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
+) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pool_capacity_per_label=1000, max_batch_images=4)
     deadline = time.monotonic() + 30
     while len(live.worker.calls) < 2:  # pre-generation is running
@@ -218,8 +209,10 @@ def test_direct_request_waits_at_most_one_prefill_batch(make_service: Any, tmp_p
         assert position <= started + 1, (position, started)
 
 
-def test_concurrent_samples_during_filling_all_succeed(make_service: Any, tmp_path: Path) -> None:
-    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+def test_concurrent_samples_during_filling_all_succeed(
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
+) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pool_capacity_per_label=40, max_batch_images=4)
 
     def one(i: int) -> tuple[int, int]:
@@ -233,8 +226,10 @@ def test_concurrent_samples_during_filling_all_succeed(make_service: Any, tmp_pa
     assert sum(count for count, _ in results) > 0
 
 
-def test_pregenerate_and_export_cli(make_service: Any, tmp_path: Path) -> None:
-    live = make_service(recipes=write_recipe(tmp_path), pool_path=tmp_path / "pool.db",
+def test_pregenerate_and_export_cli(
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
+) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pregenerate=False)
     env = {**os.environ, "GENAUG_POOL_PATH": str(tmp_path / "pool.db")}
     run = subprocess.run(
@@ -258,8 +253,8 @@ def test_pregenerate_and_export_cli(make_service: Any, tmp_path: Path) -> None:
     assert Image.open(files[0]).size == (32, 32)
 
 
-def test_bad_recipe_file_fails_startup_clearly(tmp_path: Path) -> None:
-    bad = write_recipe(tmp_path, RECIPE.replace("steps: 2", "steps: 0"), "bad.yaml")
+def test_bad_recipe_file_fails_startup_clearly(tmp_path: Path, shapes_recipe: str) -> None:
+    bad = write_recipe(tmp_path, shapes_recipe.replace("steps: 2", "steps: 0"), "bad.yaml")
     run = subprocess.run(
         [sys.executable, "-m", "genaug.service", "--recipes", str(bad), "--port", "1"],
         capture_output=True, text=True, timeout=120,
@@ -276,8 +271,10 @@ def test_recipe_routes_without_recipes_are_404(service: Any, path: str) -> None:
     assert httpx.get(service.url + "/v1/recipes").json() == {"recipes": []}
 
 
-def test_pregenerate_in_process_resumes_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
-    recipes, db = write_recipe(tmp_path), tmp_path / "pool.db"
+def test_pregenerate_in_process_resumes_and_stops_cleanly_on_ctrl_c(
+    tmp_path: Path, shapes_recipes_file: Path
+) -> None:
+    recipes, db = shapes_recipes_file, tmp_path / "pool.db"
     env = {**os.environ, "GENAUG_RECIPES": str(recipes), "GENAUG_POOL_PATH": str(db),
            "GENAUG_MAX_BATCH_IMAGES": "2", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "genaug.cli", "pregenerate", "--recipe", "shapes",
@@ -295,7 +292,7 @@ def test_pregenerate_in_process_resumes_and_stops_cleanly_on_ctrl_c(tmp_path: Pa
     assert "Traceback" not in err, err[-2000:]
     kept = _fill(db)
     assert all(v % 2 == 0 for v in kept.values())  # whole batches of 2
-    with PoolStore(db, capacity_per_label=1000) as store:
+    with open_pool(db, capacity_per_label=1000) as store:
         assert store.integrity_check() == "ok"
     # resumable: a second run counts what exists and adds only the rest
     target = max(kept.values()) + 2
@@ -306,16 +303,15 @@ def test_pregenerate_in_process_resumes_and_stops_cleanly_on_ctrl_c(tmp_path: Pa
 
 
 def _fill(db: Path) -> dict[str, int]:
-    with PoolStore(db, capacity_per_label=1000) as store:
+    with open_pool(db, capacity_per_label=1000) as store:
         pools = store.pools()
         return store.fill(pools[0]) if pools else {}
 
 
 def test_pool_list_and_drop_commands(tmp_path: Path) -> None:
-    from genaug.service.pool.store import PoolStore as Store
 
     db = tmp_path / "pool.db"
-    with Store(db, capacity_per_label=10) as store:
+    with open_pool(db, capacity_per_label=10) as store:
         store.add("shapes-aaaaaaaaaaaa", "circle", np.zeros((2, 4, 4, 3), np.uint8), [1, 2],
                   model_hash="m")
         store.add("shapes-bbbbbbbbbbbb", "circle", np.zeros((1, 4, 4, 3), np.uint8), [3],
@@ -332,7 +328,7 @@ def test_pool_list_and_drop_commands(tmp_path: Path) -> None:
     drop = subprocess.run([*base, "drop", "shapes-aaaaaaaaaaaa", "--pool-path", str(db)],
                           capture_output=True, text=True, timeout=120)
     assert drop.returncode == 0 and "2 images deleted" in drop.stdout, drop.stderr
-    with Store(db, capacity_per_label=10) as store:
+    with open_pool(db, capacity_per_label=10) as store:
         assert store.pools() == ["shapes-bbbbbbbbbbbb"]
     nowhere = subprocess.run([*base, "list", "--pool-path", str(tmp_path / "none.db")],
                              capture_output=True, text=True, timeout=120)
@@ -340,13 +336,13 @@ def test_pool_list_and_drop_commands(tmp_path: Path) -> None:
 
 
 def test_variant_pool_from_real_images_with_the_real_pipeline(
-    make_service: Any, tmp_path: Path
+    make_service: Any, tmp_path: Path, shapes_recipe: str
 ) -> None:
     """A label with `images:` is filled with img2img variants by the real pipeline, and the
     pool remembers each variant's source."""
     from PIL import Image
 
-    from genaug.service.recipes.spec import source_hash
+    from genaug.service.recipes.sources import source_hash
 
     folder = tmp_path / "real" / "circles"
     folder.mkdir(parents=True)
@@ -356,7 +352,7 @@ def test_variant_pool_from_real_images_with_the_real_pipeline(
         pixels[8:24, 8:24] = colour
         Image.fromarray(pixels).save(folder / f"{k}.png")
         sources.append(source_hash(pixels))
-    text = RECIPE.replace(
+    text = shapes_recipe.replace(
         'circle: {prompts: ["a circle", "a round circle"]}',
         'circle: {prompts: ["a circle"], images: circles, strength: 0.5, variants_per_image: 2}',
     )

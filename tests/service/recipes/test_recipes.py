@@ -5,17 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from genaug.service.recipes.spec import (
-    LabelSpec,
-    Recipe,
-    RecipeError,
-    check_recipes,
-    load_label_sources,
-    load_recipes,
-    parse_recipes,
-    pool_id,
-    source_hash,
-)
+from genaug.service.recipes.load import check_recipes, load_recipes, parse_recipes
+from genaug.service.recipes.sources import load_label_sources, source_hash
+from genaug.service.recipes.spec import LabelSpec, Recipe, RecipeError, pool_id
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 from safetensors.numpy import save
 
-from genaug.client.wire import WireError, decode_batch, encode_batch, encode_png_grid
+from genaug.wire import WireError, decode_batch, encode_batch, encode_png_grid
 
 METADATA: dict[str, Any] = {
     "model_hash": "ab12cd34ef56ab78",

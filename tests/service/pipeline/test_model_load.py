@@ -16,13 +16,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from genaug.service.pipeline.load import (
-    LoadedModel,
-    ModelLoadError,
-    load_model,
-    resolve_device,
-    resolve_dtype,
-)
+from genaug.service.pipeline.device import resolve_device, resolve_dtype
+from genaug.service.pipeline.load import LoadedModel, ModelLoadError, load_model
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 
 STEPS = 4
@@ -268,6 +263,19 @@ def test_mismatched_unet_weights_list_keys(tiny: LoadedModel, tmp_path: Path) ->
     save_file(state, str(path))
     with pytest.raises(ModelLoadError, match=r"conv_out.bias \(5,\) vs \(4,\)"):
         load_tiny(unet_weights=path)
+
+
+def test_the_service_finds_the_unet_where_convert_unet_does(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    # One reader: a tensors-only training checkpoint (no unpickling needed) loads as it is,
+    # found under its wrapper with its DDP/compile prefixes stripped.
+    state = perturbed_unet_state(tiny.pipeline)
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model_state_dict": {"module._orig_mod." + k: v for k, v in state.items()},
+                "epoch": 12}, str(path))
+    tuned = load_tiny(unet_weights=path)
+    assert torch.equal(tuned.pipeline.unet.conv_out.weight, state["conv_out.weight"])
 
 
 def test_bad_unet_weights_files(tmp_path: Path) -> None:

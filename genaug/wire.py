@@ -1,4 +1,7 @@
-"""Wire codecs shared by the service and the clients.
+"""Wire codecs shared by the service and the clients (``genaug.wire``, owned by both sides).
+
+It lives at the package root, below both: the service and ``genaug.client`` import it from
+here, and it needs only numpy and safetensors (``pip install genaug[client]``).
 
 Batches travel as safetensors: a JSON header, then raw little-endian tensors. Safe to parse
 (no pickle), zero-copy to decode, no base64. Tensors: ``images`` uint8 ``[N, H, W, C]`` with

@@ -1,0 +1,182 @@
+"""The generation routes: ``POST /v1/generate`` (text to image) and ``POST /v1/variants``
+(img2img variants of uploaded sources).
+
+Each route reads its body (:mod:`~genaug.service.intake.parse`,
+:mod:`~genaug.service.intake.uploads`) and plans the work
+(:mod:`~genaug.service.intake.plan`); from there both take one way, :func:`serve_job`: submit
+to the batcher, wait (499 if the client leaves, 504 past the deadline), encode a PNG or a
+safetensors batch with its metadata, and answer with the seeds in ``X-Genaug-Seeds``.
+
+Example::
+
+    curl -X POST http://127.0.0.1:8000/v1/generate -H 'Accept: image/png' \\
+         -d '{"prompt": "a red circle", "n": 4}' -o grid.png
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from genaug import __version__
+from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, encode_png_grid
+
+from ..batching.batcher import Batcher, Job
+from ..batching.items import GroupKey, Item
+from ..errors import DeadlineExceededError
+from ..intake.parse import read_body
+from ..intake.plan import plan_items, plan_variants
+from ..intake.schemas import GenerationFields
+from ..intake.uploads import read_upload
+from .requests import client_identity, state_of, wants_png
+from .responses import GENERATE_ERRORS, encoded
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/generate",
+    tags=["generation"],
+    responses={
+        200: {
+            "content": {SAFETENSORS_MEDIA_TYPE: {}, PNG_MEDIA_TYPE: {}},
+            "description": "safetensors batch (images uint8 [n,h,w,c], seeds int64 [n]) "
+            "or, with Accept: image/png, one PNG (a grid when n > 1)",
+        },
+        **GENERATE_ERRORS,
+    },
+)
+async def generate(request: Request) -> Response:
+    """Generate ``n`` images; batched with other requests of the same size and steps."""
+    started = time.monotonic()
+    state = state_of(request)
+    body = await read_body(request, state.api.generate, state.api.hints["generate"])
+    key, items = plan_items(body, state.defaults())
+    resolved = {
+        "height": key.height,
+        "width": key.width,
+        "steps": key.steps,
+        "guidance": items[0].guidance,
+        "output_height": items[0].output_height,
+        "output_width": items[0].output_width,
+        "scheduler": key.scheduler,
+    }
+    return await serve_job(request, "generate", body, key, items, started=started,
+                           resolved=resolved)
+
+
+@router.post(
+    "/v1/variants",
+    tags=["generation"],
+    responses={
+        200: {
+            "content": {SAFETENSORS_MEDIA_TYPE: {}, PNG_MEDIA_TYPE: {}},
+            "description": "safetensors batch (images uint8 [n,h,w,c], seeds int64 [n], "
+            "sources int32 [n]: the source each variant came from, source-major) or, with "
+            "Accept: image/png, one PNG grid",
+        },
+        **GENERATE_ERRORS,
+    },
+)
+async def variants(request: Request) -> Response:
+    """img2img variants of the uploaded sources (Real Guidance / DA-Fusion): ``n_per_image``
+    each, ``strength`` of the schedule run from the noised source."""
+    started = time.monotonic()
+    state = state_of(request)
+    settings = state.settings
+    upload = await read_upload(
+        request, state.api.variants, state.api.hints["variants"],
+        max_sources=settings.max_variant_sources, max_side=settings.max_side,
+    )
+    key, items, sources = plan_variants(upload, state.defaults())
+    resolved = {"height": key.height, "width": key.width, "steps": key.steps,
+                "strength": key.strength, "guidance": items[0].guidance,
+                "scheduler": key.scheduler}
+    # Items are source-major, n_per_image each: the first of each names its source's hash.
+    hashes = [item.source_hash for item in items[:: upload.params.n_per_image]]
+    return await serve_job(request, "variants", upload.params, key, items, started=started,
+                           resolved=resolved, sources=sources, source_hashes=hashes)
+
+
+async def serve_job(
+    request: Request,
+    route: str,
+    body: GenerationFields,
+    key: GroupKey,
+    items: list[Item],
+    *,
+    started: float,
+    resolved: dict[str, Any],
+    sources: np.ndarray | None = None,
+    source_hashes: list[str | None] | None = None,
+) -> Response:
+    """Submit the planned work for this client, wait for it and answer: 499 when the client
+    left, else a PNG grid (``Accept: image/png``) or a safetensors batch whose metadata holds
+    the request, what its defaults ``resolved`` to (and the ``source_hashes`` of variants),
+    the model's hash and the version; the seeds in ``X-Genaug-Seeds``. Records the latency
+    under ``route``."""
+    state = state_of(request)
+    client = client_identity(request)
+    batcher = state.require_batcher()
+    timeout = body.timeout_s or state.settings.request_timeout_s
+    job = batcher.submit(key, items, client=client, priority=body.priority, timeout_s=timeout)
+    images = await wait_for_job(job, batcher, request)
+    if images is None:
+        return Response(status_code=499)  # client closed the connection; nobody reads this
+    seeds = np.array([item.seed for item in items], dtype=np.int64)
+    if wants_png(request):
+        payload = await asyncio.to_thread(encode_png_grid, images)
+        media = PNG_MEDIA_TYPE
+    else:
+        metadata: dict[str, Any] = {"request": body.model_dump(mode="json"), "resolved": resolved}
+        if source_hashes is not None:
+            metadata["source_hashes"] = source_hashes
+        metadata["model_hash"] = state.model.weights_hash if state.model else ""
+        metadata["genaug_version"] = __version__
+        payload = await encoded(images, lambda: encode_batch(
+            images, seeds, sources=sources, metadata=metadata))
+        media = SAFETENSORS_MEDIA_TYPE
+    state.metrics.request_latency.labels(route).observe(time.monotonic() - started)
+    return Response(payload, media_type=media, headers={"X-Genaug-Seeds": _seed_header(seeds)})
+
+
+async def _until_disconnect(request: Request) -> None:
+    # After the body is read, the next ASGI message is http.disconnect when the client goes.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def wait_for_job(job: Job, batcher: Batcher, request: Request) -> np.ndarray | None:
+    """The job's images; ``None`` if the client went away; 504 past the deadline."""
+    result = asyncio.ensure_future(job.result())
+    gone = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        timeout = max(0.0, job.deadline - time.monotonic())
+        done, _ = await asyncio.wait(
+            {result, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        gone.cancel()
+    if result in done:
+        return result.result()
+    result.cancel()
+    if gone in done:
+        batcher.forget(job, "disconnected")
+        return None
+    batcher.forget(job, "expired")
+    raise DeadlineExceededError(
+        f"request {job.id} did not finish within its timeout_s; raise timeout_s, ask for "
+        "fewer images, or retry when the queue is shorter"
+    )
+
+
+def _seed_header(seeds: np.ndarray) -> str:
+    text = ",".join(str(int(s)) for s in seeds[:16])
+    return text + (",..." if len(seeds) > 16 else "")

@@ -1,0 +1,123 @@
+"""The recipe routes: list the recipes, one recipe's detail, sample from its pool, fill it.
+
+``POST /v1/recipes/{name}/sample`` is the hot one: most calls are answered before this router
+by :class:`~genaug.service.api.fastpath.DirectSample`, which calls :func:`sample` here
+directly; the route stays registered and documents the operation.
+
+Example::
+
+    curl -X POST http://127.0.0.1:8000/v1/recipes/digits/sample -d '{"n": 64}' -o batch.st
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from genaug import __version__
+from genaug.wire import SAFETENSORS_MEDIA_TYPE, encode_batch
+
+from ..intake.parse import read_body
+from ..pool.serving import PoolServing, empty_images, unknown_recipe
+from .requests import state_of
+from .responses import (
+    RECIPE_ERRORS,
+    RecipeDetail,
+    RecipeList,
+    RecipeSummary,
+    encoded,
+    error_responses,
+)
+from .state import AppState
+
+router = APIRouter()
+
+
+@router.get("/v1/recipes", response_model=RecipeList, tags=["recipes"],
+            responses=error_responses(503))
+async def list_recipes(request: Request) -> RecipeList:
+    """Recipes with their pools' fill per label (empty when no recipes are configured)."""
+    state = state_of(request)
+    if not state.recipes:
+        return RecipeList(recipes=[])
+    pools = state.require_pools()
+    summaries = await asyncio.to_thread(
+        lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
+    )
+    return RecipeList(recipes=summaries)
+
+
+def _pools_for(state: AppState, name: str) -> PoolServing:
+    if name not in state.recipes:
+        raise unknown_recipe(name, state.recipes)
+    return state.require_pools()
+
+
+@router.get(
+    "/v1/recipes/{name}", response_model=RecipeDetail, tags=["recipes"],
+    responses=RECIPE_ERRORS,
+)
+async def recipe_detail(name: str, request: Request) -> RecipeDetail:
+    """Spec, pool identity, per-label fill, generated and served totals, generation rate."""
+    pools = _pools_for(state_of(request), name)
+    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
+
+
+@router.post(
+    "/v1/recipes/{name}/sample",
+    tags=["recipes"],
+    responses={
+        200: {
+            "content": {SAFETENSORS_MEDIA_TYPE: {}},
+            "description": "safetensors batch: images uint8 [k,h,w,c], labels int32 [k] "
+            "(indices into the label_names metadata), seeds int64 [k]; k <= n",
+        },
+        **RECIPE_ERRORS,
+    },
+)
+async def sample(name: str, request: Request) -> Response:
+    """Up to ``n`` pre-generated images spread over ``labels``, at once (or after up to
+    ``wait_s`` of generation). The count returned is explicit; none is not an error."""
+    started = time.monotonic()
+    state = state_of(request)
+    pools = _pools_for(state, name)
+    body = await read_body(request, state.api.sample[name], state.api.hints["sample"])
+    recipe = pools.recipe(name)
+    labels = pools.resolve_labels(recipe, body.labels)
+    result, recipe = await pools.sample(name, labels, body.n, body.wait_s)
+    images = result.images if len(result) else empty_images(recipe)
+    metadata = {
+        "recipe": name,
+        "label_names": recipe.label_names,
+        "pool_id": pools.pool_ids[name],
+        "requested": body.n,
+        "returned": len(result),
+        "genaug_version": __version__,
+    }
+    if result.sources is not None and any(result.sources):
+        # img2img variants: which real image each came from (hash of its pixels; None for
+        # text-to-image labels), as /v1/variants answers source_hashes.
+        metadata["source_hashes"] = list(result.sources)
+    payload = await encoded(images, lambda: encode_batch(
+        images, result.seeds, labels=result.label_indices(recipe.label_names), metadata=metadata
+    ))
+    state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
+    return Response(payload, media_type=SAFETENSORS_MEDIA_TYPE,
+                    headers={"X-Genaug-Count": str(len(result))})
+
+
+@router.post(
+    "/v1/recipes/{name}/fill", response_model=RecipeDetail, tags=["recipes"],
+    responses=RECIPE_ERRORS,
+)
+async def fill(name: str, request: Request) -> RecipeDetail:
+    """Fill every label of the recipe to at least ``per_label`` images (in the background,
+    when no request waits); answers at once with the current counts."""
+    state = state_of(request)
+    pools = _pools_for(state, name)
+    body = await read_body(request, state.api.fill[name], state.api.hints["fill"])
+    await asyncio.to_thread(pools.raise_target, name, body.per_label)
+    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))

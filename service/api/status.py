@@ -1,0 +1,205 @@
+"""The routes that report: probes (``/healthz``, ``/readyz``), ``/v1/info``, ``/metrics``,
+``/v1/clients``, ``/v1/status``, the recent images (``/v1/recent.png``) and the status page
+(``/``). They read the app's state and change nothing.
+
+Example::
+
+    curl http://127.0.0.1:8000/v1/status
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from genaug import __version__
+from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
+
+from ..intake.schemas import MIN_TIMEOUT_S
+from .requests import state_of
+from .responses import (
+    READ_ERRORS,
+    AdapterInfo,
+    ClientReport,
+    ClientsResponse,
+    DeviceInfo,
+    HealthResponse,
+    InfoResponse,
+    Limits,
+    ModelInfo,
+    RecipeSummary,
+    ReplicaInfo,
+    SpeedInfo,
+    StatusResponse,
+)
+from .state import AppState
+
+STATUS_PAGE = Path(__file__).parents[1] / "static" / "status.html"
+
+router = APIRouter()
+
+
+@router.get("/healthz", response_model=HealthResponse, tags=["probes"])
+async def healthz() -> HealthResponse:
+    """Liveness: the process answers."""
+    return HealthResponse(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=HealthResponse,
+    responses={503: {"model": HealthResponse}},
+    tags=["probes"],
+)
+async def readyz(request: Request) -> Response:
+    """Readiness: 200 only once the model is loaded and warmed up."""
+    state = state_of(request)
+    if state.ready:
+        return JSONResponse(HealthResponse(status="ready").model_dump())
+    detail = state.load_error or "loading"
+    return JSONResponse(
+        HealthResponse(status="not_ready", detail=detail).model_dump(), status_code=503
+    )
+
+
+def info_of(state: AppState) -> InfoResponse:
+    """What ``GET /v1/info`` answers, grouped: model, device, adapters, speed, replica, limits."""
+    s = state.settings
+    size, steps, guidance = state.defaults()
+    model = None
+    if state.model is not None:
+        model = ModelInfo(
+            kind=state.model.kind,
+            source=state.model.source,
+            hash=state.model.weights_hash,
+            dtype=str(state.model.dtype).removeprefix("torch."),
+            trained_on=getattr(state.model, "trained_on", None),
+        )
+    device = {k: v for k, v in state.device_info.items() if k in DeviceInfo.model_fields}
+    return InfoResponse(
+        version=__version__,
+        ready=state.ready,
+        auth=bool(s.api_keys),
+        model=model,
+        device=DeviceInfo(**device) if device else DeviceInfo(name=s.device, type="unknown"),
+        adapters=[AdapterInfo(**a) for a in state.adapters_info],
+        speed=SpeedInfo(**state.speed_info),
+        replica=ReplicaInfo(**state.replica_info),
+        limits=Limits(
+            max_n=s.max_n,
+            max_side=s.max_side,
+            max_steps=s.max_steps,
+            max_batch_images=s.max_batch_images,
+            max_queue_images=s.max_queue_images,
+            max_wait_ms=s.max_wait_ms,
+            max_prompt_chars=s.max_prompt_chars,
+            max_timeout_s=s.max_timeout_s,
+            min_timeout_s=MIN_TIMEOUT_S,
+            max_sample_n=s.max_sample_n,
+            max_body_bytes=s.max_body_bytes,
+            max_upload_bytes=s.max_upload_bytes,
+            max_variant_sources=s.max_variant_sources,
+            default_size=size,
+            default_steps=steps,
+            default_guidance=guidance,
+            default_timeout_s=s.request_timeout_s,
+        ),
+    )
+
+
+@router.get("/v1/info", response_model=InfoResponse, tags=["service"], responses=READ_ERRORS)
+async def info(request: Request) -> InfoResponse:
+    """Model, device, adapters, speed options, replica, limits and version."""
+    return info_of(state_of(request))
+
+
+@router.get("/metrics", response_class=PlainTextResponse, tags=["service"],
+            responses=READ_ERRORS)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def client_reports(state: AppState) -> list[ClientReport]:
+    """Per client identity: its use of the generator, its queue and its rejections."""
+    batcher = state.batcher
+    if batcher is None:
+        return []
+    queued = batcher.queue.by_client()
+    clients = batcher.activity.clients
+    total = sum(c.generation_s for c in clients.values()) or 1.0
+    reports = []
+    for name in sorted(set(clients) | set(queued)):
+        c = clients.get(name)
+        reports.append(ClientReport(
+            client=name,
+            requests=c.requests if c else 0,
+            images=c.images if c else 0,
+            generation_s=round(c.generation_s, 4) if c else 0.0,
+            generation_share=round(c.generation_s / total, 4) if c else 0.0,
+            queued_images=queued.get(name, 0),
+            rejected=c.rejected if c else 0,
+            dropped=c.dropped if c else 0,
+            failed=c.failed if c else 0,
+        ))
+    return reports
+
+
+@router.get("/v1/clients", response_model=ClientsResponse, tags=["service"],
+            responses=READ_ERRORS)
+async def clients(request: Request) -> ClientsResponse:
+    """Per client identity: requests, images, share of generation time, queue, rejections."""
+    return ClientsResponse(clients=client_reports(state_of(request)))
+
+
+@router.get("/v1/status", response_model=StatusResponse, tags=["service"],
+            responses=READ_ERRORS)
+async def status(request: Request) -> StatusResponse:
+    """What the status page shows: model, readiness, queue per client, throughput, pools."""
+    state = state_of(request)
+    batcher = state.batcher
+    recipes: list[RecipeSummary] = []
+    if state.pools is not None:
+        pools = state.pools
+        recipes = await asyncio.to_thread(
+            lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
+        )
+    return StatusResponse(
+        info=info_of(state),
+        queue_images=batcher.queued_images if batcher else 0,
+        busy=batcher.busy if batcher else False,
+        uptime_s=round(time.time() - state.started_at, 1),
+        clients=client_reports(state),
+        throughput=batcher.activity.throughput() if batcher else [],
+        recipes=recipes,
+        recent_images=len(batcher.activity.recent) if batcher else 0,
+    )
+
+
+@router.get(
+    "/v1/recent.png",
+    tags=["service"],
+    responses={200: {"content": {PNG_MEDIA_TYPE: {}}, "description": "a grid PNG"},
+               204: {"description": "nothing generated yet"}, **READ_ERRORS},
+)
+async def recent_png(request: Request) -> Response:
+    """The most recently generated images (requests and pools) as one grid PNG."""
+    batcher = state_of(request).batcher
+    if batcher is None or not batcher.activity.recent:
+        return Response(status_code=204)
+    images = list(batcher.activity.recent)
+    shape = images[-1].shape
+    same = np.stack([im for im in images if im.shape == shape])
+    payload = await asyncio.to_thread(encode_png_grid, same)
+    return Response(payload, media_type=PNG_MEDIA_TYPE, headers={"Cache-Control": "no-store"})
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def status_page() -> HTMLResponse:
+    """The self-contained status page (no CDN; refreshes itself)."""
+    return HTMLResponse(STATUS_PAGE.read_text(encoding="utf-8"))

@@ -1,0 +1,247 @@
+"""The recipes' pools as the routes see them: sample (waiting for fill), fill, summaries.
+
+:class:`PoolServing` is the one object the app and the routes use for pools
+(``AppState.pools``). It holds the :class:`~genaug.service.pool.planner.PoolPlanner` (the
+idle-time pre-generation the batcher asks for work) and its store, and adds what a request
+needs:
+
+- ``sample``: up to ``n`` images spread over labels, read on the event loop when small and
+  local, else in a thread; with ``wait_s`` it raises the labels' shared targets, wakes the
+  planner and waits (up to ``wait_s``) for each label to hold its share. Each sample is
+  demand the planner weighs labels by.
+- ``raise_target`` (``/fill``), ``summary`` (the list and the status page) and ``detail``.
+- :meth:`PoolServing.attach`, once the batcher runs, on the event loop: the app passes the
+  batcher's ``poke`` as ``wake``; this side makes it callable from any thread (and after a
+  delay) for the planner, and wakes waiting samples when the planner stores images. Neither
+  the planner nor this module holds the batcher.
+
+Outages. While the pool database is unreachable, samples, ``fill`` and ``detail`` answer 503
+with ``Retry-After`` (:class:`~genaug.service.errors.PoolUnavailableError`), the summary
+shows the last known counts, and generation requests are unaffected.
+
+Example::
+
+    pools = PoolServing(PoolPlanner(recipes, store, model_hash="ab12...-float32",
+                                    pregenerate=True))
+    batcher.idle_source = pools.planner
+    pools.attach(wake=batcher.poke)
+    sample, recipe = await pools.sample("wound-phases", ["I", "P"], n=64, wait_s=2.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidRequestError, NotFoundError, PoolUnavailableError
+from ..recipes.spec import Recipe
+from .planner import PoolPlanner
+from .types import LabelStats, PoolConnectionError, PoolSample
+
+__all__ = ["PoolServing", "empty_images", "unknown_recipe"]
+
+_RETRY_AFTER_S = 2
+# Pixels a sample may read on the event loop: 64 images of 64x64 RGB, about 2 ms; larger
+# samples (or one 1024x1024 image) go to a thread.
+_SAMPLE_NOW_MAX_BYTES = 64 * 64 * 64 * 3
+
+
+class PoolServing:
+    """Serves samples, fills and reports from the pools its planner keeps filled.
+
+    ``pool_ids``, ``recipes`` and ``store`` are the planner's.
+    """
+
+    def __init__(self, planner: PoolPlanner) -> None:
+        self.planner = planner
+        self.store = planner.store
+        self.recipes = planner.recipes
+        self.pool_ids = planner.pool_ids
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: Callable[[], None] | None = None
+        self._new_images: asyncio.Event | None = None
+
+    def attach(self, *, wake: Callable[[], None]) -> None:
+        """Called once the batcher exists, on the event loop: ``wake`` (called on the loop)
+        asks the batcher for idle work; the planner calls it when work appears and sampling
+        when a pool runs short."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = wake
+        self._new_images = asyncio.Event()
+        self.planner.connect(wake=self._wake_soon, stored=self._images_stored)
+
+    def _wake_soon(self, delay: float = 0.0) -> None:
+        """Call ``wake`` on the loop (from any thread), now or after ``delay`` seconds."""
+        wake, loop = self._wake, self._loop
+        if wake is None or loop is None or loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if delay > 0:
+            loop.call_soon_threadsafe(loop.call_later, delay, wake)
+        elif on_loop:
+            wake()
+        else:
+            loop.call_soon_threadsafe(wake)
+
+    def _images_stored(self) -> None:
+        """Store thread: wake samples waiting for images."""
+        if self._loop is not None and self._new_images is not None:
+            self._loop.call_soon_threadsafe(self._new_images.set)
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def recipe(self, name: str) -> Recipe:
+        recipe = self.recipes.get(name)
+        if recipe is None:
+            raise unknown_recipe(name, self.recipes)
+        return recipe
+
+    def resolve_labels(self, recipe: Recipe, labels: str | Sequence[str] | None) -> list[str]:
+        if labels is None:
+            return recipe.label_names
+        wanted = [labels] if isinstance(labels, str) else list(labels)
+        unknown = [label for label in wanted if label not in recipe.labels]
+        if unknown or not wanted:
+            raise InvalidRequestError(
+                f"labels {wanted!r}: recipe {recipe.name!r} has no label "
+                f"{', '.join(map(repr, unknown)) or '(empty list)'}; use some of "
+                f"{recipe.label_names} or leave labels out for all",
+                field="labels",
+            )
+        return list(dict.fromkeys(wanted))
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def raise_target(self, name: str, per_label: int, *, shared: bool = True) -> None:
+        """:meth:`PoolPlanner.raise_target` for a known recipe, 503 during an outage.
+        Blocking with ``shared``: call it from a thread."""
+        self.recipe(name)
+        with _unavailable():
+            self.planner.raise_target(name, per_label, shared=shared)
+
+    async def sample(
+        self, name: str, labels: list[str], n: int, wait_s: float
+    ) -> tuple[PoolSample, Recipe]:
+        """Up to ``n`` images over ``labels``; waits up to ``wait_s`` for each label to hold
+        its share, generating meanwhile (at bulk priority, when no request waits).
+
+        Raises :class:`~genaug.service.errors.PoolUnavailableError` (503, Retry-After) while
+        the pool database is unreachable."""
+        recipe = self.recipe(name)
+        pid = self.pool_ids[name]
+        now = time.monotonic()
+        share = math.ceil(n / len(labels)) if labels else 0
+        self.planner.add_demand(name, labels, share)
+        with _unavailable():
+            if wait_s > 0 and n > 0:
+                await self._wait_for(pid, labels, share, now + wait_s)
+            # Small samples from a local pool are answered on the loop when no writer holds
+            # the lock: the hop to a thread costs more than the read (bench/pool_latency.py).
+            height, width = recipe.output_size
+            small = n * height * width * recipe.output_channels <= _SAMPLE_NOW_MAX_BYTES
+            sample = self.store.sample_now(pid, labels, n) if small else None
+            if sample is None:
+                sample = await asyncio.to_thread(self.store.sample, pid, labels, n)
+        return sample, recipe
+
+    async def _wait_for(self, pid: str, labels: list[str], share: int, deadline: float) -> None:
+        raised = False
+        while True:
+            fill = await asyncio.to_thread(self.store.fill, pid)
+            short = [label for label in labels if fill.get(label, 0) < share]
+            remaining = deadline - time.monotonic()
+            if not short or remaining <= 0:
+                return
+            if not raised:  # pools grow to what is asked for, for every replica
+                want = min(share, self.store.capacity_per_label)
+                await asyncio.to_thread(self.store.set_target, pid, short, want)
+                raised = True
+            assert self._new_images is not None, "attach() the batcher first"
+            self._new_images.clear()
+            self._wake_soon()
+            try:
+                await asyncio.wait_for(self._new_images.wait(), timeout=min(remaining, 1.0))
+            except TimeoutError:
+                pass  # another replica may have added images: look again
+
+    # -- reports -----------------------------------------------------------------------------
+
+    def _stats(self, name: str, *, stale_ok: bool) -> dict[str, LabelStats]:
+        recipe = self.recipe(name)
+        try:
+            stats = self.store.stats(self.pool_ids[name], recipe.label_names)
+        except PoolConnectionError:
+            if stale_ok:  # the status page stays up through an outage, with the last counts
+                return self.planner.last_stats.get(name) or {
+                    label: LabelStats() for label in recipe.label_names}
+            raise
+        self.planner.last_stats[name] = stats
+        return stats
+
+    def summary(self, name: str, *, stats: dict[str, LabelStats] | None = None) -> dict[str, Any]:
+        """Name, labels, pool id, capacity, targets and fill (the last known fill while the
+        pool database is unreachable). Blocking: call it from a thread."""
+        recipe = self.recipe(name)
+        stats = stats if stats is not None else self._stats(name, stale_ok=True)
+        return {
+            "name": name,
+            "description": recipe.description,
+            "labels": recipe.label_names,
+            "pool_id": self.pool_ids[name],
+            "capacity_per_label": self.store.capacity_per_label,
+            "target_per_label": {label: self.planner.target(name, label, s.target)
+                                 for label, s in stats.items()},
+            "fill": {label: s.fill for label, s in stats.items()},
+        }
+
+    def detail(self, name: str) -> dict[str, Any]:
+        """:meth:`summary` plus spec, counts per label and rate; 503 during an outage."""
+        recipe = self.recipe(name)
+        with _unavailable():
+            stats = self._stats(name, stale_ok=False)
+        return {
+            **self.summary(name, stats=stats),
+            "spec": recipe.spec(),
+            "spec_hash": recipe.spec_hash(),
+            "model_hash": self.planner.model_hash,
+            "per_label": {label: s.as_dict() for label, s in stats.items()},
+            "totals": {
+                "fill": sum(s.fill for s in stats.values()),
+                "generated": sum(s.generated for s in stats.values()),
+                "served": sum(s.served for s in stats.values()),
+            },
+            "generation_rate": round(self.planner.generation_rate(name), 3),
+        }
+
+
+class _unavailable:  # noqa: N801 - used as `with _unavailable():`
+    """Turn a pool outage into the API's 503 with Retry-After."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, PoolConnectionError):
+            raise PoolUnavailableError(
+                f"{exc}; pre-generated images are unavailable for now, /v1/generate still "
+                f"works; retry after {_RETRY_AFTER_S} s",
+                headers={"Retry-After": str(_RETRY_AFTER_S)},
+            ) from exc
+
+
+def unknown_recipe(name: str, recipes: dict[str, Recipe]) -> NotFoundError:
+    known = ", ".join(sorted(recipes)) or "none (set GENAUG_RECIPES)"
+    return NotFoundError(f"no recipe named {name[:80]!r}; this service has: {known}")
+
+
+def empty_images(recipe: Recipe) -> np.ndarray:
+    h, w = recipe.output_size
+    return np.zeros((0, h, w, recipe.output_channels), np.uint8)

@@ -1,0 +1,146 @@
+"""The pool's vocabulary, shared by the store, its backends, the factory and the planner.
+
+- Errors: :class:`PoolError` and its kinds, :class:`PoolConfigError` (settings that can never
+  work), :class:`PoolConnectionError` (the database is unreachable now; retry later) and
+  :class:`PoolSchemaError` (a database newer than this genaug).
+- Values: :class:`LabelStats` (one label's counts), :class:`Reservation` (plan indices handed
+  to one planner) and :class:`PoolSample` (images drawn from a pool).
+- :func:`parse_partition` (``GENAUG_REPLICA=i/N``) and the constants every backend agrees on
+  (:data:`SCHEMA_VERSION`, :data:`PG_SCHEMES`, :data:`DEFAULT_LEASE_S`).
+
+A leaf: numpy only, no backend, no settings.
+
+Example::
+
+    parse_partition("1/2")                     # (1, 2)
+    LabelStats(fill=3, generated=5).as_dict()  # {"fill": 3, "generated": 5, ...}
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "LabelStats",
+    "PG_SCHEMES",
+    "PoolConfigError",
+    "PoolConnectionError",
+    "PoolError",
+    "PoolSample",
+    "PoolSchemaError",
+    "Reservation",
+    "SCHEMA_VERSION",
+    "parse_partition",
+]
+
+#: The database layout this genaug writes; older ones are upgraded in place, newer refused.
+SCHEMA_VERSION = 2
+#: URL schemes of a PostgreSQL pool (anything else is a SQLite path).
+PG_SCHEMES = ("postgresql://", "postgres://")
+#: Seconds a reservation lives without its owner's heartbeat.
+DEFAULT_LEASE_S = 60.0
+
+
+class PoolError(RuntimeError):
+    """The pool database cannot be opened or used; the message says why and what to do."""
+
+
+class PoolConfigError(PoolError):
+    """The pool settings can never work (bad URL, both a URL and a path, bad partition)."""
+
+
+class PoolConnectionError(PoolError):
+    """The pool database is unreachable now (outage, restart); retrying later may work."""
+
+
+class PoolSchemaError(PoolError):
+    """The database's schema is newer than this genaug knows; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LabelStats:
+    """Counts for one label of one pool, read in one snapshot.
+
+    ``fill``: images stored now; ``generated``: images ever added; ``served``: images ever
+    served; ``next_index``: plan indices ever handed out; ``fill_served``: sum of the served
+    counts of the images stored now (``fill_served / fill`` is how worn the label is);
+    ``reserved``: images planned and not stored yet (live reservations of every replica);
+    ``target``: the fill asked for through the database (fill requests, waiting samples).
+    """
+
+    fill: int = 0
+    generated: int = 0
+    served: int = 0
+    next_index: int = 0
+    fill_served: int = 0
+    reserved: int = 0
+    target: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Plan indices handed to one planner: ``start, start + stride, ...`` (``count`` of them).
+
+    Recorded in the database with a lease until
+    :meth:`~genaug.service.pool.store.PoolStore.add` stores its images or
+    :meth:`~genaug.service.pool.store.PoolStore.release` gives it back.
+    """
+
+    id: int
+    pool_id: str
+    label: str
+    start: int
+    stride: int
+    count: int
+
+    @property
+    def indices(self) -> list[int]:
+        return [self.start + k * self.stride for k in range(self.count)]
+
+
+@dataclass(frozen=True)
+class PoolSample:
+    """Images drawn from a pool, grouped by label in the order the labels were requested.
+
+    ``images`` uint8 [n, h, w, c] (writable; shape (0, 0, 0, 3) when nothing was available),
+    ``labels`` the label name of each image, ``seeds`` int64 [n], ``sources`` the source hash
+    of each image (img2img variants) or None.
+    """
+
+    images: npt.NDArray[np.uint8]
+    labels: list[str]
+    seeds: npt.NDArray[np.int64]
+    sources: list[str | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def label_indices(self, label_names: Sequence[str]) -> npt.NDArray[np.int32]:
+        """int32 index of each image's label in ``label_names`` (e.g. a recipe's labels)."""
+        index = {name: i for i, name in enumerate(label_names)}
+        try:
+            return np.fromiter((index[x] for x in self.labels), np.int32, len(self.labels))
+        except KeyError as exc:
+            raise KeyError(f"label {exc.args[0]!r} is not in {list(label_names)}") from None
+
+
+def parse_partition(text: str | None) -> tuple[int, int] | None:
+    """``"i/N"`` -> ``(i, N)`` with ``0 <= i < N``; None or "" -> None."""
+    if not text:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None or not (0 <= int(match.group(1)) < int(match.group(2))):
+        raise PoolConfigError(
+            f"GENAUG_REPLICA={text!r} is not i/N with 0 <= i < N; write e.g. 0/2 and 1/2 "
+            "for two replicas"
+        )
+    return int(match.group(1)), int(match.group(2))

@@ -1,0 +1,115 @@
+"""A label's real images, the one source hash of genaug, and their digest in a pool's identity.
+
+A label with ``images: <folder>`` makes img2img variants of the real images in that folder
+under ``GENAUG_DATA_ROOT`` (never outside it). :func:`load_label_sources` reads them at the
+recipe's generation size; :func:`source_hash` is the ``source`` each variant remembers, the
+same for an image placed in a recipe's folder and the same image uploaded to ``/v1/variants``
+(stored pool ids depend on it: keep its algorithm, bytes then shape); :func:`sources_digest`
+folds every label's images into the pool identity (:func:`~genaug.service.recipes.spec.pool_id`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .spec import Recipe
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "SourceImage",
+    "load_label_sources",
+    "resolve_images_folder",
+    "source_hash",
+    "sources_digest",
+]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    """One real image of a label: its file name, its pixels at the recipe's generation size
+    (uint8 [height, width, 3]) and its hash (blake2b-16 of the pixels and shape, hex)."""
+
+    name: str
+    pixels: np.ndarray
+    hash: str
+
+
+def source_hash(pixels: np.ndarray) -> str:
+    """blake2b-16 (hex) of an image's bytes and shape: the ``source`` a variant remembers."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.ascontiguousarray(pixels).tobytes())
+    h.update(repr(tuple(pixels.shape)).encode())
+    return h.hexdigest()
+
+
+def resolve_images_folder(folder: str, data_root: Path | None) -> Path:
+    """``data_root / folder``, refusing anything that resolves outside ``data_root``
+    (``..``, absolute paths, symlinks out). Raises ``ValueError`` saying what to fix."""
+    if data_root is None:
+        raise ValueError(
+            f"images: {folder!r} needs GENAUG_DATA_ROOT, the folder that label image folders "
+            "are read from; set it (e.g. GENAUG_DATA_ROOT=/data/real)"
+        )
+    root = Path(data_root).resolve()
+    path = (root / folder).resolve()
+    if Path(folder).is_absolute() or not path.is_relative_to(root):
+        raise ValueError(f"images: {folder!r} resolves to {path}, outside GENAUG_DATA_ROOT "
+                         f"{root}; keep label folders inside it")
+    if not path.is_dir():
+        raise ValueError(f"images: {folder!r}: {path} is not a folder under GENAUG_DATA_ROOT "
+                         f"{root}; create it or fix the name")
+    files = _image_files(path, root)
+    if not files:
+        raise ValueError(f"images: {folder!r}: {path} holds no image "
+                         f"({', '.join(IMAGE_SUFFIXES)}); add the label's real images")
+    return path
+
+
+def _image_files(path: Path, root: Path) -> list[Path]:
+    return sorted(
+        f for f in path.iterdir()
+        if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file() and f.resolve().is_relative_to(root)
+    )
+
+
+def load_label_sources(recipe: Recipe, label: str, data_root: Path | None) -> list[SourceImage]:
+    """The label's real images, RGB at the recipe's generation size, sorted by file name;
+    [] for a text-to-image label. Raises ``ValueError`` for a folder that cannot be used."""
+    from PIL import Image
+
+    folder = recipe.labels[label].images
+    if folder is None:
+        return []
+    path = resolve_images_folder(folder, data_root)
+    out = []
+    for file in _image_files(path, Path(data_root or ".").resolve()):
+        try:
+            with Image.open(file) as img:
+                rgb = img.convert("RGB")
+                if rgb.size != (recipe.width, recipe.height):
+                    rgb = rgb.resize((recipe.width, recipe.height), Image.Resampling.LANCZOS)
+                pixels = np.asarray(rgb, dtype=np.uint8).copy()
+        except OSError as exc:
+            raise ValueError(f"images: {folder!r}: {file.name} is not a readable image "
+                             f"({exc}); remove or replace it") from None
+        out.append(SourceImage(file.name, pixels, source_hash(pixels)))
+    return out
+
+
+def sources_digest(sources: Mapping[str, list[SourceImage]]) -> str | None:
+    """One hash over every label's source images (None when there are none): part of the
+    pool identity, so editing a label's folder starts a new pool."""
+    if not any(sources.values()):
+        return None
+    h = hashlib.sha256()
+    for label in sorted(sources):
+        for image in sources[label]:
+            h.update(f"{label}\x00{image.name}\x00{image.hash}\n".encode())
+    return h.hexdigest()
