@@ -2,18 +2,18 @@
 
 For a change that should not move a figure (a refactor, a dependency bump): both services run
 at once as ``python -m genaug.service`` children with the same settings, one importing this
-checkout, the other a git revision checked out into a temporary worktree (its ``service/``,
-``client/`` and ``trainer/`` folders linked into a ``genaug`` package the way
-``pyproject.toml`` maps them, so nothing is installed). Each service gets a two-label recipe
-(64x64, 1 step) and ``pool_capacity_per_label=100``, fills it, and then answers, in
-interleaved rounds (old, new, new, old, ...):
+working tree (or the revision ``--new``), the other the revision ``--old`` checked out into a
+temporary git worktree (its ``service/``, ``client/`` and ``trainer/`` folders linked into a
+``genaug`` package the way ``pyproject.toml`` maps them, so nothing is installed). Each
+service gets a two-label recipe (64x64, 1 step) and ``pool_capacity_per_label=100``, fills
+it, and then answers, in interleaved rounds (old, new, new, old, ...):
 
 * pool samples of ``n=1`` (the fixed cost of a call) and ``n=64`` through the sync client;
 * generation at saturation: 4 coroutines asking for 8 images each, ``max_batch_images=8``.
 
 The table gives each side's p50 and the ratio new / old (for latency, under 1 is faster).
 
-    python bench/compare_trees.py --old REV [--quick]
+    python bench/compare_trees.py --old REV [--new REV] [--quick]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ MAX_BATCH = 8
 
 
 @contextlib.contextmanager
-def old_tree(rev: str, folder: Path) -> Iterator[Path]:
+def checkout(rev: str, folder: Path) -> Iterator[Path]:
     """``rev`` checked out under ``folder`` as an importable ``genaug`` package; yields the
     directory to put first on ``PYTHONPATH``."""
     work = folder / "checkout"
@@ -93,6 +93,7 @@ def child(python_path: Path, threads: int, settings: dict[str, Any]) -> Iterator
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--old", required=True, help="the git revision to compare against")
+    parser.add_argument("--new", help="a git revision instead of this working tree")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
@@ -111,9 +112,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         folder = Path(tmp)
         recipes = write_recipe(folder, labels=("A", "B"), steps=1)
         with contextlib.ExitStack() as stack:
-            old_path = stack.enter_context(old_tree(args.old, folder / "old"))
+            old_path = stack.enter_context(checkout(args.old, folder / "old"))
+            if args.new:
+                new_path = stack.enter_context(checkout(args.new, folder / "new"))
+            else:
+                new_path = importable(ROOT, folder / "new")
             urls: dict[str, str] = {}
-            new_path = importable(ROOT, folder / "new")
             for side, path in (("old", old_path), ("new", new_path)):
                 settings = {"recipes": recipes, "pool_path": folder / f"{side}.db",
                             "pool_capacity_per_label": capacity,
@@ -160,7 +164,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             interleave(rounds, phases)
 
     rows: list[list[Any]] = []
-    result: dict[str, Any] = {"benchmark": "compare_trees", "old": args.old}
+    result: dict[str, Any] = {"benchmark": "compare_trees", "old": args.old,
+                              "new": args.new or "working tree"}
     for n in (1, N):
         old, new = percentile(ms[f"old n={n}"], 50), percentile(ms[f"new n={n}"], 50)
         rows.append([f"pool sample n={n}, p50 ms", old, new, new / old])
@@ -171,8 +176,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                  old_rate, new_rate, new_rate / old_rate])
     result["generate_images_per_s"] = {"old": old_rate, "new": new_rate,
                                        "ratio": new_rate / old_rate}
-    table(f"This checkout against {args.old}: {rounds} interleaved rounds, {per_round} samples "
-          f"per round and size, generation {gen_requests} x {MAX_BATCH} images per round",
+    table(f"{args.new or 'This working tree'} against {args.old}: {rounds} interleaved rounds, "
+          f"{per_round} samples per round and size, generation {gen_requests} x {MAX_BATCH} "
+          "images per round",
           ["measure", "old", "new", "new / old"], rows)
     return finish(result, args.json)
 
