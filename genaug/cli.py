@@ -10,6 +10,7 @@ and no command loads both.
     genaug pool list | genaug pool drop POOL_ID
     genaug train --data DIR [--service URL --recipe NAME --p 0.5] [--gpus 1,2,3,4]
     genaug convert-unet SRC DST [--base MODEL] --trust-this-file
+    genaug doctor [--url URL] [--recipe NAME] [--json]   check this host and the service
 """
 
 from __future__ import annotations
@@ -123,6 +124,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         else:
             add_train_arguments(train)
     train.set_defaults(func=_cmd_train)
+
+    doctor = sub.add_parser(
+        "doctor", help="check the service, the recipe's pool, GPUs, XLA, versions and memory "
+                       "before training (exit 1 on a failed check)")
+    if command == "doctor":
+        with contextlib.suppress(ImportError):  # no client extras: _cmd_doctor says so
+            from genaug.doctor import add_doctor_arguments
+
+            add_doctor_arguments(doctor)
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 
@@ -180,6 +191,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     code: int = run_train(args)
+    return code
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    try:
+        from genaug.doctor import run_doctor
+    except ImportError as exc:
+        print(f"genaug doctor needs the client extras: pip install 'genaug[client]' ({exc})",
+              file=sys.stderr)
+        return 2
+    code: int = run_doctor(args)
     return code
 
 

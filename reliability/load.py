@@ -3,8 +3,8 @@
 The service runs as a child process (``python -m genaug.service``) so its memory is its own:
 RSS is read from /proc after a warm-up phase and at the end. A small ``max_queue_images``
 makes 429s happen and the shortest ``timeout_s`` (0.5 s) on a request that takes longer than
-that to generate (150 steps) makes 504s happen; every request must come back as images, a 429 with ``Retry-After`` or a 504, within
-a hard client-side timeout.
+that to generate (150 steps) makes 504s happen; every request must come back as images, a
+429 with ``Retry-After`` or a 504, within a hard client-side timeout.
 """
 
 from __future__ import annotations

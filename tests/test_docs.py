@@ -35,7 +35,7 @@ def test_every_route_is_in_the_readme(service: object) -> None:
 def test_cli_help_lists_the_commands() -> None:
     out = subprocess.run([sys.executable, "-m", "genaug.cli", "--help"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
-    for command in ("serve", "demo", "pregenerate", "export", "train"):
+    for command in ("serve", "demo", "pregenerate", "export", "train", "doctor"):
         assert command in out
 
 

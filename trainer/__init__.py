@@ -7,6 +7,10 @@
   step functions and fail on ops that call back into Python.
 - :func:`configure_devices`: the devices to train on, with the generator's GPU hidden from
   TensorFlow (call it first, before TensorFlow initialises its GPUs).
+- :func:`diagnose` and :func:`diagnose_callback`: run a few steps of the real pipeline and
+  model (or the first epoch of ``fit``) and report, with one fix line each, Python ops in the
+  graph, retracing, input-bound steps, NaN/Inf, empty classes, out-of-memory risk, XLA
+  failures and a GPU shared with the generator.
 
 Example::
 
@@ -26,8 +30,8 @@ Example::
     model.fit(ds, epochs=3, callbacks=[feeder.callback()])  # strict: config errors raise here
 
 Names are imported lazily: ``genaug.trainer.feeder`` (with its first-contact checks,
-``genaug.trainer.contact``) and ``genaug.trainer.devices`` do not import TensorFlow at import
-time, the reservoir and the audit do.
+``genaug.trainer.contact``), ``genaug.trainer.devices`` and ``genaug.trainer.diagnose`` do not
+import TensorFlow at import time, the reservoir and the audit do.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     )
     from genaug.trainer.contact import FeederConfigError
     from genaug.trainer.devices import DeviceError, configure_devices
+    from genaug.trainer.diagnose import diagnose, diagnose_callback
     from genaug.trainer.feeder import FeederStats, ReservoirFeeder
     from genaug.trainer.reservoir import SyntheticReservoir
 
@@ -63,6 +68,8 @@ __all__ = [
     "SyntheticReservoir",
     "assert_no_python_ops",
     "configure_devices",
+    "diagnose",
+    "diagnose_callback",
     "python_ops_in_dataset",
     "python_ops_in_graph_def",
     "python_ops_in_model",
@@ -75,6 +82,8 @@ _WHERE = {
     "DeviceError": "devices",
     "FeederConfigError": "contact",
     "configure_devices": "devices",
+    "diagnose": "diagnose",
+    "diagnose_callback": "diagnose",
     "FeederStats": "feeder",
     "Finding": "audit",
     "PythonInGraphError": "audit",

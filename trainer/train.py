@@ -29,6 +29,11 @@ a generated demo set (:func:`genaug.trainer.data.make_demo_dataset`):
 * **NaN/Inf**: training stops at the first non-finite loss, naming the step and, where it can,
   the first layer whose output is non-finite on a probe batch and the non-finite weights
   (:func:`~genaug.trainer.instruments.nan_guard`).
+* **Doctor** (``--doctor``): before ``fit``, :func:`~genaug.trainer.diagnose.diagnose` runs 20
+  steps of the prepared pipeline and model, with the feeder started so the reservoir is seen
+  as training will see it, and prints its table; any problem stops the run with exit status 4
+  before training (the weights are restored after the steps, so a clean run trains as if it
+  had not looked).
 * **Summary**: steps, the synthetic fraction actually mixed, the step function's tracing
   count and the share of step time spent waiting for input, measured by
   :class:`~genaug.trainer.instruments.StepTimer` (its module docstring says how: callback
@@ -68,6 +73,7 @@ from genaug.trainer.labels import LabelMapError, match_labels, recipe_status
 from genaug.trainer.summary import TrainSummary
 
 if TYPE_CHECKING:
+    from genaug.trainer.diagnosis import DiagnoseReport
     from genaug.trainer.feeder import ReservoirFeeder
     from genaug.trainer.reservoir import SyntheticReservoir
 
@@ -349,6 +355,44 @@ class Trainer:
             )
         return s
 
+    def diagnose(self, steps: int = 20, *, fill_timeout_s: float = 10.0) -> DiagnoseReport:
+        """Run :func:`~genaug.trainer.diagnose.diagnose` on the prepared dataset and model and
+        print its table; the model, the reservoir's counters and the step timer are left as
+        they were, so :meth:`fit` trains as if nothing had run.
+
+        With mixing, the feeder is started first (strict: a configuration mistake raises
+        :class:`~genaug.trainer.contact.FeederConfigError` here, as in ``fit``) and given up to
+        ``fill_timeout_s`` seconds to put images of every class in the reservoir: a class
+        still empty after that is reported, since the first steps would see it so.
+        """
+        from genaug.trainer.diagnose import diagnose
+        from genaug.trainer.diagnosis import DiagnoseEnv
+
+        if self.model is None:
+            self.prepare()
+        started = False
+        if self.feeder is not None and not self.feeder.running:
+            self.feeder.start()
+            started = True
+        try:
+            if self.reservoir is not None and self.feeder is not None:
+                deadline = time.monotonic() + fill_timeout_s
+                while (self.reservoir.fill_counts() == 0).any() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            report = diagnose(
+                self.dataset, self.model, steps=steps, strategy=self.strategy,
+                reservoir=self.reservoir,
+                env=DiagnoseEnv(service_url=self.config.service if self.config.service
+                                else None))
+        finally:
+            if started and self.feeder is not None:
+                self.feeder.stop()
+        if self.reservoir is not None:
+            self.reservoir.reset_counters()
+        self.timer.waits.clear()
+        self.timer.totals.clear()
+        return report
+
     def close(self) -> None:
         """Stop the feeder and remove a generated demo folder."""
         if self.feeder is not None:
@@ -376,7 +420,8 @@ def train(config: TrainConfig, *, build_model: ModelBuilder | None = None) -> Tr
 
 def run_train(args: argparse.Namespace) -> int:
     """Run ``genaug train`` for parsed arguments; print the summary. Returns an exit code:
-    0 done, 2 bad data/devices/labels (nothing trained), 3 stopped on a non-finite loss."""
+    0 done, 2 bad data/devices/labels (nothing trained), 3 stopped on a non-finite loss, 4
+    ``--doctor`` found a problem (nothing trained)."""
     from genaug.trainer.audit import PythonInGraphError
     from genaug.trainer.contact import FeederConfigError
 
@@ -393,7 +438,13 @@ def run_train(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        summary = train(config)
+        with Trainer(config) as trainer:
+            trainer.prepare()
+            if config.doctor and not trainer.diagnose().ok:
+                print("genaug train: stopped before training: --doctor found the problem(s) "  # noqa: T201
+                      "above, each with its fix; nothing was trained", file=sys.stderr)
+                return 4
+            summary = trainer.fit()
     except (DatasetError, LabelMapError, DeviceError, PythonInGraphError,
             FeederConfigError) as exc:
         print(f"genaug train: error: {exc}", file=sys.stderr)  # noqa: T201

@@ -18,6 +18,8 @@ EXPECTED = [
     "SyntheticReservoir",
     "assert_no_python_ops",
     "configure_devices",
+    "diagnose",
+    "diagnose_callback",
     "python_ops_in_dataset",
     "python_ops_in_graph_def",
     "python_ops_in_model",
@@ -49,7 +51,8 @@ def test_importing_train_and_its_modules_imports_neither_tensorflow_nor_torch() 
         "import sys\n"
         "import genaug.trainer.train, genaug.trainer.devices, genaug.trainer.instruments\n"
         "import genaug.trainer.config, genaug.trainer.summary, genaug.trainer.contact\n"
-        "import genaug.trainer.labels\n"
+        "import genaug.trainer.labels, genaug.trainer.diagnose, genaug.trainer.host\n"
+        "import genaug.doctor\n"
         "heavy = sorted(m for m in ('tensorflow', 'torch', 'keras') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )
