@@ -1,6 +1,7 @@
 """Reproductions of the seed reports for ``genaug.trainer.diagnose``, in one interpreter.
 
-Usage: ``python tests/trainer/_diagnose_child.py WORKDIR [SCENARIO ...]`` (default: all); the
+Usage: ``python tests/trainer/_diagnose_child.py WORKDIR [SCENARIO ...]`` (default: all but
+``cost``, which ``bench/diagnose_cost.py`` runs); the
 last stdout line is ``GENAUG_RESULT {json}`` with one report (``as_dict()``) per scenario.
 TensorFlow starts once for all of them (it costs seconds here): 4 logical CPU devices are
 configured first, for the MirroredStrategy scenarios. Each reproduction is the smallest
@@ -29,8 +30,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 from genaug.trainer.devices import GpuInfo, configure_devices  # noqa: E402
 
 REPLICAS = 4
-CLEAN_RUNS = int(os.environ.get("GENAUG_DIAGNOSE_CLEAN_RUNS", "3"))
-"""Diagnoses of the clean pipeline (the false-alarm goal is measured with 20)."""
+CLEAN_RUNS = int(os.environ.get("GENAUG_DIAGNOSE_CLEAN_RUNS", "1"))
+"""Diagnoses of the clean pipeline (bench/diagnose_cost.py measures the false-alarm goal
+with 20)."""
 COST_ROUNDS = int(os.environ.get("GENAUG_DIAGNOSE_COST_ROUNDS", "3"))
 """Rounds of (20 plain steps, diagnose) for the cost figures (their medians)."""
 DEVICES = configure_devices(cpu_replicas=REPLICAS)  # before TensorFlow initialises
@@ -403,7 +405,7 @@ def callback_retracing(work: Path) -> dict[str, Any]:
 
 def main() -> None:
     work = Path(sys.argv[1])
-    names = sys.argv[2:] or list(SCENARIOS)
+    names = sys.argv[2:] or [name for name in SCENARIOS if name != "cost"]
     results: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         if "train_doctor" in names:  # loads (torch, the tiny model, the pool) meanwhile
