@@ -26,6 +26,7 @@ BENCHMARKS = (
     "wire_overhead",
     "pool_latency",
     "pool_fill_rate",
+    "need_fill_rate",
 )
 
 
@@ -58,6 +59,9 @@ def summary_row(name: str, result: dict[str, Any]) -> list[Any]:
         ]
     if name == "pool_fill_rate":
         return [name, f"fill/direct = {result['ratio']:.3f}", ">= 0.95", result["met"]]
+    if name == "need_fill_rate":
+        ratios = ", ".join(f"{k} {v['ratio_need']:.1f}" for k, v in result["summary"].items())
+        return [name, f"needed/others fill rate: {ratios}", ">= 3", result["met"]]
     return [name, "", "", ""]
 
 

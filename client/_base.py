@@ -8,10 +8,11 @@ once.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -371,6 +372,24 @@ def variants_parts(images: Any, params: dict[str, Any]) -> Multipart:
     ]
 
 
+def need_body(need: Mapping[str, float]) -> dict[str, float]:
+    """``need`` as the feedback body's mapping: label names to plain floats.
+
+    Raises:
+        ValueError: a value that is not a finite number >= 0 (the service would answer 422).
+    """
+    out: dict[str, float] = {}
+    for label, value in need.items():
+        number = float(value)
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(
+                f"need[{label!r}] = {value!r}: give each label a finite number >= 0 (only "
+                "proportions count; 0 or leaving the label out means it needs nothing)"
+            )
+        out[str(label)] = number
+    return out
+
+
 def sample_body(labels: str | Sequence[str] | None, n: int, wait_s: float) -> dict[str, Any]:
     body: dict[str, Any] = {"n": n, "wait_s": wait_s}
     if labels is not None:
@@ -493,3 +512,7 @@ class Calls:
     def fill(self, name: str, per_label: int) -> Call[dict[str, Any]]:
         return Call("POST", f"/v1/recipes/{name}/fill", decode=_json,
                     body={"per_label": per_label})
+
+    def feedback(self, name: str, need: Mapping[str, float]) -> Call[dict[str, Any]]:
+        return Call("POST", f"/v1/recipes/{name}/feedback", decode=_json,
+                    body={"need": need_body(need)})

@@ -4,7 +4,7 @@ sleeps; ``_base`` decides. Same methods as ``AsyncClient``, without ``await``.""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -242,6 +242,21 @@ class Client:
         """Ask the service to fill every label of ``recipe`` to ``per_label`` images, in the
         background; returns the recipe's current counts at once."""
         return self._call(self._base.calls.fill(recipe, per_label))
+
+    def feedback(self, recipe: str, need: Mapping[str, float]) -> dict[str, Any]:
+        """Tell the service what this client needs from ``recipe``'s pool: ``need`` maps
+        label names to numbers >= 0 (per-class error or loss; only proportions count). The
+        pre-generation planner fills labels in proportion to the need of all clients (each
+        client's report normalised, so none dominates by scale); a report replaces this
+        client's previous one and decays when not renewed (``GENAUG_NEED_HALF_LIFE_S``).
+        ``{}`` withdraws it. Identity: the API key and ``client_id``. Returns the combined
+        need now in force (``need``, ``need_clients``).
+
+        Example::
+
+            client.feedback("digits", {"3": 0.40, "8": 0.25, "1": 0.02})
+        """
+        return self._call(self._base.calls.feedback(recipe, need))
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once a replica answers ``/readyz`` with 200; raise after ``timeout`` s."""

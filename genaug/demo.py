@@ -1,7 +1,7 @@
 """``genaug demo``: the whole round trip on the embedded default, no GPU, no download.
 
 Starts ``genaug serve`` (the ``tiny-digits`` generator) as a child process on 127.0.0.1,
-waits for readiness, asks the client for a row of images per digit and writes them as one
+waits for readiness, asks the client for a column of images per digit and writes them as one
 labelled grid PNG, then (unless ``--no-train``) trains a small CNN on 5 real digits per class
 in a separate TensorFlow process, with and without pool images mixed in through the
 reservoir, prints both test accuracies, and stops everything; the orchestration is

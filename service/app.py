@@ -227,6 +227,7 @@ async def _load_and_warm(state: AppState) -> None:
                     model_hash=pool_model_hash(model),
                     pregenerate=settings.pregenerate,
                     data_root=settings.data_root,
+                    need_half_life_s=settings.need_half_life_s,
                 ))
             )
         batcher = Batcher(

@@ -245,6 +245,13 @@ class Settings(BaseSettings):
         "never outside it.",
     )
 
+    # -- feedback --
+    need_half_life_s: float = Field(
+        default=60.0, gt=0, le=86_400, allow_inf_nan=False,
+        description="Half-life of a trainer's reported need (POST /v1/recipes/{name}/feedback):"
+        " a report not renewed loses half its weight on the planner every this many seconds.",
+    )
+
     log_level: str = Field(default="info", description="debug, info, warning or error.")
 
     @field_validator("model", mode="before")

@@ -68,4 +68,7 @@ def test_demo_without_training_writes_the_digit_grid(tmp_path: Path) -> None:
     assert "real digits and their img2img variants" in proc.stdout
     assert "the pool of 'digits' holds" in proc.stdout
     with Image.open(out) as grid:
-        assert grid.height >= 12 * 128  # a row of 128 px tiles per digit, real, variants
+        # one labelled rectangle: a column of 128 px tiles per digit; 4 generated rows, real,
+        # variants
+        assert grid.width >= 10 * 128 and 6 * 128 <= grid.height < 7 * 128
+        assert grid.getpixel((grid.width - 64, grid.height - 64)) != (255, 255, 255)

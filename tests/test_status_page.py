@@ -216,3 +216,26 @@ def test_status_page_asks_for_the_key(make_service: Any, browser: Any) -> None:
     # Only the unauthenticated / wrong-key requests may show up, as failed loads.
     unexpected = [e for e in console.errors if "401" not in e]
     assert unexpected == []
+
+
+def test_status_page_shows_the_trainers_need(
+    make_service: Any, tmp_path: Path, browser: Any, shapes_recipes_file: Path
+) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                        pregenerate=False, need_half_life_s=86_400)  # no decay while we look
+    with Client(live.url, client_id="trainer-a") as client:
+        client.feedback("shapes", {"triangle": 3.0, "square": 1.0})
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    console = Console(page)
+    try:
+        page.goto(live.url + "/")
+        page.wait_for_function("() => document.body.dataset.loaded === '1'", timeout=20_000)
+        need = page.evaluate(
+            """() => Object.fromEntries([...document.querySelectorAll(
+                 '#pools [data-recipe="shapes"] [data-label]')].map((row) => [
+                 row.dataset.label, row.querySelector('.need').textContent]))"""
+        )
+    finally:
+        page.close()
+    assert need == {"circle": "", "square": "need 25%", "triangle": "need 75%"}
+    assert console.errors == []

@@ -3,6 +3,8 @@
 - :class:`SyntheticReservoir`: a class-indexed host tensor of synthetic images and a
   ``tf.data`` map function that mixes them in with pure graph ops.
 - :class:`ReservoirFeeder`: a daemon thread that keeps the reservoir fresh from the service.
+- :class:`NeedCallback`: a Keras callback that measures per-class need on held-out real
+  images and reports it to the service, whose pre-generation then fills those labels faster.
 - :func:`assert_no_python_ops` and friends: walk the op types of a dataset and of a model's
   step functions and fail on ops that call back into Python.
 - :func:`configure_devices`: the devices to train on, with the generator's GPU hidden from
@@ -31,7 +33,7 @@ Example::
 
 Names are imported lazily: ``genaug.trainer.feeder`` (with its first-contact checks,
 ``genaug.trainer.contact``), ``genaug.trainer.devices`` and ``genaug.trainer.diagnose`` do not
-import TensorFlow at import time, the reservoir and the audit do.
+import TensorFlow at import time, the reservoir, the audit and ``NeedCallback`` do.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from genaug.trainer.devices import DeviceError, configure_devices
     from genaug.trainer.diagnose import diagnose, diagnose_callback
     from genaug.trainer.feeder import FeederStats, ReservoirFeeder
+    from genaug.trainer.need import NeedCallback
     from genaug.trainer.reservoir import SyntheticReservoir
 
 __all__ = [
@@ -62,6 +65,7 @@ __all__ = [
     "FeederConfigError",
     "FeederStats",
     "Finding",
+    "NeedCallback",
     "PYTHON_OP_TYPES",
     "PythonInGraphError",
     "ReservoirFeeder",
@@ -86,6 +90,7 @@ _WHERE = {
     "diagnose_callback": "diagnose",
     "FeederStats": "feeder",
     "Finding": "audit",
+    "NeedCallback": "need",
     "PythonInGraphError": "audit",
     "ReservoirFeeder": "feeder",
     "SyntheticReservoir": "reservoir",

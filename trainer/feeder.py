@@ -201,6 +201,10 @@ class ReservoirFeeder:
         self._task: asyncio.Task[None] | None = None
         self._stopping = threading.Event()
         self._cycle = 0
+        self._need: dict[str, float] | None = None  # reported by report_need, not sent yet
+        self._need_lock = threading.Lock()
+        #: The last need the service accepted (label name -> value), or ``None``.
+        self.need_sent: dict[str, float] | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -272,6 +276,43 @@ class ReservoirFeeder:
         with self._stats_lock:
             s = self._stats
         return replace(s, running=self.running, checked=self._checked)
+
+    def report_need(self, need: Mapping[str, float]) -> None:
+        """Tell the service what training needs (recipe label name -> number >= 0, e.g.
+        per-class error), without waiting: the feeder thread posts it to
+        ``POST /v1/recipes/{recipe}/feedback`` before its next request, under this feeder's
+        client identity (``client_kwargs={"client_id": ...}``). A newer report replaces one
+        not sent yet; labels not in ``label_map`` are left out. A recipe feeder only.
+
+        Example::
+
+            feeder.report_need({"healthy": 0.05, "ulcer": 0.4})
+        """
+        if self.recipe is None:
+            raise ValueError("report_need needs a recipe feeder (recipe=...): prompts have "
+                             "no pool for the service to steer")
+        clean = {str(k): float(v) for k, v in need.items() if str(k) in self.label_map}
+        with self._need_lock:
+            self._need = clean
+
+    async def _send_need(self, client: Any) -> None:
+        """Post the need waiting, if any. A refused report (422: say, a label the recipe
+        lacks) is dropped with an error in the log; an outage keeps it for the next try."""
+        with self._need_lock:
+            need, self._need = self._need, None
+        if need is None or self.recipe is None:
+            return
+        try:
+            await client.feedback(self.recipe, need)
+        except Exception as exc:
+            if getattr(exc, "status", None) == 422:
+                log.error("genaug feeder: the service refused the need report: %s", exc)
+                return
+            with self._need_lock:
+                if self._need is None:  # keep it unless a newer one came meanwhile
+                    self._need = need
+            raise
+        self.need_sent = need
 
     def callback(self) -> Any:
         """A Keras callback that starts the feeder at ``on_train_begin`` and stops it at
@@ -441,6 +482,7 @@ class ReservoirFeeder:
         return under or names
 
     async def _cycle_once(self, client: Any) -> None:
+        await self._send_need(client)
         wanted = self._wanted_labels()
         received = dropped = 0
         if self.recipe is not None:

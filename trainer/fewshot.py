@@ -38,6 +38,9 @@ from typing import Any
 __all__ = ["FewShotRun", "fewshot_child", "run_fewshot", "tf_child_env"]
 
 _RESULT = "GENAUG_FEWSHOT_RESULT "  # prefix of the child's JSON result lines
+# Progress lines of the child start with this; only they are echoed (a library's warning,
+# whatever its indentation, stays in the tail kept for errors).
+_PROGRESS = "GENAUG_FEWSHOT_PROGRESS "
 
 
 @dataclass
@@ -108,8 +111,8 @@ def run_fewshot(
                 results.append(json.loads(line[len(_RESULT):]))
                 continue
             tail = (tail + [line.rstrip()])[-40:]
-            if echo and line.startswith("  "):
-                print(line.rstrip(), flush=True)  # noqa: T201
+            if echo and line.startswith(_PROGRESS):
+                print(line[len(_PROGRESS):].rstrip(), flush=True)  # noqa: T201
             if time.monotonic() > deadline:
                 raise TimeoutError
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -231,7 +234,7 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
     results = []
     for run in runs:
         result = _one_run(run, devices, test)
-        print(f"  {run.arm:<24} seed {run.seed}: test accuracy "  # noqa: T201
+        print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: test accuracy "  # noqa: T201
               f"{result['test_accuracy']:.3f} ({run.steps} steps in {result['fit_s']:.0f} s, "
               f"{100 * result['mixed_fraction']:.0f}% synthetic)", flush=True)
         print(_RESULT + json.dumps(result), flush=True)  # noqa: T201

@@ -213,6 +213,7 @@ class SyntheticReservoir:
         scale: float | None = None,
         offset: float = 0.0,
         seed: int | None = None,
+        synthetic_weight: float | None = None,
     ) -> MapFn:
         """Return a ``tf.data`` map function that replaces real images by synthetic ones.
 
@@ -251,6 +252,13 @@ class SyntheticReservoir:
         Every replaced example adds 1 to :attr:`mixed_counter` and to its new class in
         :attr:`replaced_per_class`; every example adds 1 to :attr:`seen_counter`.
 
+        Synthetic images may count less: with ``synthetic_weight=w`` the function also yields
+        Keras sample weights, ``(features, label, sample_weight)``: float32 ``[B]`` (a scalar
+        for unbatched examples), ``w`` for replaced examples and 1 for real ones, made by the
+        same graph ops from the same draw as the pixels, so they never disagree. When the
+        dataset already yields a sample weight (``(x, y, sw)``), replaced examples get
+        ``sw * w`` and real ones keep ``sw``. ``model.fit`` weighs each example's loss by it.
+
         Args:
             p: replacement probability in ``[0, 1]``, one number or one per class (indexed
                 by the example's own class).
@@ -263,6 +271,8 @@ class SyntheticReservoir:
             offset: added after scaling (``scale=2/255, offset=-1`` for ``[-1, 1]``).
             seed: op-level seed for the random draws (with ``tf.random.set_seed`` for a
                 reproducible sequence).
+            synthetic_weight: sample weight of a replaced example, a finite number >= 0 (say
+                0.5); ``None`` (default) yields no weights.
 
         Example::
 
@@ -278,6 +288,13 @@ class SyntheticReservoir:
             )
         if other_inputs not in ("keep", "zero"):
             raise ValueError(f"other_inputs={other_inputs!r} must be 'keep' or 'zero'")
+        if synthetic_weight is not None and not (
+            isinstance(synthetic_weight, int | float) and 0.0 <= synthetic_weight < float("inf")
+        ):
+            raise ValueError(
+                f"synthetic_weight={synthetic_weight!r} must be a finite number >= 0 (the loss "
+                "weight of a synthetic example; 1 counts it like a real one), or None"
+            )
         options = _MixOptions(probs, weights, scale, offset, seed)
 
         def mix_fn(features: Any, label: Any, *rest: Any) -> tuple[Any, ...]:
@@ -296,6 +313,8 @@ class SyntheticReservoir:
             mixed, new_label, replaced = self._mix_tensor(
                 tf.convert_to_tensor(image), label, options
             )
+            if synthetic_weight is not None:
+                rest = _weighted(rest, replaced, float(synthetic_weight), mixed.shape.rank == 4)
             if key is None:
                 return (mixed, new_label, *rest)
             out = dict(features)
@@ -456,6 +475,25 @@ class _MixOptions:
     scale: float | None
     offset: float
     seed: int | None
+
+
+def _weighted(
+    rest: tuple[Any, ...], replaced: tf.Tensor, weight: float, batched: bool
+) -> tuple[Any, ...]:
+    """``rest`` with the sample weight first: ``weight`` where replaced, else 1 (or the given
+    sample weight, times ``weight`` where replaced)."""
+    mask = replaced if batched else replaced[0]
+    if not rest:
+        ones = tf.ones(tf.shape(mask), tf.float32)
+        return (tf.where(mask, tf.fill(tf.shape(mask), tf.constant(weight, tf.float32)), ones),)
+    given = tf.convert_to_tensor(rest[0])
+    rank = given.shape.rank
+    if rank is None:
+        raise ValueError("synthetic_weight needs a sample weight of known rank")
+    if batched and rank > 1:  # [B, 1] or per-timestep weights: broadcast the mask
+        mask = tf.reshape(mask, [-1] + [1] * (rank - 1))
+    scaled = given * tf.cast(weight, given.dtype)
+    return (tf.where(mask, scaled, given), *rest[1:])
 
 
 def _zero_where(value: tf.Tensor, replaced: tf.Tensor, batched: bool) -> tf.Tensor:

@@ -38,7 +38,8 @@ CLIENT_ID_HEADER: dict[str, Any] = {
     "(with API keys: per key and client id).",
     "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN},
 }
-_RECIPE_TEMPLATES = ("/v1/recipes/{name}", "/v1/recipes/{name}/sample", "/v1/recipes/{name}/fill")
+_RECIPE_TEMPLATES = ("/v1/recipes/{name}", "/v1/recipes/{name}/sample", "/v1/recipes/{name}/fill",
+                     "/v1/recipes/{name}/feedback")
 
 
 def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
@@ -84,7 +85,8 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
     variants.setdefault("parameters", []).append(CLIENT_ID_HEADER)
     templates = {path: paths.pop(path) for path in _RECIPE_TEMPLATES if path in paths}
     for name in state.recipes:
-        bodies = {"sample": state.api.sample[name], "fill": state.api.fill[name]}
+        bodies = {"sample": state.api.sample[name], "fill": state.api.fill[name],
+                  "feedback": state.api.feedback[name]}
         for template, item in templates.items():
             concrete = copy.deepcopy(item)
             for method, operation in concrete.items():
@@ -97,6 +99,8 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
                 verb = template.rsplit("/", 1)[-1]
                 if verb in bodies:
                     operation["requestBody"] = json_body(bodies[verb])
+                if verb == "feedback":  # the need is this identity's
+                    operation.setdefault("parameters", []).append(CLIENT_ID_HEADER)
             paths[template.replace("{name}", name)] = concrete
     if state.settings.api_keys:
         doc["components"]["securitySchemes"] = {

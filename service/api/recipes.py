@@ -1,4 +1,5 @@
-"""The recipe routes: list the recipes, one recipe's detail, sample from its pool, fill it.
+"""The recipe routes: list the recipes, one recipe's detail, sample from its pool, fill it,
+and hear what a trainer needs (feedback).
 
 ``POST /v1/recipes/{name}/sample`` is the hot one: most calls are answered before this router
 by :class:`~genaug.service.api.fastpath.DirectSample`, which calls :func:`sample` here
@@ -22,9 +23,10 @@ from genaug.wire import SAFETENSORS_MEDIA_TYPE, encode_batch
 
 from ..intake.parse import read_body
 from ..pool.serving import PoolServing, empty_images, unknown_recipe
-from .requests import state_of
+from .requests import client_identity, state_of
 from .responses import (
     RECIPE_ERRORS,
+    FeedbackResponse,
     RecipeDetail,
     RecipeList,
     RecipeSummary,
@@ -121,3 +123,18 @@ async def fill(name: str, request: Request) -> RecipeDetail:
     body = await read_body(request, state.api.fill[name], state.api.hints["fill"])
     await asyncio.to_thread(pools.raise_target, name, body.per_label)
     return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
+
+
+@router.post(
+    "/v1/recipes/{name}/feedback", response_model=FeedbackResponse, tags=["recipes"],
+    responses=RECIPE_ERRORS,
+)
+async def feedback(name: str, request: Request) -> FeedbackResponse:
+    """Report this client's need per label (``{"need": {"<label>": number >= 0}}``): the
+    planner fills labels in proportion to the need of all clients combined (each client's
+    report normalised, decaying when not renewed). Answers the combination now in force."""
+    state = state_of(request)
+    pools = _pools_for(state, name)
+    client = client_identity(request)
+    body = await read_body(request, state.api.feedback[name], state.api.hints["feedback"])
+    return FeedbackResponse(**pools.report_need(name, client, dict(body.need)))

@@ -150,6 +150,11 @@ class RecipeSummary(BaseModel):
     capacity_per_label: int
     target_per_label: dict[str, int]
     fill: dict[str, int]
+    need: dict[str, float] = Field(
+        default_factory=dict,
+        description="The trainers' combined need per label (POST .../feedback): each "
+        "client's report normalised, decayed and averaged; sums to at most 1.")
+    need_clients: int = Field(default=0, description="Clients whose need still counts.")
 
 
 class RecipeList(BaseModel):
@@ -163,6 +168,15 @@ class RecipeDetail(RecipeSummary):
     per_label: dict[str, dict[str, int]]
     totals: dict[str, int]
     generation_rate: float
+
+
+class FeedbackResponse(BaseModel):
+    """``POST /v1/recipes/{name}/feedback``: the combined need the planner now weighs."""
+
+    recipe: str
+    client: str
+    need: dict[str, float]
+    need_clients: int
 
 
 class ClientReport(BaseModel):

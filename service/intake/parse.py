@@ -132,6 +132,11 @@ def describe_validation(
             messages.append(f"{path} is required; {hints.get(name, 'add it')}")
         elif not name:
             messages.append(f"the body must be a JSON object: {error.get('msg')}")
+        elif loc[-1] == "[key]":  # a mapping's key (a feedback label) is not allowed
+            hint = hints.get(name, "see GET /v1/info and /docs for valid values")
+            where = ".".join(loc[:-2])
+            messages.append(f"{where} has key {_short(error.get('input'))}: {error.get('msg')}; "
+                            f"{hint}")
         elif kind == "string_pattern_mismatch":
             # The API's one pattern is the prompt's "not only spaces" (a character class too
             # long to show); the hint says what to send.

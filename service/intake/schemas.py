@@ -43,6 +43,8 @@ SEED_MAX = 2**63 - 1
 MIN_TIMEOUT_S = 0.5
 MAX_GUIDANCE = 50.0
 MAX_ADAPTER_SCALE = 4.0
+#: The largest need one label may be given (only proportions count; this bounds the numbers).
+MAX_NEED = 1e6
 # A prompt needs one non-space character. The space characters are listed, not written
 # ``\S``: Python's ``\s`` (which validates) and JSON Schema's ECMA ``\s`` (which clients and
 # fuzzers read) differ on \x1c-\x1f and \ufeff; listing the union makes both read the same.
@@ -176,11 +178,28 @@ class FillRequest(Body):
     per_label: int
 
 
+class FeedbackRequest(Body):
+    """``POST /v1/recipes/{name}/feedback``: what this client needs, per label.
+
+    Example body::
+
+        {"need": {"3": 0.4, "8": 0.9}}
+
+    Values are any numbers from 0 to 1e6; only their proportions count (the service
+    normalises each client's report). Labels left out need nothing; ``{}`` withdraws the
+    client's need. A report replaces the client's previous one and decays when not renewed
+    (``GENAUG_NEED_HALF_LIFE_S``).
+    """
+
+    need: dict[str, float]
+
+
 @dataclass(frozen=True)
 class ApiModels:
     """The request models of one app, bounded by its settings, recipes and adapters.
 
-    ``sample`` and ``fill`` hold one model per recipe (its labels are an enum); ``hints`` the
+    ``sample``, ``fill`` and ``feedback`` hold one model per recipe (its labels are an
+    enum); ``hints`` the
     fix a 422 names, per route and field; ``defaults`` the (size, steps, guidance) that
     omitted fields take.
     """
@@ -189,6 +208,7 @@ class ApiModels:
     variants: type[VariantParams]
     sample: Mapping[str, type[SampleRequest]]
     fill: Mapping[str, type[FillRequest]]
+    feedback: Mapping[str, type[FeedbackRequest]]
     hints: Mapping[str, Mapping[str, str]]
     defaults: tuple[int, int, float]
     adapters: tuple[str, ...]
@@ -280,6 +300,9 @@ def _hints(s: Settings, capacity: int) -> dict[str, dict[str, str]]:
         },
         "fill": {"per_label": f"ask for 1 to the pool capacity per label {capacity}, or set "
                               "GENAUG_POOL_CAPACITY_PER_LABEL"},
+        "feedback": {"need": f"give labels of this recipe (GET /v1/recipes/{{name}} lists them) "
+                             f"each a number from 0 to {MAX_NEED:.0f}, e.g. "
+                             '{"need": {"<label>": 0.5}}'},
     }
 
 
@@ -318,6 +341,7 @@ def build_api_models(
     )
     sample: dict[str, type[SampleRequest]] = {}
     fill: dict[str, type[FillRequest]] = {}
+    feedback: dict[str, type[FeedbackRequest]] = {}
     for name, recipe in recipes.items():
         label: Any = _choice(recipe.label_names)
         suffix = "".join(part.capitalize() for part in name.replace("_", "-").split("-"))
@@ -341,11 +365,21 @@ def build_api_models(
             per_label=(int, Field(ge=1, le=s.pool_capacity_per_label,
                                   description="Images per label to fill to.")),
         )
+        amount = Annotated[float, Field(ge=0, le=MAX_NEED, allow_inf_nan=False)]
+        feedback[name] = create_model(
+            f"FeedbackRequest{suffix}",
+            __base__=FeedbackRequest,
+            __doc__=f"``POST /v1/recipes/{name}/feedback``: this client's need per label of "
+                    f"{name!r} (only proportions count; {{}} withdraws it).",
+            need=(dict[label, amount], Field(
+                description="Need per label, 0 to 1e6; labels left out need nothing.")),
+        )
     return ApiModels(
         generate=generate,
         variants=variants,
         sample=sample,
         fill=fill,
+        feedback=feedback,
         hints=_hints(s, s.pool_capacity_per_label),
         defaults=defaults,
         adapters=tuple(adapters),

@@ -3,8 +3,9 @@
 :class:`PoolPlanner` is the batcher's :class:`~genaug.service.batching.items.IdleSource`. When
 no request waits, the batcher asks it for one batch (in a worker thread): it reads every
 label's stored and in-flight counts and shared targets from the pool in one snapshot, picks
-the label that most needs images (the emptiest, weighted by recent demand; see
-:func:`choose_label`), and *reserves* the batch in the pool
+the label that most needs images (the emptiest, weighted by recent demand and by the
+trainers' reported need; see :func:`choose_label` and :mod:`~genaug.service.pool.need`), and
+*reserves* the batch in the pool
 (:meth:`~genaug.service.pool.store.PoolStore.reserve`: plan indices and a leased count of
 images in flight, granted only while the label is below its target). The batch's work items
 are made by :func:`~genaug.service.intake.plan.plan_pool_batch`. The batcher's store thread
@@ -45,7 +46,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -61,6 +61,8 @@ from ..errors import InvalidRequestError
 from ..intake.plan import plan_pool_batch
 from ..recipes.sources import SourceImage, load_label_sources, sources_digest
 from ..recipes.spec import Recipe, pool_id
+from .choice import choose_label, label_score
+from .need import NeedBoard
 from .store import PoolStore
 from .types import LabelStats, PoolConnectionError, PoolError, Reservation
 
@@ -135,6 +137,7 @@ class PoolPlanner:
         model_hash: str,
         pregenerate: bool,
         data_root: Path | None = None,
+        need_half_life_s: float = 60.0,
     ) -> None:
         self.recipes = recipes
         self.store = store
@@ -152,6 +155,8 @@ class PoolPlanner:
         start = store.capacity_per_label if pregenerate else 0
         self._targets = {name: dict.fromkeys(r.label_names, start) for name, r in recipes.items()}
         self._demand: dict[tuple[str, str], _Demand] = {}
+        #: What trainers report they need (``POST /v1/recipes/{name}/feedback``).
+        self.need = NeedBoard(need_half_life_s)
         self._added: dict[str, deque[tuple[float, int]]] = {name: deque() for name in recipes}
         #: The counts last read per recipe (the status page shows them through an outage).
         self.last_stats: dict[str, dict[str, LabelStats]] = {}
@@ -185,6 +190,11 @@ class PoolPlanner:
         with self._lock:
             for label in labels:
                 self._demand.setdefault((name, label), _Demand()).add(per_label, now)
+
+    def report_need(self, name: str, client: str, need: Mapping[str, float]) -> None:
+        """Replace ``client``'s need for ``name``'s labels (see :class:`NeedBoard`)."""
+        self.need.report(name, client, need)
+        self._wake(0.0)
 
     def raise_target(self, name: str, per_label: int, *, shared: bool = True) -> None:
         """Fill ``name``'s labels to at least ``per_label`` images. ``shared`` records the
@@ -230,7 +240,7 @@ class PoolPlanner:
 
     def _plan(self, max_images: int) -> IdleWork | None:
         now = time.monotonic()
-        candidates: list[tuple[float, str, str, int]] = []
+        candidates: list[tuple[float, str, str, int]] = []  # (score, recipe, label, missing)
         for name, recipe in self.recipes.items():
             stats = self.store.stats(self.pool_ids[name], recipe.label_names)
             self.last_stats[name] = stats
@@ -244,14 +254,16 @@ class PoolPlanner:
                     label: self._demand.get((name, label), _Demand()).current(now)
                     for label in recipe.label_names
                 }
+            need = self.need.combined(name, recipe.label_names, now=now)
             while True:
-                label = choose_label(planned, targets, demand)
+                label = choose_label(planned, targets, demand, need=need, batch=max_images)
                 if label is None:
                     break
-                room = 1.0 - planned[label].fill / targets[label]
-                candidates.append((room, name, label, targets[label] - planned[label].fill))
+                score = label_score(planned, label, targets[label], demand, need,
+                                    batch=max_images)
+                candidates.append((score, name, label, targets[label] - planned[label].fill))
                 planned[label] = replace(planned[label], fill=targets[label])  # next best
-        # Most room first; the reservation re-checks under the label's lock and may refuse.
+        # Best score first; the reservation re-checks under the label's lock and may refuse.
         candidates.sort(key=lambda c: -c[0])
         for _, name, label, missing in candidates:
             if self.before_reserve is not None:
@@ -374,56 +386,6 @@ class PoolPlanner:
             return 0.0
         span = max(now - recent[0][0], 1.0)
         return sum(c for _, c in recent) / span
-
-
-def choose_label(
-    stats: Mapping[str, LabelStats],
-    capacity: int | Mapping[str, int],
-    demand: Mapping[str, float] | None = None,
-    *,
-    refresh_served: float | None = None,
-) -> str | None:
-    """The label background generation should fill next, or None when there is nothing to do.
-
-    ``stats[label].fill`` is what counts as there (the planner passes stored + in flight).
-    ``capacity`` is one number for all labels or a target per label (labels without one, or
-    with 0, are never chosen). Candidates are labels below it; with ``refresh_served`` set,
-    also full labels
-    whose images were served that often on average (generating evicts the most-served one, so
-    a heavily used pool keeps getting fresher and stops once it is fresh again). Among them the
-    highest ``(1 + m * share_of_demand) * (1 - fill / capacity)`` wins, ``m`` the number of
-    labels: with no demand the emptiest label, with demand the most-demanded, weighed against
-    how full it is. Ties go to the first label in ``stats`` order. ``demand`` is in any unit
-    (recent requests, images asked for); only the proportions matter.
-
-    Example::
-
-        choose_label({"I": LabelStats(fill=10), "P": LabelStats(fill=0)}, 100)   # 'P'
-    """
-    if isinstance(capacity, int) and capacity < 1:
-        raise ValueError(f"capacity must be >= 1, got {capacity}")
-    demand = demand or {}
-    total = sum(max(0.0, float(demand.get(label, 0.0))) for label in stats)
-    m = len(stats)
-    best: str | None = None
-    best_score = -math.inf
-    for label, s in stats.items():
-        cap = capacity if isinstance(capacity, int) else capacity.get(label, 0)
-        if cap < 1:
-            continue  # no target for this label
-        full = s.fill >= cap
-        worn = (
-            refresh_served is not None and s.fill > 0 and s.fill_served / s.fill >= refresh_served
-        )
-        if full and not worn:
-            continue
-        share = max(0.0, float(demand.get(label, 0.0))) / total if total > 0 else 0.0
-        # a worn full label still needs a non-zero score so it can be chosen
-        room = max(1.0 - s.fill / cap, 0.0) if not full else 0.5 / cap
-        score = (1.0 + m * share) * room
-        if score > best_score:
-            best, best_score = label, score
-    return best
 
 
 def pool_model_hash(model: LoadedModel) -> str:

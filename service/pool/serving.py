@@ -9,7 +9,8 @@ needs:
   local, else in a thread; with ``wait_s`` it raises the labels' shared targets, wakes the
   planner and waits (up to ``wait_s``) for each label to hold its share. Each sample is
   demand the planner weighs labels by.
-- ``raise_target`` (``/fill``), ``summary`` (the list and the status page) and ``detail``.
+- ``raise_target`` (``/fill``), ``report_need`` (``/feedback``), ``summary`` (the list and
+  the status page, with the trainers' combined need) and ``detail``.
 - :meth:`PoolServing.attach`, once the batcher runs, on the event loop: the app passes the
   batcher's ``poke`` as ``wake``; this side makes it callable from any thread (and after a
   delay) for the planner, and wakes waiting samples when the planner stores images. Neither
@@ -120,6 +121,25 @@ class PoolServing:
 
     # -- requests ----------------------------------------------------------------------------
 
+    def report_need(self, name: str, client: str, need: dict[str, float]) -> dict[str, Any]:
+        """Record ``client``'s need for ``name`` (validated labels, values >= 0) and answer
+        the combination the planner now uses (see :mod:`~genaug.service.pool.need`)."""
+        recipe = self.recipe(name)
+        self.planner.report_need(name, client, need)
+        return {
+            "recipe": name,
+            "client": client,
+            **self._need(name, recipe),
+        }
+
+    def _need(self, name: str, recipe: Recipe) -> dict[str, Any]:
+        board = self.planner.need
+        combined = board.combined(name, recipe.label_names)
+        return {
+            "need": {label: round(value, 4) for label, value in combined.items()},
+            "need_clients": board.clients(name),
+        }
+
     def raise_target(self, name: str, per_label: int, *, shared: bool = True) -> None:
         """:meth:`PoolPlanner.raise_target` for a known recipe, 503 during an outage.
         Blocking with ``shared``: call it from a thread."""
@@ -200,6 +220,7 @@ class PoolServing:
             "target_per_label": {label: self.planner.target(name, label, s.target)
                                  for label, s in stats.items()},
             "fill": {label: s.fill for label, s in stats.items()},
+            **self._need(name, recipe),
         }
 
     def detail(self, name: str) -> dict[str, Any]:

@@ -41,7 +41,8 @@ def test_schemathesis_checks_all_find_nothing_with_api_keys(fuzz: CheckResult) -
 def test_fuzzing_reaches_every_json_operation_and_each_recipe_path(fuzz: CheckResult) -> None:
     ops = fuzz.figures["per_operation"]
     for needed in ("POST /v1/generate", "POST /v1/recipes/shapes/sample",
-                   "POST /v1/recipes/shapes/fill", "GET /v1/recipes/shapes", "GET /v1/info"):
+                   "POST /v1/recipes/shapes/fill", "POST /v1/recipes/shapes/feedback",
+                   "GET /v1/recipes/shapes", "GET /v1/info"):
         assert any(needed in name for name in ops), (needed, sorted(ops))
 
 

@@ -12,6 +12,7 @@ EXPECTED = [
     "FeederConfigError",
     "FeederStats",
     "Finding",
+    "NeedCallback",
     "PYTHON_OP_TYPES",
     "PythonInGraphError",
     "ReservoirFeeder",

@@ -101,3 +101,32 @@ def test_prune_removes_expired_and_cancelled_jobs_with_their_images(
     assert queue.images == 1 and queue.requests == 1
     assert [j.client for j in queue.drain()] == ["kept"] and queue.images == 0
 
+
+
+def test_a_keys_client_ids_share_one_turn(loop: asyncio.AbstractEventLoop) -> None:
+    """Hierarchical identity: ten client ids under one API key get the turn of one key."""
+    queue = FairQueue()
+    many = "key-0000000a"
+    for i in range(10):
+        queue.push(job(loop, f"{many}/c{i}", 4))
+    queue.push(job(loop, "key-0000000b/only", 40))
+    counts: dict[str, int] = {"a": 0, "b": 0}
+    seen: set[str] = set()
+    for _ in range(5):
+        head = queue.head()
+        assert head is not None
+        for part in queue.take(KEY, capacity=8, now=0.0, opened_by=head[:2]):
+            counts["a" if part.job.client.startswith(many) else "b"] += part.count
+            if part.job.client.startswith(many):
+                seen.add(part.job.client)
+    assert counts == {"a": 20, "b": 20}
+    assert len(seen) == 10  # the key's ids take its turn in rotation
+
+
+def test_without_a_key_each_identity_is_its_own_group() -> None:
+    from genaug.service.batching.queue import group_of
+
+    assert group_of("key-0123abcd/trainer") == "key-0123abcd"
+    assert group_of("key-0123abcd") == "key-0123abcd"
+    assert group_of("team/trainer") == "team/trainer"
+    assert group_of("ip:10.0.0.1") == "ip:10.0.0.1"

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from _postgres import shared_cluster
 
+from genaug.service.pool.choice import choose_label
 from genaug.service.pool.open import check_pool_settings, open_pool, replica_info
-from genaug.service.pool.planner import choose_label
 from genaug.service.pool.store import PoolStore, _spread
 from genaug.service.pool.types import (
     LabelStats,
