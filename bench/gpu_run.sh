@@ -43,6 +43,6 @@ PY
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/service/pipeline/test_worker.py \
-        tests/service/pipeline/test_load.py 2>&1 | tee "$OUT/gpu_tests.log"
+        tests/service/pipeline/test_model_load.py tests/service/pipeline/test_adapters.py 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 python3 bench/gpu_sdxl.py --json "$OUT/gpu_sdxl.json" "$@" 2>&1 | tee "$OUT/gpu_sdxl.log"
