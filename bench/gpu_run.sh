@@ -28,7 +28,8 @@ export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLI
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
         --format=csv
     echo "cpus: $(nproc)"
-    python3 - <<'PY'
+    # -P: the checkout's own genaug/ (which holds no service/) must not shadow $SITE/genaug.
+    python3 -P - <<'PY'
 import importlib.metadata as m
 import sys
 
@@ -42,7 +43,7 @@ PY
 } 2>&1 | tee "$OUT/env.txt"
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/service/pipeline/test_worker.py \
+    python3 -P -m pytest -q -m gpu -p no:cacheprovider tests/service/pipeline/test_worker.py \
         tests/service/pipeline/test_model_load.py tests/service/pipeline/test_adapters.py 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 python3 bench/gpu_sdxl.py --json "$OUT/gpu_sdxl.json" "$@" 2>&1 | tee "$OUT/gpu_sdxl.log"
