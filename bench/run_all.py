@@ -27,6 +27,7 @@ BENCHMARKS = (
     "pool_latency",
     "pool_fill_rate",
     "need_fill_rate",
+    "fair_share",
 )
 
 
@@ -62,6 +63,14 @@ def summary_row(name: str, result: dict[str, Any]) -> list[Any]:
     if name == "need_fill_rate":
         ratios = ", ".join(f"{k} {v['ratio_need']:.1f}" for k, v in result["summary"].items())
         return [name, f"needed/others fill rate: {ratios}", ">= 3", result["met"]]
+    if name == "fair_share":
+        heavy = result["cost_shares"]["heavy"]
+        return [
+            name,
+            f"heavy/light share {heavy:.2f}/{1 - heavy:.2f}, 10 ids/1 id {result['id_ratio']:.2f}",
+            "0.4-0.6 each; 0.8-1.25",
+            result["cost_goal_met"] and result["id_goal_met"],
+        ]
     return [name, "", "", ""]
 
 

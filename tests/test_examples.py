@@ -66,6 +66,8 @@ def test_notebook_walkthrough_runs(
         assert path.is_file() and path.parent.name in {"I", "P", "R"}
     clients = {c["client"]: c for c in httpx.get(live.url + "/v1/clients").json()["clients"]}
     assert clients["notebook-walkthrough"]["requests"] == 2
+    assert 0 < clients["notebook-walkthrough"]["share_last_minute"] <= 1
+    assert abs(sum(c["share_last_minute"] for c in clients.values()) - 1) < 1e-3
     printed = capsys.readouterr().out
     assert info["model"]["hash"] in printed and "wound-phases" in printed
 

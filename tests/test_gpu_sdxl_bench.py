@@ -71,7 +71,7 @@ def test_plans_put_baseline_and_best_at_batch_1_and_8_first(bench: Any) -> None:
     assert options[0] == ("baseline", [8]) and len(options) == 1 + len(bench.SINGLES)
     custom = bench.parse_args(["--configs", "baseline,compile=unet+fuse_qkv", "--batches", "2"])
     assert bench.plan_cells(custom) == [("baseline", [2]), ("compile=unet+fuse_qkv", [2])]
-    assert bench.options_of("best", bench.BEST).label == "compile=regional+channels_last+fuse_qkv"
+    assert bench.options_of("best", bench.BEST).label == "compile=regional+fuse_qkv"
 
 
 def run_tiny(tmp_path: Path, *extra: str, timeout: float) -> tuple[dict[str, Any], str]:

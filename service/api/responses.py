@@ -187,6 +187,8 @@ class ClientReport(BaseModel):
     images: int
     generation_s: float
     generation_share: float
+    #: share of the generator's time over the last minute (0 when it did nothing then)
+    share_last_minute: float = 0.0
     queued_images: int
     rejected: int
     dropped: int

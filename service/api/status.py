@@ -133,6 +133,7 @@ def client_reports(state: AppState) -> list[ClientReport]:
     queued = batcher.queue.by_client()
     clients = batcher.activity.clients
     total = sum(c.generation_s for c in clients.values()) or 1.0
+    recent = batcher.activity.recent_shares()
     reports = []
     for name in sorted(set(clients) | set(queued)):
         c = clients.get(name)
@@ -142,6 +143,7 @@ def client_reports(state: AppState) -> list[ClientReport]:
             images=c.images if c else 0,
             generation_s=round(c.generation_s, 4) if c else 0.0,
             generation_share=round(c.generation_s / total, 4) if c else 0.0,
+            share_last_minute=round(recent.get(name, 0.0), 4),
             queued_images=queued.get(name, 0),
             rejected=c.rejected if c else 0,
             dropped=c.dropped if c else 0,

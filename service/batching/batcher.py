@@ -295,7 +295,7 @@ class Batcher:
         stats = self.activity.client(POOL_CLIENT)
         stats.requests += 1
         stats.images += len(work.items)
-        stats.generation_s += seconds
+        self.activity.used(POOL_CLIENT, seconds)
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: _Batch) -> None:
         items = batch.items
@@ -331,13 +331,14 @@ class Batcher:
             return
         finally:
             self.busy = False
+            self.queue.settle(batch.parts, time.monotonic() - started)
         seconds = time.monotonic() - started
         self.activity.record(len(items), seconds, "request")
         self.activity.remember(outcome)
         offset = 0
         for part in batch.parts:
             stats = self.activity.client(part.job.client)
-            stats.generation_s += seconds * part.count / len(items)
+            self.activity.used(part.job.client, seconds * part.count / len(items))
             failed = [i for i in range(offset, offset + part.count) if i in outcome.errors]
             if failed:
                 stats.failed += 1

@@ -7,11 +7,21 @@ A synchronous data structure with no I/O, no threads and no clock of its own (ca
 Order of service:
 
 1. **Priority.** ``interactive`` images go before ``bulk`` ones.
-2. **Round-robin between clients.** Each priority keeps one FIFO of jobs per client identity;
-   a batch is filled one image per client per turn, and the client that opened a batch goes
-   to the back for the next one. A trainer that floods 200 images shares every batch with a
-   notebook that asks for one.
-3. **Grouping.** A batch holds only images of one :class:`~genaug.service.batching.items.GroupKey`;
+2. **Round-robin between clients, hierarchically.** Each priority keeps one FIFO of jobs per
+   client identity; a batch is filled one image per identity *group* per turn, and the group
+   that opened a batch goes to the back for the next one. A group is an API key (identities
+   ``key-XXXXXXXX/<client id>`` share their key's turn, the key's client ids taking it in
+   rotation), or one identity on its own. A trainer that floods 200 images shares every
+   batch with a notebook that asks for one, and a key holder sending ten client ids gets
+   the turn of one.
+3. **Cost, not turns, picks who opens a batch.** Each group's images are charged an
+   estimate when taken, :func:`image_cost` (latent pixels x steps x UNet rows) times the
+   learned seconds per unit, replaced by the measured generator seconds when the batch ends
+   (:meth:`FairQueue.settle`); the next batch is opened by the group, in the highest
+   priority with work, that has been served the least so far (start-time fair queueing,
+   equivalent to deficit round-robin). A client asking 1024x1024
+   at 50 steps opens batches as often as its cost allows, not one per turn.
+4. **Grouping.** A batch holds only images of one :class:`~genaug.service.batching.items.GroupKey`;
    jobs of other keys keep their place.
 
 Example::
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
@@ -41,6 +52,7 @@ from .items import GroupKey, Item
 
 Priority = Literal["interactive", "bulk"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "bulk")
+_KEY_ID = re.compile(r"key-[0-9a-f]{8}")
 
 
 class Job:
@@ -127,6 +139,7 @@ class Part:
     job: Job
     start: int
     count: int
+    charged: float = 0.0  # estimated generator seconds charged at take(), until settle()
 
     @property
     def items(self) -> list[Item]:
@@ -141,10 +154,23 @@ class FairQueue:
             p: OrderedDict() for p in PRIORITIES
         }
         self.images = 0  # images waiting, over all jobs
+        self._rotation: dict[str, int] = {}  # group -> turns taken, to rotate its clients
+        self._served: dict[str, float] = {}  # group -> generator seconds taken (or estimated)
+        self._s_per_cost = 1e-6  # seconds per image_cost unit, learned from settled batches
+        self._settled = False
 
     # -- adding and removing -------------------------------------------------------------
 
     def push(self, job: Job) -> None:
+        group = group_of(job.client)
+        active = {group_of(c) for queues in self._queues.values() for c in queues}
+        if not active:
+            self._served.clear()  # nobody competing: everyone starts even
+        elif group not in active:
+            # A group (re)joining starts at the least-served competitor: no credit is saved up
+            # by waiting, and none is lost.
+            floor = min(self._served.get(g, 0.0) for g in active)
+            self._served[group] = max(self._served.get(group, 0.0), floor)
         self._queues[job.priority].setdefault(job.client, deque()).append(job)
         self.images += job.pending
 
@@ -196,11 +222,18 @@ class FairQueue:
     # -- choosing the next batch ---------------------------------------------------------
 
     def head(self) -> tuple[Priority, str, Job] | None:
-        """The job that opens the next batch: first client of the highest priority."""
+        """The job that opens the next batch: in the highest priority with work, the group
+        that has been served the least generator cost (ties: round-robin order), and within
+        it the client whose turn it is."""
         for priority in PRIORITIES:
-            for client, fifo in self._queues[priority].items():
-                if fifo:
-                    return priority, client, fifo[0]
+            queues = self._queues[priority]
+            groups = _groups(queues)
+            if not groups:
+                continue
+            group = min(groups, key=lambda g: self._served.get(g, 0.0))
+            clients = groups[group]
+            client = clients[self._rotation.get(group, 0) % len(clients)]
+            return priority, client, queues[client][0]
         return None
 
     def waiting(self, key: GroupKey) -> tuple[float, int]:
@@ -217,7 +250,8 @@ class FairQueue:
         self, key: GroupKey, *, capacity: int, now: float, opened_by: tuple[Priority, str]
     ) -> list[Part]:
         """Take up to ``capacity`` images of ``key``: priority first, then one image per
-        client per turn. The client that opened the batch goes to the back of its priority.
+        identity group per turn, and within a group (an API key's client ids) the clients in
+        rotation. The group that opened the batch goes to the back of its priority.
 
         Jobs handed their first image get ``started = now``.
         """
@@ -226,9 +260,12 @@ class FairQueue:
             queues = self._queues[priority]
             while capacity and queues:
                 took = False
-                for client in list(queues):
-                    fifo = queues[client]
-                    job = next((j for j in fifo if j.key == key and j.pending), None)
+                groups = _groups(queues)
+                opener = group_of(opened_by[1])
+                if opener in groups:  # the group that opened the batch takes the first image
+                    groups = {opener: groups.pop(opener), **groups}
+                for group, clients in groups.items():
+                    job = self._next_job(queues, group, clients, key)
                     if job is None:
                         continue
                     part = parts.get(job.id)
@@ -237,19 +274,84 @@ class FairQueue:
                         if job.started is None:
                             job.started = now
                     part.count += 1
+                    estimate = image_cost(key, job.items[job.next_index]) * self._s_per_cost
+                    self._served[group] = self._served.get(group, 0.0) + estimate
+                    part.charged += estimate
                     job.next_index += 1
                     self.images -= 1
                     capacity -= 1
                     took = True
                     if not job.pending:
+                        fifo = queues[job.client]
                         fifo.remove(job)
                         if not fifo:
-                            del queues[client]
+                            del queues[job.client]
                     if not capacity:
                         break
                 if not took:
                     break
         head_priority, head_client = opened_by
-        if head_client in self._queues[head_priority]:
-            self._queues[head_priority].move_to_end(head_client)
+        queues = self._queues[head_priority]
+        for client in [c for c in queues if group_of(c) == group_of(head_client)]:
+            queues.move_to_end(client)
+        live = {group_of(c) for queues in self._queues.values() for c in queues}
+        self._rotation = {g: n for g, n in self._rotation.items() if g in live}
         return list(parts.values())
+
+    def settle(self, parts: list[Part], seconds: float) -> None:
+        """The batch of ``parts`` took ``seconds`` of generator time: replace each part's
+        estimate with its measured share (split by images), and refine the estimate rate.
+
+        Measured time includes what the cost formula leaves out (text encoding, decoding,
+        per-batch overheads), so shares converge on generator time, not on the formula."""
+        images = sum(p.count for p in parts)
+        if not images:
+            return
+        cost = sum(image_cost(p.job.key, item) for p in parts for item in p.items)
+        if cost > 0 and seconds > 0:
+            rate = seconds / cost
+            self._s_per_cost = rate if not self._settled else 0.8 * self._s_per_cost + 0.2 * rate
+            self._settled = True
+        for part in parts:
+            group = group_of(part.job.client)
+            if group in self._served:
+                self._served[group] += seconds * part.count / images - part.charged
+            part.charged = 0.0
+
+    def _next_job(
+        self, queues: OrderedDict[str, deque[Job]], group: str, clients: list[str], key: GroupKey
+    ) -> Job | None:
+        """The job of ``key`` that gives ``group`` its image this turn: its clients take turns."""
+        start = self._rotation.get(group, 0)
+        for step in range(len(clients)):
+            client = clients[(start + step) % len(clients)]
+            job = next((j for j in queues[client] if j.key == key and j.pending), None)
+            if job is not None:
+                self._rotation[group] = start + step + 1
+                return job
+        return None
+
+
+def image_cost(key: GroupKey, item: Item) -> float:
+    """What one image costs the generator, in latent-pixel denoising steps: latent pixels
+    (an 8x-downscaled height x width) x steps x UNet rows (two with classifier-free guidance,
+    ``guidance > 1``: the unconditional half runs too)."""
+    rows = 2 if item.guidance > 1 else 1
+    return (key.height / 8) * (key.width / 8) * key.steps * rows
+
+
+def group_of(client: str) -> str:
+    """The top level of a client identity: the API key's id for ``key-XXXXXXXX/<client id>``
+    (all of a key's client ids share that key's turn), otherwise the identity itself."""
+    head, sep, _ = client.partition("/")
+    if sep and _KEY_ID.fullmatch(head):
+        return head
+    return client
+
+
+def _groups(queues: OrderedDict[str, deque[Job]]) -> dict[str, list[str]]:
+    """Clients by group, groups in the order their first client stands in ``queues``."""
+    out: dict[str, list[str]] = {}
+    for client in queues:
+        out.setdefault(group_of(client), []).append(client)
+    return out

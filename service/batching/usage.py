@@ -28,6 +28,7 @@ from .items import Outcome
 
 POOL_CLIENT = "(pool pre-generation)"
 HISTORY_S = 600.0
+SHARE_WINDOW_S = 60.0
 RECENT_IMAGES = 16
 RECENT_SIDE = 128
 
@@ -54,9 +55,30 @@ class Activity:
         self.history: deque[tuple[float, int, str]] = deque()
         self.recent: deque[np.ndarray] = deque(maxlen=RECENT_IMAGES)
         self.images_per_s = 0.0  # moving estimate, for Retry-After
+        # (time, client, generator seconds) per batch part over the last minute.
+        self.usage: deque[tuple[float, str, float]] = deque()
 
     def client(self, name: str) -> ClientStats:
         return self.clients.setdefault(name, ClientStats())
+
+    def used(self, client: str, seconds: float) -> None:
+        """``client`` had the generator for ``seconds`` (its part of a batch)."""
+        self.client(client).generation_s += seconds
+        now = time.monotonic()
+        self.usage.append((now, client, seconds))
+        while self.usage and self.usage[0][0] < now - SHARE_WINDOW_S:
+            self.usage.popleft()
+
+    def recent_shares(self) -> dict[str, float]:
+        """Each identity's share of generator time over the last minute (sums to 1, or
+        empty when the generator did nothing then)."""
+        cutoff = time.monotonic() - SHARE_WINDOW_S
+        seconds: dict[str, float] = {}
+        for t, client, s in self.usage:
+            if t >= cutoff:
+                seconds[client] = seconds.get(client, 0.0) + s
+        total = sum(seconds.values())
+        return {c: s / total for c, s in seconds.items()} if total > 0 else {}
 
     def retry_after_s(self, queued_images: int) -> int:
         """Seconds until ``queued_images`` have likely drained: for ``Retry-After``."""

@@ -130,3 +130,92 @@ def test_without_a_key_each_identity_is_its_own_group() -> None:
     assert group_of("key-0123abcd") == "key-0123abcd"
     assert group_of("team/trainer") == "team/trainer"
     assert group_of("ip:10.0.0.1") == "ip:10.0.0.1"
+
+
+BIG = GroupKey(height=32, width=32, steps=3)  # 16x the latent pixels, 3x the steps of KEY
+
+
+def test_batches_are_opened_by_cost_served_not_by_turns(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Two saturating clients, one whose images cost 48x more: each gets about half the
+    generator cost, not half the batches."""
+    from genaug.service.batching.queue import image_cost
+
+    queue = FairQueue()
+    queue.push(job(loop, "heavy", 1000, key=BIG))
+    queue.push(job(loop, "light", 100000))
+    cost = {"heavy": 0.0, "light": 0.0}
+    for _ in range(400):
+        head = queue.head()
+        assert head is not None
+        for part in queue.take(head[2].key, capacity=4, now=0.0, opened_by=head[:2]):
+            for item in part.items:
+                cost[part.job.client] += image_cost(part.job.key, item)
+    share = cost["heavy"] / (cost["heavy"] + cost["light"])
+    assert 0.45 <= share <= 0.55, share
+
+
+def test_guidance_doubles_an_images_cost() -> None:
+    from genaug.service.batching.queue import image_cost
+
+    plain = Item("p", seed=0, guidance=1.0, output_height=8, output_width=8)
+    guided = Item("p", seed=0, guidance=5.0, output_height=8, output_width=8)
+    assert image_cost(BIG, guided) == 2 * image_cost(BIG, plain) == 2 * 4 * 4 * 3
+
+
+def test_a_group_joining_late_gets_no_saved_up_credit(loop: asyncio.AbstractEventLoop) -> None:
+    queue = FairQueue()
+    queue.push(job(loop, "a", 100))
+    for _ in range(10):
+        head = queue.head()
+        assert head is not None
+        queue.take(KEY, capacity=4, now=0.0, opened_by=head[:2])
+    queue.push(job(loop, "b", 100))  # b starts level with a, then they alternate
+    opened = []
+    for _ in range(6):
+        head = queue.head()
+        assert head is not None
+        opened.append(head[1])
+        queue.take(KEY, capacity=1, now=0.0, opened_by=head[:2])
+    assert opened.count("a") == 3 and opened.count("b") == 3
+
+
+def test_the_opener_gets_the_first_image_even_in_a_batch_of_one(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(job(loop, "a", 5))
+    queue.push(job(loop, "b", 5))
+    parts = queue.take(KEY, capacity=1, now=0.0, opened_by=("bulk", "b"))
+    assert taken(parts) == ["b0"]
+
+
+def test_share_of_generator_time_over_the_last_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    from genaug.service.batching import usage
+    from genaug.service.metrics import Metrics
+
+    clock = [1000.0]
+    monkeypatch.setattr(usage.time, "monotonic", lambda: clock[0])
+    activity = usage.Activity(Metrics())
+    activity.used("old", 9.0)
+    clock[0] += 61.0  # "old" falls out of the window but keeps its lifetime total
+    activity.used("a", 3.0)
+    activity.used("b", 1.0)
+    assert activity.recent_shares() == {"a": 0.75, "b": 0.25}
+    assert activity.clients["old"].generation_s == 9.0
+
+
+def test_settle_charges_measured_time_not_the_formula(loop: asyncio.AbstractEventLoop) -> None:
+    """The formula says ``a``'s images are cheap; measured time says they are not: after
+    settling, ``b`` (served less time) opens the next batch."""
+    queue = FairQueue()
+    queue.push(job(loop, "a", 10))
+    queue.push(job(loop, "b", 10, key=BIG))
+    a_parts = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "a"))
+    queue.settle(a_parts, seconds=10.0)  # 4 small images took 10 s
+    b_parts = queue.take(BIG, capacity=4, now=0.0, opened_by=("bulk", "b"))
+    queue.settle(b_parts, seconds=1.0)  # 4 big ones took 1 s
+    head = queue.head()
+    assert head is not None and head[1] == "b"
+    assert all(part.charged == 0.0 for part in a_parts + b_parts)
