@@ -84,7 +84,7 @@ def make_service(tiny_model: LoadedModel) -> Iterator[Callable[..., LiveService]
         live.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shapes_recipe() -> str:
     """The YAML of the test recipe file: one recipe ``shapes``, 32x32 in 2 steps, base seed 7,
     labels circle (two prompts), square and triangle (with a negative prompt). Tests that need

@@ -24,27 +24,17 @@ from genaug.trainer.class_error import per_class_need
 HERE = Path(__file__).resolve().parent
 MARK = "GENAUG_RESULT "
 TIMEOUT_S = 180
-RECIPE = """\
-recipes:
-  - name: shapes
-    height: 32
-    width: 32
-    steps: 2
-    guidance: 3.0
-    labels:
-      circle: {prompts: ["a circle"]}
-      square: {prompts: ["a square"]}
-      triangle: {prompts: ["a triangle"]}
-"""
 
 
 @pytest.fixture(scope="module")
-def child(tmp_path_factory: pytest.TempPathFactory, tiny_model: Any) -> Iterator[dict[str, Any]]:
+def child(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Any, shapes_recipe: str
+) -> Iterator[dict[str, Any]]:
     from genaug.service.testing import start_service
 
     env = tf_child_env()
     folder = tmp_path_factory.mktemp("need")
-    (folder / "recipes.yaml").write_text(RECIPE)
+    (folder / "recipes.yaml").write_text(shapes_recipe)
     with start_service(tiny_model, recipes=folder / "recipes.yaml",
                        pool_path=folder / "pool.db", pool_capacity_per_label=8) as live:
         proc = subprocess.run([sys.executable, str(HERE / "_need_child.py"), live.url],
