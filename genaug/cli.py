@@ -10,6 +10,7 @@ and no command loads both.
     genaug pool list | genaug pool drop POOL_ID
     genaug train --data DIR [--service URL --recipe NAME --p 0.5] [--gpus 1,2,3,4]
     genaug convert-unet SRC DST [--base MODEL] --trust-this-file
+    genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors [--steps N] ...
     genaug doctor [--url URL] [--recipe NAME] [--json]   check this host and the service
 """
 
@@ -115,6 +116,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_convert_arguments(convert)
     convert.set_defaults(func=_cmd_convert_unet)
 
+    adapt = sub.add_parser("adapt", help="train a LoRA on DATA/<label>/*.png for the served model")
+    if command == "adapt":
+        with contextlib.suppress(ImportError):  # a trainer-only install: _cmd_adapt says so
+            from genaug.service.commands.adapt import add_adapt_arguments
+
+            add_adapt_arguments(adapt)
+    adapt.set_defaults(func=_cmd_adapt)
+
     train = sub.add_parser("train", help="the reference TensorFlow trainer")
     if command == "train":
         try:
@@ -180,6 +189,17 @@ def _cmd_convert_unet(args: argparse.Namespace) -> int:
               f"({exc})", file=sys.stderr)
         return 2
     code: int = run_convert(args)
+    return code
+
+
+def _cmd_adapt(args: argparse.Namespace) -> int:
+    try:
+        from genaug.service.commands.adapt import run_adapt
+    except ImportError as exc:
+        print(f"genaug adapt needs the service extras: pip install 'genaug[service]' ({exc})",
+              file=sys.stderr)
+        return 2
+    code: int = run_adapt(args)
     return code
 
 

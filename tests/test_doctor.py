@@ -40,18 +40,6 @@ if TYPE_CHECKING:
 
 KEY = "doctor-key"
 GB = 10**9
-RECIPES = """\
-recipes:
-  - name: shapes
-    height: 32
-    width: 32
-    steps: 2
-    guidance: 3.0
-    base_seed: 7
-    labels:
-      circle: {prompts: ["a circle"]}
-      square: {prompts: ["a square"]}
-"""
 CLEAN_HOST = Host(environ={}, gpu_table=None, build_info={"is_cuda_build": False},
                   packages={"tensorflow": "2.21.0", "keras": "3.15.1"},
                   available_memory=16 * GB)
@@ -59,11 +47,11 @@ CLEAN_HOST = Host(environ={}, gpu_table=None, build_info={"is_cuda_build": False
 
 
 @pytest.fixture(scope="module")
-def keyed(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[LiveService]:
+def keyed(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory,
+          shapes_recipe: str) -> Iterator[LiveService]:
     """A service with an API key and the recipe ``shapes``, its pool filled to 2 per label."""
     folder = tmp_path_factory.mktemp("doctor")
-    (folder / "recipes.yaml").write_text(RECIPES)
+    (folder / "recipes.yaml").write_text(shapes_recipe)
     live = start_service(tiny_model, api_keys=[KEY], recipes=folder / "recipes.yaml",
                          pool_path=folder / "pool.db", pregenerate=False,
                          pool_capacity_per_label=4, max_batch_images=8)
@@ -109,11 +97,13 @@ def test_ready_service_and_full_pool_exit_0(keyed: LiveService) -> None:
     assert "requires a key and accepts the one sent (--api-key)" in line(text, "api-key")
     assert "tiny-random from tiny-random" in line(text, "model")
     assert "float32 on cpu" in line(text, "model")
-    assert "'shapes': 2 labels ['circle', 'square'], 32x32x3 images" in line(text, "recipe")
-    assert line(text, "pool").startswith("ok    pool      pool of 'shapes': circle 2, square 2")
+    assert ("'shapes': 3 labels ['circle', 'square', 'triangle'], 32x32x3 images"
+            in line(text, "recipe"))
+    assert line(text, "pool").startswith(
+        "ok    pool      pool of 'shapes': circle 2, square 2, triangle 2")
     assert line(text, "pool").endswith(": full")
     assert "the service runs on cpu: no GPU to keep apart" in line(text, "gpus")
-    assert "the reservoir for 2 labels x 2 slots of 32x32x3" in line(text, "memory")
+    assert "the reservoir for 3 labels x 2 slots of 32x32x3" in line(text, "memory")
     assert text.rstrip().endswith("0 failed, 0 warning(s), 9 ok")
     assert "fix:" not in text
     assert took < 5.0  # the goal: an answer within 5 s against a running service

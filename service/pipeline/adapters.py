@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .adapt import BASE_HASH_KEY
 from .quiet import quiet_diffusers
 from .weights import hash_files
 
@@ -78,8 +79,12 @@ class Adapters:
         adapters.hash("a")  # "9e1d5c0a7b3f2e11"
     """
 
-    def __init__(self, pipeline: Any, loras: Mapping[str, Path]) -> None:
+    def __init__(
+        self, pipeline: Any, loras: Mapping[str, Path], *, base_hash: str | None = None
+    ) -> None:
         self.pipe: Any = pipeline
+        # The served model's weights_hash: a file made by `genaug adapt` for another is refused.
+        self._base_hash = base_hash
         self._infos: dict[str, AdapterInfo] = {}
         self._active: tuple[str, float] | None = None
         for name, path in loras.items():
@@ -144,6 +149,7 @@ class Adapters:
                 f"{where} is not a .safetensors file; LoRA adapters load from safetensors only "
                 "(pickled files can run code)"
             )
+        self._check_base(where, path)
         try:
             state = load_file(str(path))
             with quiet_diffusers(), warnings.catch_warnings():
@@ -164,3 +170,20 @@ class Adapters:
         info = AdapterInfo(name=name, source=str(path), hash=hash_files([path], sizes=False))
         log.info("loaded %s, hash %s", where, info.hash)
         return info
+
+    def _check_base(self, where: str, path: Path) -> None:
+        """Refuse a file whose header names another base model (``genaug adapt`` records it)."""
+        from safetensors import safe_open
+
+        if self._base_hash is None:
+            return
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                made_for = (handle.metadata() or {}).get(BASE_HASH_KEY)
+        except Exception:  # unreadable: the load below says so with the full detail
+            return
+        if made_for is not None and made_for != self._base_hash:
+            raise AdapterLoadError(
+                f"{where} was adapted on base model {made_for}, not on the served model "
+                f"{self._base_hash}; serve the model it was made for or run genaug adapt again"
+            )

@@ -1,0 +1,225 @@
+"""``genaug adapt``: a LoRA for the served model, from a labelled folder of your own images.
+
+::
+
+    DATA/<label>/*.png      one folder per label of the recipe (png, jpg), any size
+    genaug adapt DATA --recipes recipes.yaml --recipe wounds --out wounds.safetensors \\
+        [--model M] [--steps 200] [--rank 4] [--seed 0] [--lr 1e-3] [--batch-size 4]
+    GENAUG_LORAS=wounds=wounds.safetensors genaug serve   # the recipe names adapter: wounds
+    genaug adapt --check wounds.safetensors [--model M]   # was it made for this model?
+
+Each image is resized to the recipe's generation size (``height`` x ``width``) and paired
+with its label's prompts; :func:`genaug.service.pipeline.adapt.adapt` trains. ``--model``
+defaults to ``GENAUG_MODEL`` (else the embedded ``tiny-digits``): the LoRA is made for that
+model's weights and records their hash; the service refuses it over any other model. A
+missing label folder, an unknown recipe or a bad file gives one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["AdaptInputError", "add_adapt_arguments", "read_labelled_folder", "run_adapt"]
+
+log = logging.getLogger(__name__)
+
+_SUFFIXES = {".png", ".jpg", ".jpeg"}
+
+
+class AdaptInputError(ValueError):
+    """The data, recipe or arguments cannot be used; the message says what to change."""
+
+
+def add_adapt_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data", nargs="?", type=Path, default=None,
+                        help="folder with one sub-folder of images per label: DATA/<label>/*.png")
+    parser.add_argument("--recipes", type=Path, default=None,
+                        help="recipe file (default: GENAUG_RECIPES)")
+    parser.add_argument("--recipe", default=None, help="recipe name (labels, prompts, size)")
+    parser.add_argument("--out", type=Path, default=None, help="the LoRA file, .safetensors")
+    parser.add_argument("--model", default=None,
+                        help="the base model (default: GENAUG_MODEL, else tiny-digits)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: "
+                        "GENAUG_DEVICE)")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
+    parser.add_argument("--rank", type=int, default=4, help="LoRA rank (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3; "
+                        "1e-4 for SDXL)")
+    parser.add_argument("--batch-size", type=int, default=4, help="images per step (default 4)")
+    parser.add_argument("--accumulation", type=int, default=1,
+                        help="micro-batches per optimizer step (default 1)")
+    parser.add_argument("--text-encoder", action="store_true",
+                        help="also train LoRA on both text encoders (stronger conditioning)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--check", type=Path, default=None, metavar="LORA",
+                        help="only say whether LORA was made for --model; exit 1 if not")
+
+
+def read_labelled_folder(
+    data: Path, labels: dict[str, list[str]], size: tuple[int, int]
+) -> tuple[np.ndarray, list[list[str]], str]:
+    """``data/<label>/*`` -> uint8 ``[N, height, width, 3]``, each image's prompts, and a data
+    hash (16 hex chars over labels, prompts, generation size and file contents)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data.is_dir():
+        raise AdaptInputError(f"DATA {str(data)!r} is not a folder; give a folder with one "
+                              "sub-folder of images per label")
+    height, width = size
+    hasher = hashlib.blake2b(digest_size=8)
+    hasher.update(f"{height}x{width}".encode())
+    images: list[np.ndarray] = []
+    prompts: list[list[str]] = []
+    for label, label_prompts in labels.items():
+        folder = data / label
+        files = sorted(p for p in folder.glob("*") if p.suffix.lower() in _SUFFIXES) \
+            if folder.is_dir() else []
+        if not files:
+            raise AdaptInputError(
+                f"no images for label {label!r}: {str(folder)!r} is missing or holds no "
+                f".png/.jpg; every label of the recipe needs a folder DATA/{label}/"
+            )
+        hasher.update(b"\0label\0" + label.encode() + b"\0" + "\0".join(label_prompts).encode())
+        for path in files:
+            raw = path.read_bytes()
+            hasher.update(hashlib.blake2b(raw, digest_size=16).digest())
+            try:
+                with Image.open(path) as img:
+                    rgb = img.convert("RGB").resize((width, height),
+                                                    Image.Resampling.BICUBIC)
+            except (UnidentifiedImageError, OSError) as exc:
+                raise AdaptInputError(f"{str(path)!r} is not a readable image: {exc}") from exc
+            images.append(np.asarray(rgb, dtype=np.uint8))
+            prompts.append(list(label_prompts))
+    return np.stack(images), prompts, hasher.hexdigest()
+
+
+def run_adapt(args: argparse.Namespace) -> int:
+    """``genaug adapt``; one line on stderr and exit 2 for any unusable input."""
+    # Before torch loads: OpenMP threads that spin while a sibling is descheduled cost more
+    # than they do on a shared CPU (200 tiny steps: 157 s with 2 spinning threads, 11 s with 1).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from pydantic import ValidationError
+
+    from ..pipeline.device import ModelLoadError
+    from ..recipes.spec import RecipeError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    logging.getLogger("diffusers").setLevel(logging.ERROR)
+    try:
+        if args.check is not None:
+            return _check(args)
+        return _adapt(args)
+    except (AdaptInputError, RecipeError, ModelLoadError) as exc:
+        print(f"genaug adapt: {_one_line(exc)}", file=sys.stderr)  # noqa: T201
+        return 2
+    except ValidationError as exc:
+        print(f"genaug adapt: invalid setting: {_one_line(exc)}", file=sys.stderr)  # noqa: T201
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from ..settings import Settings
+
+    overrides = {k: v for k, v in (("model", args.model), ("device", args.device),
+                                   ("recipes", args.recipes)) if v is not None}
+    return Settings(**overrides)
+
+
+def _load(settings: Any) -> Any:
+    import torch
+
+    from ..pipeline.load import load_model
+
+    if settings.torch_threads is not None:
+        torch.set_num_threads(settings.torch_threads)
+    elif settings.device == "cpu":  # as the service: all cores but one
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+
+    return load_model(source=settings.model, unet_weights=settings.unet_weights,
+                      device=settings.device, dtype=settings.dtype)
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    from ..pipeline.adapt import AdaptConfig, AdaptData, adapt
+    from ..recipes.load import load_recipes
+
+    if args.data is None or args.out is None or args.recipe is None:
+        raise AdaptInputError("give DATA, --recipe NAME and --out OUT.safetensors (and "
+                              "--recipes FILE unless GENAUG_RECIPES is set)")
+    if args.out.suffix.lower() != ".safetensors":
+        raise AdaptInputError(f"--out {str(args.out)!r} must end in .safetensors (the only "
+                              "LoRA format the service loads)")
+    for flag in ("steps", "rank", "batch_size", "accumulation"):
+        if getattr(args, flag) < 1:
+            raise AdaptInputError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be "
+                                  ">= 1")
+    if not args.lr > 0:
+        raise AdaptInputError(f"--lr {args.lr} must be > 0")
+    settings = _settings(args)
+    if settings.recipes is None:
+        raise AdaptInputError("no recipe file: give --recipes FILE (or set GENAUG_RECIPES)")
+    recipes = load_recipes(settings.recipes)
+    if args.recipe not in recipes:
+        raise AdaptInputError(f"{str(settings.recipes)!r} has no recipe {args.recipe!r}; it "
+                              f"has: {', '.join(sorted(recipes))}")
+    recipe = recipes[args.recipe]
+    labels = {label: list(recipe.labels[label].prompts) for label in recipe.label_names}
+    images, prompts, data_hash = read_labelled_folder(args.data, labels,
+                                                      (recipe.height, recipe.width))
+    log.info("data: %d images in %d labels from %s at %dx%d (hash %s)", len(images),
+             len(labels), args.data, recipe.width, recipe.height, data_hash)
+    model = _load(settings)
+    log.info("base model %s (%s), weights hash %s, on %s", model.source, model.kind,
+             model.weights_hash, model.device)
+    config = AdaptConfig(steps=args.steps, rank=args.rank, seed=args.seed, lr=args.lr,
+                         batch_size=args.batch_size, accumulation=args.accumulation,
+                         text_encoder=args.text_encoder, progress=not args.no_progress)
+    record = adapt(model, AdaptData(images, prompts, data_hash), args.out, config)
+    name = args.out.stem
+    print(f"genaug adapt: wrote {args.out} ({record['steps']} steps, rank {record['rank']}, "  # noqa: T201
+          f"final loss {record['final_loss']}, {record['train_s']} s"
+          f"{', interrupted' if record['interrupted'] else ''}); serve it with "
+          f"GENAUG_LORAS={name}={args.out} and adapter: {{name: {name}}} in the recipe")
+    return 130 if record["interrupted"] else 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ..pipeline.adapt import read_record
+
+    path: Path = args.check
+    if not path.is_file():
+        raise AdaptInputError(f"--check {str(path)!r} does not exist")
+    try:
+        record = read_record(path)
+    except Exception as exc:  # safetensors raises several types; all mean unreadable
+        raise AdaptInputError(f"--check {str(path)!r} is not a readable safetensors file: "
+                              f"{exc}") from exc
+    model = _load(_settings(args))
+    made_for = record.get("base_hash")
+    if made_for is None:
+        print(f"genaug adapt: {path} records no base model (not made by genaug adapt); "  # noqa: T201
+              "the service loads it unchecked")
+        return 0
+    if made_for != model.weights_hash:
+        print(f"genaug adapt: {path} was adapted on base {made_for} "  # noqa: T201
+              f"({record.get('base_model', '?')}), not on {model.source} ({model.weights_hash})",
+              file=sys.stderr)
+        return 1
+    print(f"genaug adapt: {path} fits {model.source} ({model.weights_hash}): "  # noqa: T201
+          f"{record.get('steps')} steps, rank {record.get('rank')}, data {record.get('data_hash')}")
+    return 0

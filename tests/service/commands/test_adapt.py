@@ -1,0 +1,236 @@
+"""``genaug adapt``: a labelled folder in, a LoRA the service loads out, made for one base.
+
+The data are a few drawn shapes (circles and squares) at 40x40, resized to the recipe's 32x32;
+the base is ``tiny-random``; a handful of steps is enough to move the adapter off its start.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from genaug.cli import main
+from genaug.service.batching.items import GroupKey, Item
+from genaug.service.pipeline.adapt import read_record
+from genaug.service.pipeline.adapters import AdapterLoadError, Adapters
+from genaug.service.pipeline.load import load_model
+from genaug.service.pipeline.worker import PipelineWorker
+from genaug.service.settings import Settings
+
+RECIPES = """\
+recipes:
+  - name: shapes
+    height: 32
+    width: 32
+    steps: 2
+    guidance: 3.0
+    labels:
+      circle: {prompts: ["a circle", "a round circle"]}
+      square: {prompts: ["a square"]}
+"""
+STEPS = 4
+KEY = GroupKey(height=32, width=32, steps=3)
+
+
+def write_data(root: Path, labels: tuple[str, ...] = ("circle", "square")) -> Path:
+    yy, xx = np.mgrid[:40, :40]
+    for label in labels:
+        folder = root / label
+        folder.mkdir(parents=True)
+        for i in range(3):
+            r = 8 + 3 * i
+            inside = ((yy - 20) ** 2 + (xx - 20) ** 2 < r * r) if label == "circle" else (
+                (abs(yy - 20) < r) & (abs(xx - 20) < r))
+            pixels = np.zeros((40, 40, 3), np.uint8)
+            pixels[inside] = (255, 60 * i, 0)
+            Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+def adapt_args(data: Path, recipes: Path, out: Path, *extra: str) -> list[str]:
+    return ["adapt", str(data), "--recipes", str(recipes), "--recipe", "shapes", "--out",
+            str(out), "--model", "tiny-random", "--steps", str(STEPS), "--batch-size", "2",
+            "--lr", "1e-2", "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> None:
+    """One intra-op thread, as the session's tiny model: on a busy machine two spin-wait."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapt")
+    recipes = root / "recipes.yaml"
+    recipes.write_text(RECIPES)
+    return {"data": write_data(root / "data"), "recipes": recipes, "root": root}
+
+
+@pytest.fixture(scope="module")
+def lora(files: dict[str, Path]) -> Path:
+    out = files["root"] / "shapes.safetensors"
+    assert main(adapt_args(files["data"], files["recipes"], out)) == 0
+    return out
+
+
+def item(seed: int) -> Item:
+    return Item("a circle", seed=seed, guidance=3.0, output_height=32, output_width=32)
+
+
+def test_adapt_records_base_data_steps_rank_and_losses(lora: Path) -> None:
+    record = read_record(lora)
+    base = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
+    assert record["base_hash"] == base.weights_hash
+    assert record["base_model"] == "tiny-random"
+    assert len(record["data_hash"]) == 16
+    assert (record["steps"], record["rank"], record["images"]) == (STEPS, 4, 6)
+    assert record["interrupted"] is False and record["prediction_type"] == "epsilon"
+    assert len(record["losses"]) == STEPS and all(np.isfinite(record["losses"]))
+
+
+def test_the_lora_loads_through_the_service_path_and_changes_images_reproducibly(
+    lora: Path,
+) -> None:
+    model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
+    worker = PipelineWorker.from_settings(model, Settings(loras=f"shapes={lora}"))
+    assert worker.pipe.get_list_adapters() == {"unet": ["shapes"]}
+    adapted = GroupKey(height=32, width=32, steps=3, adapter="shapes")
+    first = worker.run(adapted, [item(1)]).images[0]
+    base = worker.run(KEY, [item(1)]).images[0]
+    again = worker.run(adapted, [item(1)]).images[0]
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, base)
+
+
+def test_the_same_seed_adapts_to_the_same_weights(files: dict[str, Path], lora: Path) -> None:
+    from safetensors.torch import load_file
+
+    twin = files["root"] / "twin.safetensors"
+    assert main(adapt_args(files["data"], files["recipes"], twin)) == 0
+    a, b = load_file(str(lora)), load_file(str(twin))
+    assert a.keys() == b.keys() and all(k.startswith("unet.") for k in a)
+    assert all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_a_lora_for_another_base_is_refused_in_one_line(
+    lora: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
+    with pytest.raises(AdapterLoadError) as info:
+        Adapters(model.pipeline, {"shapes": lora}, base_hash="0123456789abcdef")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "adapted on base model" in message and "0123456789abcdef" in message
+    assert not any(model.pipeline.get_list_adapters().values())  # refused before loading
+    Adapters(model.pipeline, {"shapes": lora}, base_hash=model.weights_hash)  # its own: fine
+
+    assert main(["adapt", "--check", str(lora), "--model", "tiny-digits"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was adapted on base" in err[0] and "tiny-digits" in err[0]
+    assert main(["adapt", "--check", str(lora), "--model", "tiny-random"]) == 0
+
+
+def test_ctrl_c_saves_a_usable_lora(tmp_path: Path) -> None:
+    from genaug.service.pipeline.adapt import AdaptConfig, AdaptData, adapt
+
+    model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
+    forward, calls = model.pipeline.unet.forward, []
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return forward(*args, **kwargs)
+
+    model.pipeline.unet.forward = interrupted
+    images = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    out = tmp_path / "cut.safetensors"
+    record = adapt(model, AdaptData(images, [["a"], ["b"]], "0" * 16), out,
+                   AdaptConfig(steps=10, batch_size=1, progress=False))
+    assert record["interrupted"] is True and record["steps"] == 2
+    assert read_record(out)["steps"] == 2
+    fresh = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
+    Adapters(fresh.pipeline, {"cut": out}, base_hash=fresh.weights_hash)
+    assert fresh.pipeline.get_list_adapters() == {"unet": ["cut"]}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("missing-label", "no images for label 'square'"),
+        ("unknown-recipe", "has no recipe 'nope'; it has: shapes"),
+        ("bad-out", "must end in .safetensors"),
+        ("zero-steps", "--steps 0 must be >= 1"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(
+    tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str], change: str,
+    expected: str,
+) -> None:
+    data = files["data"]
+    if change == "missing-label":
+        data = write_data(tmp_path / "data", labels=("circle",))
+    args = adapt_args(data, files["recipes"], tmp_path / "x.safetensors")
+    if change == "unknown-recipe":
+        args[args.index("shapes")] = "nope"
+    elif change == "bad-out":
+        args[args.index("--out") + 1] = str(tmp_path / "x.pt")
+    elif change == "zero-steps":
+        args[args.index("--steps") + 1] = "0"
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("genaug adapt: ") and expected in err[0], err
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+# -- on a CUDA device (skipped without one) --------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_a_few_steps_on_the_sdxl_size_random_model(tmp_path: Path) -> None:
+    """SDXL base 1.0's architecture (bench/sdxl configs, random weights) in bfloat16 at 1024²:
+    gradient checkpointing, float32 adapters, the file loads back into the same pipeline."""
+    import time
+
+    import torch
+
+    from genaug.service.pipeline.adapt import AdaptConfig, AdaptData, adapt
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_sdxl", Path(__file__).resolve().parents[3] / "bench" / "gpu_sdxl.py")
+    assert spec is not None and spec.loader is not None
+    bench: Any = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_sdxl"] = bench
+    spec.loader.exec_module(bench)
+    device = torch.device("cuda:0")
+    model = bench.build_sdxl(device, torch.bfloat16)
+    images = np.random.default_rng(0).integers(0, 256, (2, 1024, 1024, 3), dtype=np.uint8)
+    data = AdaptData(images, [["a photo of a wound"], ["a photo of a scar"]], "0" * 16)
+    torch.cuda.reset_peak_memory_stats(device)
+    started = time.monotonic()
+    record = adapt(model, data, tmp_path / "sdxl.safetensors",
+                   AdaptConfig(steps=3, rank=8, lr=1e-4, batch_size=1, accumulation=2,
+                               progress=False))
+    seconds = time.monotonic() - started
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    sys.stderr.write(f"sdxl adapt: 3 steps x 2 micro-batches at 1024^2 in {seconds:.1f} s, "
+                     f"peak {peak:.1f} GiB\n")
+    assert record["steps"] == 3 and all(np.isfinite(record["losses"]))
+    assert record["dtype"] == "bfloat16"
+    fresh = bench.build_sdxl(device, torch.bfloat16)
+    Adapters(fresh.pipeline, {"sdxl": tmp_path / "sdxl.safetensors"},
+             base_hash=fresh.weights_hash)
+    assert fresh.pipeline.get_list_adapters()["unet"] == ["sdxl"]
