@@ -150,22 +150,37 @@ def find_unet_state(
 def read_unet_checkpoint(src: Path, *, trust: bool) -> tuple[Any, bool]:
     """Load ``src`` with the shared reader; returns ``(object, needed weights_only=False)``.
 
+    A pickle the reader refuses (objects other than tensors) is unpickled here, and only with
+    ``trust`` (``--trust-this-file``): the one ``torch.load(weights_only=False)`` in genaug.
+
     Raises:
         ConvertError: missing file, unreadable file, or a pickle that needs
             ``weights_only=False`` without ``trust``.
     """
     try:
-        return read_checkpoint(src, trust=trust)
+        return read_checkpoint(src), False
     except PickleRefused as exc:
-        raise ConvertError(
-            f"refusing to unpickle {src}: it holds objects other than tensors ({exc.detail}), "
-            "and reading those means torch.load(weights_only=False), which runs any code "
-            "the file carries. If you made this file or trust its source, run again with "
-            "--trust-this-file; the result is a .safetensors file that never needs this "
-            "again"
-        ) from exc
+        if not trust:
+            raise ConvertError(
+                f"refusing to unpickle {src}: it holds objects other than tensors "
+                f"({exc.detail}), and reading those means torch.load(weights_only=False), "
+                "which runs any code the file carries. If you made this file or trust its "
+                "source, run again with --trust-this-file; the result is a .safetensors file "
+                "that never needs this again"
+            ) from exc
     except CheckpointError as exc:
         raise ConvertError(str(exc)) from exc
+    import torch
+
+    log.warning("unpickling %s with weights_only=False (--trust-this-file)", src)
+    try:
+        return torch.load(str(src), map_location="cpu", weights_only=False), True
+    except Exception as exc:  # whatever the pickle's own code raises
+        raise ConvertError(
+            f"{src} could not be unpickled even with weights_only=False: "
+            f"{type(exc).__name__}: {exc}. A class it refers to may need to be importable "
+            "(run the command in the environment that saved it)"
+        ) from exc
 
 
 def base_unet_shapes(base: str | None) -> tuple[str, dict[str, tuple[int, ...]]]:

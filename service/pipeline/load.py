@@ -365,7 +365,7 @@ def _read_unet_weights(
             ".safetensors (preferred) or .pt/.pth/.bin (GENAUG_UNET_WEIGHTS)"
         )
     try:
-        loaded, _ = read_checkpoint(path)  # the service never passes trust=True
+        loaded = read_checkpoint(path)  # never unpickles code
     except PickleRefused as exc:
         raise ModelLoadError(
             f"refused to load UNet weights {str(path)!r}: the file holds objects other "

@@ -5,9 +5,10 @@ Reading a fine-tuned UNet is three steps, shared by the service (``GENAUG_UNET_W
 
 1. :func:`read_checkpoint` opens a ``.safetensors`` file, or a pickle with
    ``torch.load(weights_only=True)``, which builds tensors and plain containers only; a pickle
-   holding anything else is refused (:class:`PickleRefused`) before it is constructed. Only
-   ``trust=True`` unpickles it, and only ``genaug convert-unet --trust-this-file`` passes it:
-   the service never does.
+   holding anything else is refused (:class:`PickleRefused`) before it is constructed. This
+   module never unpickles code: the one ``torch.load(weights_only=False)`` in genaug is in
+   ``genaug convert-unet``, behind ``--trust-this-file``
+   (:func:`~genaug.service.commands.convert_unet.read_unet_checkpoint`).
 2. :func:`find_unet_state` finds the UNet's state dict inside common wrappers (the top level,
    or under :data:`WRAPPER_KEYS`, nested, or a pickled module's ``state_dict()``) and strips
    the training prefixes of :data:`PREFIXES` from its keys.
@@ -137,14 +138,12 @@ class ShapeDiff(NamedTuple):
 # -- reading -----------------------------------------------------------------------------------
 
 
-def read_checkpoint(path: Path, *, trust: bool = False) -> tuple[Any, bool]:
-    """Load ``path``: ``(object, needed weights_only=False)``.
-
-    ``.safetensors`` is read directly; anything else with ``torch.load(weights_only=True)``,
-    and, only with ``trust``, again with ``weights_only=False`` when that refuses.
+def read_checkpoint(path: Path) -> Any:
+    """Load ``path`` without running code: ``.safetensors`` directly, anything else with
+    ``torch.load(weights_only=True)``.
 
     Raises:
-        PickleRefused: a pickle that needs ``weights_only=False``, without ``trust``.
+        PickleRefused: a pickle holding objects other than tensors and plain containers.
         CheckpointError: a missing or unreadable file.
     """
     import torch
@@ -156,29 +155,18 @@ def read_checkpoint(path: Path, *, trust: bool = False) -> tuple[Any, bool]:
         from safetensors.torch import load_file
 
         try:
-            return load_file(str(path)), False
+            return load_file(str(path))
         except (SafetensorError, OSError, ValueError) as exc:
             reason = f"is not a readable safetensors file: {exc}"
             raise CheckpointError(reason, path=path) from exc
     try:
         # weights_only=True unpickles tensors and plain containers only; anything else (a
         # __reduce__ that would run code) is refused before it is constructed.
-        return torch.load(str(path), map_location="cpu", weights_only=True), False
+        return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if not trust:
-            raise PickleRefused(path, str(exc).splitlines()[0]) from exc
+        raise PickleRefused(path, str(exc).splitlines()[0]) from exc
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
         raise CheckpointError(f"could not be read by torch.load: {exc}", path=path) from exc
-    log.warning("unpickling %s with weights_only=False (the caller trusts it)", path)
-    try:
-        return torch.load(str(path), map_location="cpu", weights_only=False), True
-    except Exception as exc:  # whatever the pickle's own code raises
-        raise CheckpointError(
-            f"could not be unpickled even with weights_only=False: {type(exc).__name__}: "
-            f"{exc}. A class it refers to may need to be importable (run the command in the "
-            "environment that saved it)",
-            path=path,
-        ) from exc
 
 
 class LazyTensors(Mapping[str, "torch.Tensor"]):

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from genaug.service.commands.convert_unet import ConvertError, read_unet_checkpoint
 from genaug.service.pipeline.weights import (
     CheckpointError,
     NoUnetState,
@@ -55,13 +56,12 @@ def test_safetensors_and_plain_pickles_are_read_without_unpickling_code(tmp_path
     pt = tmp_path / "unet.pt"
     torch.save({"state_dict": STATE, "epoch": 3}, str(pt))
     for path in (st, pt):
-        loaded, unpickled = read_checkpoint(path)
-        assert not unpickled
+        loaded = read_checkpoint(path)
         found = find_unet_state(loaded, EXPECTED)
         assert found.tensors.keys() == STATE.keys() and found.ignored == []
 
 
-def test_a_pickle_with_code_is_refused_unless_trusted(tmp_path: Path) -> None:
+def test_a_pickle_with_code_is_refused_and_never_run(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     path = tmp_path / "evil.pt"
     torch.save({"conv_in.weight": torch.zeros(1), "evil": _Payload(marker)}, str(path))
@@ -69,8 +69,11 @@ def test_a_pickle_with_code_is_refused_unless_trusted(tmp_path: Path) -> None:
         read_checkpoint(path)
     assert info.value.path == path and info.value.detail
     assert not marker.exists()
-    # trust=True (genaug convert-unet --trust-this-file only) runs the pickle, as asked
-    loaded, unpickled = read_checkpoint(path, trust=True)
+    # only genaug convert-unet --trust-this-file runs such a pickle, as asked
+    with pytest.raises(ConvertError, match="--trust-this-file"):
+        read_unet_checkpoint(path, trust=False)
+    assert not marker.exists()
+    loaded, unpickled = read_unet_checkpoint(path, trust=True)
     assert unpickled and marker.read_text() == "pwned" and set(loaded) == {"conv_in.weight",
                                                                            "evil"}
 
