@@ -181,48 +181,37 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return code
 
 
-def _cmd_convert_unet(args: argparse.Namespace) -> int:
+def _run_from(module: str, function: str, command: str, extra: str, args: argparse.Namespace
+              ) -> int:
+    """Import ``module`` only now and run its ``function(args)``; without the extra it needs,
+    say which to install (exit 2)."""
+    import importlib
+
     try:
-        from genaug.service.commands.convert_unet import run_convert
+        run = getattr(importlib.import_module(module), function)
     except ImportError as exc:
-        print(f"genaug convert-unet needs the service extras: pip install 'genaug[service]' "
+        print(f"genaug {command} needs the {extra} extras: pip install 'genaug[{extra}]' "
               f"({exc})", file=sys.stderr)
         return 2
-    code: int = run_convert(args)
+    code: int = run(args)
     return code
+
+
+def _cmd_convert_unet(args: argparse.Namespace) -> int:
+    return _run_from("genaug.service.commands.convert_unet", "run_convert", "convert-unet",
+                     "service", args)
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
-    try:
-        from genaug.service.commands.adapt import run_adapt
-    except ImportError as exc:
-        print(f"genaug adapt needs the service extras: pip install 'genaug[service]' ({exc})",
-              file=sys.stderr)
-        return 2
-    code: int = run_adapt(args)
-    return code
+    return _run_from("genaug.service.commands.adapt", "run_adapt", "adapt", "service", args)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    try:
-        from genaug.trainer.train import run_train
-    except ImportError as exc:
-        print(f"genaug train needs the trainer extras: pip install 'genaug[trainer]' ({exc})",
-              file=sys.stderr)
-        return 2
-    code: int = run_train(args)
-    return code
+    return _run_from("genaug.trainer.train", "run_train", "train", "trainer", args)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    try:
-        from genaug.doctor import run_doctor
-    except ImportError as exc:
-        print(f"genaug doctor needs the client extras: pip install 'genaug[client]' ({exc})",
-              file=sys.stderr)
-        return 2
-    code: int = run_doctor(args)
-    return code
+    return _run_from("genaug.doctor", "run_doctor", "doctor", "client", args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

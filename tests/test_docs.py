@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from genaug.service.settings import Settings
 
@@ -37,6 +38,16 @@ def test_cli_help_lists_the_commands() -> None:
                          text=True, timeout=60, check=True).stdout
     for command in ("serve", "demo", "pregenerate", "export", "train", "doctor"):
         assert command in out
+
+
+def test_a_command_without_its_extras_says_what_to_install(capsys: Any) -> None:
+    from genaug.cli import _run_from
+
+    code = _run_from("genaug.not_installed_here", "run", "doctor", "client", None)  # type: ignore[arg-type]
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("genaug doctor needs the client extras: pip install 'genaug[client]' (")
+    assert "genaug.not_installed_here" in err
 
 
 def test_readme_commands_exist_in_the_makefile() -> None:
