@@ -50,7 +50,8 @@ class TimedWorker:
         self.calls: list[tuple[float, str, int]] = []
         self._lock = threading.Lock()
 
-    def run(self, key: Any, items: Sequence[Any]) -> Any:
+    def run(self, key: Any, items: Sequence[Any], flight: Any = None) -> Any:
+        # No flight: each call runs to its end (this bench measures need, not preemption).
         outcome = self.inner.run(key, items)
         with self._lock:
             self.calls.append((time.perf_counter(), items[0].prompt, len(items)))

@@ -64,6 +64,23 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.dropped_in_pipeline = Counter(
+            "genaug_dropped_in_pipeline",
+            "Images cut from a batch in flight because their request was gone, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.steps_saved = Counter(
+            "genaug_steps_saved",
+            "Denoising steps not run, per image, because the image's request was gone",
+            ["reason"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "genaug_preemptions",
+            "Bulk batches paused at a denoising step boundary for interactive work",
+            registry=r,
+        )
         self.batch_failures = Counter(
             "genaug_batch_failures", "Pipeline calls that failed", ["reason"], registry=r
         )

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from .batching.items import Flight, Paused
+
 if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
@@ -75,29 +77,132 @@ class GateWorker:
         assert worker.entered.wait(10)
         worker.gate.set()
         assert worker.prompts == ["a prompt"]
+
+    **Stepping on command.** With ``stepping`` on, the worker waits at every denoising step
+    boundary (where it reads the batcher's :class:`~genaug.service.batching.items.Flight`)
+    until the test allows it. Boundaries are counted over all calls, from one:
+    :meth:`hold_at` lets the worker run until the given boundary, :meth:`step` lets it pass
+    ``n`` more, :meth:`wait_boundary` waits until it has reached one, :meth:`stop_stepping`
+    lets it run free. ``events`` records each call (``"run <first prompt> x<n>"``), pause
+    (``"paused at <step>"``) and resume (``"resume <first prompt> x<n>"``)::
+
+        worker.stepping = True
+        ...  # send a bulk request
+        worker.hold_at(3)
+        worker.wait_boundary(3)   # two steps run, held before the third
+        ...  # send an interactive one: the batcher asks a pause
+        worker.stop_stepping()    # the bulk batch pauses there, the interactive one runs
     """
 
     def __init__(self, inner: Worker, *, gate_timeout_s: float = 60.0) -> None:
         self.inner = inner
         self.calls: list[tuple[GroupKey, list[Item]]] = []
+        self.events: list[str] = []
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
         self.gate_timeout_s = gate_timeout_s
+        self.stepping = False  # (set it off through stop_stepping() while the worker waits)
+        self._allowed = 0  # step boundaries the worker may pass (counted from the first)
+        self._boundaries = 0
+        self._steps = threading.Condition()
+        self._flight: Flight | None = None
         self._lock = threading.Lock()
 
-    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
+    def run(
+        self, key: GroupKey, items: Sequence[Item], flight: Flight | None = None
+    ) -> Outcome | Paused:
         self.entered.set()
         self.gate.wait(timeout=self.gate_timeout_s)
         with self._lock:
             self.calls.append((key, list(items)))
-        return self.inner.run(key, items)
+            self.events.append(f"run {items[0].prompt if items else ''} x{len(items)}")
+        return self._watch(self.inner.run(key, items, self._stepped(flight)))
 
     @property
     def prompts(self) -> list[str]:
         """The prompt of every image the pipeline was called for, in call order."""
         with self._lock:
             return [item.prompt for _, items in self.calls for item in items]
+
+    @property
+    def boundaries(self) -> int:
+        """Step boundaries the worker has reached so far, over all calls."""
+        with self._steps:
+            return self._boundaries
+
+    def dropped(self) -> frozenset[int]:
+        """Rows the batcher has dropped from the batch in flight (last flight seen)."""
+        flight = self._flight
+        return frozenset() if flight is None else flight.poll()[0]
+
+    def step(self, n: int = 1) -> None:
+        """Let the worker pass ``n`` more step boundaries (with ``stepping`` on)."""
+        with self._steps:
+            self._allowed += n
+            self._steps.notify_all()
+
+    def hold_at(self, count: int) -> None:
+        """Let the worker pass boundaries until it reaches the ``count``-th in total (from
+        the first call), and hold it there."""
+        with self._steps:
+            self._allowed = count - 1
+            self._steps.notify_all()
+
+    def stop_stepping(self) -> None:
+        """Turn ``stepping`` off and release a worker waiting at a boundary."""
+        with self._steps:
+            self.stepping = False
+            self._steps.notify_all()
+
+    def wait_boundary(self, count: int, timeout: float = 30.0) -> None:
+        """Wait until the worker has reached ``count`` step boundaries in total."""
+        with self._steps:
+            if not self._steps.wait_for(lambda: self._boundaries >= count, timeout):
+                raise TimeoutError(
+                    f"the worker reached {self._boundaries} step boundaries, not {count}"
+                )
+
+    def _boundary(self) -> None:
+        with self._steps:
+            self._boundaries += 1
+            self._steps.notify_all()
+            passes = lambda: not self.stepping or self._boundaries <= self._allowed  # noqa: E731
+            if not self._steps.wait_for(passes, self.gate_timeout_s):
+                raise TimeoutError("the test did not step the worker on")
+
+    def _stepped(self, flight: Flight | None) -> Flight | None:
+        if flight is None:
+            return None
+        self._flight = flight
+        return _SteppedFlight(flight, self._boundary)
+
+    def _watch(self, result: Outcome | Paused) -> Outcome | Paused:
+        if isinstance(result, Paused):
+            with self._lock:
+                self.events.append(f"paused at {result.step}")
+            resume = result.resume
+
+            def resumed(flight: Flight | None) -> Outcome | Paused:
+                with self._lock:
+                    self.events.append(f"resume {result.items[0].prompt} x{len(result.items)}")
+                return self._watch(resume(self._stepped(flight)))
+
+            result.resume = resumed
+        return result
+
+
+class _SteppedFlight(Flight):
+    """The batcher's flight, with the gate's step boundary before each read."""
+
+    def __init__(self, outer: Flight, boundary: Callable[[], None]) -> None:
+        super().__init__()
+        self.outer = outer
+        self.boundary = boundary
+
+    def poll(self) -> tuple[frozenset[int], bool]:
+        self.boundary()
+        return self.outer.poll()
 
 
 def wait_ready(

@@ -13,19 +13,30 @@ Where things run:
 - In the one **store thread**: :attr:`IdleWork.on_done <genaug.service.batching.items.IdleWork>`,
   which stores a pre-generated batch while the worker already makes the next one.
 
-The loop never waits on the pipeline.
+The loop never waits on the pipeline. It speaks to the batch in the pipeline through its
+:class:`~genaug.service.batching.items.Flight`, which the worker reads between denoising steps.
 
 Scheduling (the order itself is :mod:`~genaug.service.batching.queue`'s):
 
 1. A batch is opened by the head of the queue and closes at ``max_batch_images`` or when its
    oldest image has waited ``max_wait_ms``. A request larger than a batch is split and
    reassembled.
-2. Pool pre-generation runs only when no request waits at all, one batch at a time, so a
-   request waits for at most one such batch.
-3. **Admission.** Over ``max_queue_images`` waiting images a request is refused
-   (:class:`~genaug.service.errors.QueueFullError`, 429 with ``Retry-After``). A request whose
-   deadline passed or whose client went away is dropped before any more of its images reach
-   the pipeline (:meth:`forget`).
+2. Pool pre-generation runs only when no request waits at all, one batch at a time.
+3. **People first, within one step.** A batch of bulk work (pool pre-generation, or a batch
+   opened by ``bulk`` requests) *pauses* at the next denoising step boundary when an
+   ``interactive`` request arrives: the worker hands back a
+   :class:`~genaug.service.batching.items.Paused` batch (latents, its own scheduler state,
+   its generators), the interactive batches run, and the paused batch resumes where it
+   stopped before any other bulk work starts. Pausing rather than stopping and planning again
+   keeps every step already run, keeps a pool batch's reservation (so no plan index, hence no
+   seed, is repeated or skipped) and gives bit-identical images. At most one batch is paused.
+4. **Stop work nobody waits for.** A request whose client went away or whose deadline passed
+   (:meth:`forget`, or the batch's own deadline timer: 504 at the deadline, during generation
+   too) is dropped from the queue, and its rows in the batch in flight (or paused) are cut at
+   the next step boundary; a batch with no row left stops. Counted in
+   ``genaug_steps_saved_total`` and ``genaug_dropped_in_pipeline_total``.
+5. **Admission.** Over ``max_queue_images`` waiting images a request is refused
+   (:class:`~genaug.service.errors.QueueFullError`, 429 with ``Retry-After``).
 
 Example::
 
@@ -41,11 +52,11 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from ..errors import (
     DeadlineExceededError,
@@ -55,8 +66,8 @@ from ..errors import (
     new_id,
 )
 from ..metrics import Metrics
-from .items import GroupKey, IdleSource, IdleWork, Item, Outcome, Worker
-from .queue import FairQueue, Job, Part, Priority
+from .items import GroupKey, IdleSource, Item, Outcome, Paused, Worker
+from .queue import Batch, FairQueue, Job, Priority
 from .usage import POOL_CLIENT, Activity
 
 log = logging.getLogger(__name__)
@@ -64,16 +75,6 @@ log = logging.getLogger(__name__)
 SHUTTING_DOWN = "the service is shutting down; retry on a replica"
 
 __all__ = ["POOL_CLIENT", "Batcher", "Job", "Priority"]
-
-
-@dataclass
-class _Batch:
-    key: GroupKey
-    parts: list[Part]
-
-    @property
-    def items(self) -> list[Item]:
-        return [item for part in self.parts for item in part.items]
 
 
 def _log_store_failure(future: asyncio.Future[None]) -> None:
@@ -85,7 +86,9 @@ class Batcher:
     """Schedule admitted requests onto one worker thread.
 
     Lifecycle: :meth:`start` creates the worker and store threads and the scheduling task;
-    :meth:`stop` reverses it (pending requests fail with 503 ``shutting_down``).
+    :meth:`stop` reverses it: pending requests fail with 503 ``shutting_down`` at once, a
+    request batch in flight stops at its next step, pool work in flight (or paused) is
+    finished and stored.
     """
 
     def __init__(
@@ -107,6 +110,8 @@ class Batcher:
         self.queue = FairQueue()
         self.activity = Activity(metrics)
         self.busy = False
+        self._running: Batch | None = None  # in the pipeline now
+        self._paused: Batch | None = None  # stopped at a step boundary, resumes first
         self._wakeup = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
         self._store_executor: ThreadPoolExecutor | None = None
@@ -123,20 +128,31 @@ class Batcher:
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wakeup.set()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
         for job in self.queue.drain():
             job.fail(ShuttingDownError(SHUTTING_DOWN))
         self._update_gauges()
+        for batch in (self._running, self._paused):
+            if batch is None:
+                continue
+            batch.flight.go_on()
+            if batch.idle is None:  # its callers hear now; the worker stops at the next step
+                for part in batch.parts:
+                    part.job.fail(ShuttingDownError(SHUTTING_DOWN))
+                batch.flight.drop(range(len(batch.items)))
+        self._wakeup.set()
+        if self._task is not None:
+            try:
+                await self._task
+            except Exception:  # a scheduling bug must not keep the service from stopping
+                log.exception("the scheduling task failed")
+            finally:
+                self._task = None
+        if self._paused is not None and self._executor is not None:
+            # Pool work paused at a step boundary is finished and stored: no plan gap.
+            batch, self._paused = self._paused, None
+            await self._run(batch)
         loop = asyncio.get_running_loop()
         if self._executor is not None:
-            # Let the batch in flight finish: the pipeline is not interruptible.
             await loop.run_in_executor(None, self._executor.shutdown, True)
             self._executor = None
         if self._store_executor is not None:
@@ -164,7 +180,9 @@ class Batcher:
         priority: Priority,
         timeout_s: float,
     ) -> Job:
-        """Admit a request or raise :class:`QueueFullError`. Never blocks."""
+        """Admit a request or raise :class:`QueueFullError`. Never blocks.
+
+        An interactive request pauses the bulk batch in the pipeline at its next step."""
         if self._stopping:
             raise ShuttingDownError(SHUTTING_DOWN)
         n = len(items)
@@ -189,6 +207,8 @@ class Batcher:
         )
         self.queue.push(job)
         stats.requests += 1
+        if priority == "interactive" and self._running is not None and self._running.preemptible:
+            self._running.flight.pause()
         self._update_gauges()
         self._wakeup.set()
         return job
@@ -198,10 +218,31 @@ class Batcher:
         self._wakeup.set()
 
     def forget(self, job: Job, reason: str) -> None:
-        """The caller gave up on ``job`` (deadline, disconnect): drop what is still queued."""
+        """The caller gave up on ``job`` (deadline, disconnect): drop what is still queued,
+        and cut its images from the batch in the pipeline (or paused) at the next step."""
         job.cancel(reason)
+        self._cut(job)
         self._prune(time.monotonic())  # free its queue slots now, not when the worker is next free
         self._wakeup.set()
+
+    def _expire(self, job: Job) -> None:
+        """``job``'s deadline passed while its images were in the pipeline: 504 now."""
+        if job.finished:
+            return
+        job.fail(
+            DeadlineExceededError(
+                f"request {job.id} passed its deadline during generation; raise timeout_s or "
+                "send fewer images at once"
+            )
+        )
+        self.forget(job, "expired")
+
+    def _cut(self, job: Job) -> None:
+        for batch in (self._running, self._paused):
+            if batch is not None and batch.idle is None:
+                rows = batch.rows_of(job)
+                if rows:
+                    batch.flight.drop(rows)
 
     # -- scheduling ------------------------------------------------------------------------
 
@@ -223,9 +264,10 @@ class Batcher:
                     "fewer images at once"
                 )
             )
+            self._cut(job)
         self._update_gauges()
 
-    def _form(self, key: GroupKey, opened_by: tuple[Priority, str]) -> _Batch:
+    def _form(self, key: GroupKey, opened_by: tuple[Priority, str]) -> Batch:
         now = time.monotonic()
         parts = self.queue.take(
             key, capacity=self.max_batch_images, now=now, opened_by=opened_by
@@ -234,22 +276,26 @@ class Batcher:
             if part.start == 0:
                 self.metrics.queue_wait.observe(now - part.job.admitted)
         self._update_gauges()
-        return _Batch(key, parts)
+        return Batch(key, parts, preemptible=opened_by[0] == "bulk")
 
-    async def _next_batch(self) -> _Batch | IdleWork:
+    async def _next_batch(self) -> Batch | None:
+        """The next batch to run (a paused one to resume, a new one), or ``None`` to stop."""
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping:
             self._wakeup.clear()
             now = time.monotonic()
             self._prune(now)
             head = self.queue.head()
+            if self._paused is not None and (head is None or head[0] != "interactive"):
+                batch, self._paused = self._paused, None
+                return batch
             if head is None:
                 if self.idle_source is not None:
                     idle = await loop.run_in_executor(
                         None, self.idle_source.next_idle_batch, self.max_batch_images
                     )
-                    if idle is not None:
-                        return idle  # a request arriving now waits for this one batch
+                    if idle is not None:  # (run even if stopping now: it holds a reservation)
+                        return Batch(idle.key, [], idle=idle, preemptible=True)
                 await self._wakeup.wait()
                 continue
             priority, client, job = head
@@ -261,85 +307,92 @@ class Batcher:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=close_at - now)
             except TimeoutError:
                 pass
+        return None
 
     async def _schedule(self) -> None:
-        loop = asyncio.get_running_loop()
         while not self._stopping:
-            work = await self._next_batch()
-            if isinstance(work, IdleWork):
-                await self._run_idle(loop, work)
-            else:
-                await self._run_batch(loop, work)
+            batch = await self._next_batch()
+            if batch is None:
+                return
+            await self._run(batch)
 
-    async def _run_idle(self, loop: asyncio.AbstractEventLoop, work: IdleWork) -> None:
-        started = time.monotonic()
+    async def _run(self, batch: Batch) -> None:
+        """Run (or resume) ``batch`` until it ends or pauses for interactive work."""
+        loop = asyncio.get_running_loop()
+        flight = batch.flight
+        flight.go_on()
+        if batch.preemptible and not self._stopping and self.queue.has("interactive"):
+            flight.pause()  # arrived while this batch was being formed
+        if batch.idle is None and not batch.timers:
+            now = time.monotonic()
+            for job in {id(p.job): p.job for p in batch.parts}.values():
+                batch.timers.append(
+                    loop.call_later(max(0.0, job.deadline - now), self._expire, job)
+                )
+        if batch.paused is not None:
+            call = functools.partial(batch.paused.resume, flight)
+        else:
+            call = functools.partial(self.worker.run, batch.key, batch.items, flight)
+        batch.paused = None
+        self._running = batch
         self.busy = True
-        try:
-            outcome: Outcome = await loop.run_in_executor(
-                self._executor, self.worker.run, work.key, work.items
-            )
-        except Exception as exc:
-            log.exception("pre-generation batch failed (error id %s)", new_id())
-            self.metrics.batch_failures.labels("exception").inc()
-            if work.on_failed is not None:
-                work.on_failed(exc)
-            return
-        finally:
-            self.busy = False
-        # Storing runs in its own thread, in order, while the worker makes the next batch.
-        stored = loop.run_in_executor(self._store_executor, work.on_done, outcome)
-        stored.add_done_callback(_log_store_failure)
-        self.activity.remember(outcome)
-        seconds = time.monotonic() - started
-        self.activity.record(len(work.items), seconds, "pool")
-        stats = self.activity.client(POOL_CLIENT)
-        stats.requests += 1
-        stats.images += len(work.items)
-        self.activity.used(POOL_CLIENT, seconds)
-
-    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: _Batch) -> None:
-        items = batch.items
         started = time.monotonic()
-        self.busy = True
         try:
-            outcome: Outcome = await loop.run_in_executor(
-                self._executor, self.worker.run, batch.key, items
-            )
+            result = await loop.run_in_executor(self._executor, call)
         except asyncio.CancelledError:
-            # stop() during this batch: its callers hear now, not at their deadlines.
+            # The loop is going away during this batch: its callers hear now.
             for part in batch.parts:
                 part.job.fail(ShuttingDownError(SHUTTING_DOWN))
             raise
         except Exception as exc:
-            error_id = new_id()
-            log.exception(
-                "batch of %d images failed (error id %s); failing its %d requests",
-                len(items),
-                error_id,
-                len(batch.parts),
-            )
-            self.metrics.batch_failures.labels(type(exc).__name__).inc()
-            for part in batch.parts:
-                self.activity.client(part.job.client).failed += 1
-                part.job.fail(
-                    GenerationFailedError(
-                        f"generation failed for this request's batch ({type(exc).__name__}); "
-                        f"error id {error_id} is in the service log; retrying may succeed",
-                        error_id=error_id,
-                    )
-                )
+            self._failed(batch, exc)
             return
         finally:
             self.busy = False
-            self.queue.settle(batch.parts, time.monotonic() - started)
-        seconds = time.monotonic() - started
-        self.activity.record(len(items), seconds, "request")
+            self._running = None
+            batch.seconds += time.monotonic() - started
+        if isinstance(result, Paused):
+            batch.paused = result
+            self._paused = batch
+            self.metrics.preemptions.inc()
+            return
+        self._done(batch, result)
+
+    def _done(self, batch: Batch, outcome: Outcome) -> None:
+        for timer in batch.timers:
+            timer.cancel()
+        made = len(batch.items) - len(outcome.dropped)
         self.activity.remember(outcome)
+        if batch.idle is not None:
+            # Storing runs in its own thread, in order, while the worker makes the next batch.
+            loop = asyncio.get_running_loop()
+            stored = loop.run_in_executor(self._store_executor, batch.idle.on_done, outcome)
+            stored.add_done_callback(_log_store_failure)
+            self.activity.record(made, batch.seconds, "pool")
+            stats = self.activity.client(POOL_CLIENT)
+            stats.requests += 1
+            stats.images += made
+            self.activity.used(POOL_CLIENT, batch.seconds)
+            return
+        self.queue.settle(batch.parts, batch.seconds)
+        self.activity.record(made, batch.seconds, "request")
+        n = len(batch.items)
         offset = 0
         for part in batch.parts:
+            rows = range(offset, offset + part.count)
+            offset += part.count
             stats = self.activity.client(part.job.client)
-            self.activity.used(part.job.client, seconds * part.count / len(items))
-            failed = [i for i in range(offset, offset + part.count) if i in outcome.errors]
+            self.activity.used(part.job.client, batch.seconds * part.count / n)
+            dropped = [i for i in rows if i in outcome.dropped]
+            if dropped:
+                reason = part.job.cancel_reason or "shutting_down"
+                self.metrics.dropped_in_pipeline.labels(reason).inc(len(dropped))
+                self.metrics.steps_saved.labels(reason).inc(
+                    sum(outcome.dropped[i] for i in dropped)
+                )
+                part.job.fail(ShuttingDownError(SHUTTING_DOWN))  # (already answered: a no-op)
+                continue
+            failed = [i for i in rows if i in outcome.errors]
             if failed:
                 stats.failed += 1
                 error_id = new_id()
@@ -359,5 +412,32 @@ class Batcher:
                 )
             else:
                 stats.images += part.count
-                part.job.deliver(part.start, outcome.images[offset : offset + part.count])
-            offset += part.count
+                part.job.deliver(part.start, outcome.images[rows.start : rows.stop])
+
+    def _failed(self, batch: Batch, exc: Exception) -> None:
+        for timer in batch.timers:
+            timer.cancel()
+        if batch.idle is not None:
+            log.exception("pre-generation batch failed (error id %s)", new_id())
+            self.metrics.batch_failures.labels("exception").inc()
+            if batch.idle.on_failed is not None:
+                batch.idle.on_failed(exc)
+            return
+        self.queue.settle(batch.parts, batch.seconds)
+        error_id = new_id()
+        log.exception(
+            "batch of %d images failed (error id %s); failing its %d requests",
+            len(batch.items),
+            error_id,
+            len(batch.parts),
+        )
+        self.metrics.batch_failures.labels(type(exc).__name__).inc()
+        for part in batch.parts:
+            self.activity.client(part.job.client).failed += 1
+            part.job.fail(
+                GenerationFailedError(
+                    f"generation failed for this request's batch ({type(exc).__name__}); "
+                    f"error id {error_id} is in the service log; retrying may succeed",
+                    error_id=error_id,
+                )
+            )

@@ -10,7 +10,10 @@ the pipeline worker all speak about work in the same terms without importing eac
   prompt, seed, guidance, output size and channels, and for img2img the source image. An
   image depends on its own item and the key, never on its batch mates: guidance and the
   negative prompt are applied per image inside one UNet call (``service/pipeline/sampler.py``).
-- A :class:`Worker` turns ``(key, items)`` into an :class:`Outcome`, in one thread.
+- A :class:`Worker` turns ``(key, items)`` into an :class:`Outcome`, in one thread. While it
+  runs, the batcher speaks to the batch through its :class:`Flight` (read between denoising
+  steps): drop the images of requests that are gone, or pause so a person's request goes
+  first. A paused batch comes back as :class:`Paused`, which goes on where it stopped.
 
 Example::
 
@@ -22,7 +25,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
@@ -92,24 +96,100 @@ SCHEDULERS: tuple[str, ...] = get_args(SchedulerName)
 
 @dataclass
 class Outcome:
-    """What the worker made of one batch: one image per item, and the items that failed.
+    """What the worker made of one batch: one image per item, the items that failed, and
+    the items it dropped because the batcher said nobody waits for them.
 
     ``images[i]`` is uint8 ``items[i].output_shape``. ``errors`` maps an item's index to a
-    message; those items' images are undefined and never served.
+    message; ``dropped`` maps an item's index to the denoising steps it did not run. Those
+    items' images are undefined and never served.
     """
 
     images: list[np.ndarray]
     errors: dict[int, str] = field(default_factory=dict)
+    dropped: dict[int, int] = field(default_factory=dict)
 
     def good(self) -> list[int]:
         """Indices of the items that succeeded."""
-        return [i for i in range(len(self.images)) if i not in self.errors]
+        return [
+            i for i in range(len(self.images)) if i not in self.errors and i not in self.dropped
+        ]
+
+
+class Flight:
+    """The batcher's word to one batch in the pipeline, read by the worker between steps.
+
+    The event loop writes (:meth:`drop` the rows of a request that is gone, :meth:`pause` for
+    an interactive arrival) and the worker thread reads (:meth:`poll`) at every denoising step
+    boundary, so a word takes effect within one step. Rows are indices into the batch's items
+    as first handed to the worker. Thread-safe.
+
+    Example::
+
+        flight = Flight()
+        flight.drop([2, 3])            # loop: request gone
+        dropped, pause = flight.poll() # worker: ({2, 3}, False)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._dropped: set[int] = set()
+        self._pause = False
+
+    def drop(self, rows: Iterable[int]) -> None:
+        """Nobody waits for these rows' images any more: stop making them."""
+        with self._lock:
+            self._dropped.update(rows)
+
+    def pause(self) -> None:
+        """Stop at the next step boundary and hand back a :class:`Paused` batch."""
+        with self._lock:
+            self._pause = True
+
+    def go_on(self) -> None:
+        """Withdraw a pause (before resuming, or when the batch must finish)."""
+        with self._lock:
+            self._pause = False
+
+    def poll(self) -> tuple[frozenset[int], bool]:
+        """``(rows dropped so far, pause asked)``; the worker's view between two steps."""
+        with self._lock:
+            return frozenset(self._dropped), self._pause
+
+
+@dataclass
+class Paused:
+    """A batch stopped at a denoising step boundary so other work could run.
+
+    ``resume(flight)`` (in the worker thread) goes on from step ``step`` of ``steps`` with
+    the same latents, scheduler state and random generators, so the images are exactly those
+    of an uninterrupted run; it returns an :class:`Outcome`, or ``Paused`` again.
+    """
+
+    key: GroupKey
+    items: Sequence[Item]
+    step: int
+    steps: int
+    resume: Callable[[Flight | None], Outcome | Paused] = field(repr=False)
 
 
 class Worker(Protocol):
-    """The one thing that calls the pipeline. Runs in the batcher's worker thread."""
+    """The one thing that calls the pipeline. Runs in the batcher's worker thread.
 
-    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome: ...
+    Without a ``flight`` a worker never pauses and drops nothing: the answer is an
+    :class:`Outcome` (:func:`to_end` says so to the type checker). A worker that cannot stop
+    between steps may ignore ``flight``.
+    """
+
+    def run(
+        self, key: GroupKey, items: Sequence[Item], flight: Flight | None = None
+    ) -> Outcome | Paused: ...
+
+
+def to_end(result: Outcome | Paused) -> Outcome:
+    """``result``'s outcome, resuming it to the end if it was paused."""
+    while isinstance(result, Paused):
+        result = result.resume(None)
+    return result
 
 
 @dataclass

@@ -42,13 +42,13 @@ import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 from ..errors import new_id
-from .items import GroupKey, Item
+from .items import Flight, GroupKey, IdleWork, Item, Paused
 
 Priority = Literal["interactive", "bulk"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "bulk")
@@ -146,6 +146,39 @@ class Part:
         return self.job.items[self.start : self.start + self.count]
 
 
+@dataclass
+class Batch:
+    """One pipeline batch from its first step to its end, across pauses: request ``parts``
+    (taken by :meth:`FairQueue.take`), or pool ``idle`` work (then ``parts`` is empty). The
+    batcher speaks to it in the pipeline through ``flight``; ``paused`` holds it between
+    segments, ``seconds`` sums its generator time, ``timers`` are its jobs' deadlines."""
+
+    key: GroupKey
+    parts: list[Part]
+    idle: IdleWork | None = None
+    preemptible: bool = False  # bulk work: pauses for interactive arrivals
+    flight: Flight = field(default_factory=Flight)
+    paused: Paused | None = None
+    seconds: float = 0.0  # generator time over all its segments
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+    @property
+    def items(self) -> list[Item]:
+        if self.idle is not None:
+            return self.idle.items
+        return [item for part in self.parts for item in part.items]
+
+    def rows_of(self, job: Job) -> list[int]:
+        """The rows of ``job``'s images in this batch."""
+        rows: list[int] = []
+        offset = 0
+        for part in self.parts:
+            if part.job is job:
+                rows.extend(range(offset, offset + part.count))
+            offset += part.count
+        return rows
+
+
 class FairQueue:
     """Jobs by priority, then by client FIFO; OrderedDict order is the round-robin order."""
 
@@ -183,6 +216,12 @@ class FairQueue:
     def requests(self) -> int:
         """Jobs with images waiting."""
         return sum(len(fifo) for queues in self._queues.values() for fifo in queues.values())
+
+    def has(self, priority: Priority) -> bool:
+        """Whether any job of ``priority`` has images waiting."""
+        return any(
+            job.pending for fifo in self._queues[priority].values() for job in fifo
+        )
 
     def by_client(self) -> dict[str, int]:
         """Images waiting per client identity (cancelled jobs not counted)."""

@@ -184,6 +184,7 @@ def _adapter_names(settings: Settings) -> set[str]:
 
 def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                      store: PoolStore, stop: threading.Event) -> int:
+    from ..batching.items import to_end
     from ..pipeline.load import load_model
     from ..pipeline.worker import PipelineWorker
     from ..pool.planner import PoolPlanner, pool_model_hash
@@ -210,7 +211,7 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                     continue
                 break
             try:
-                outcome = generator.run(work.key, work.items)
+                outcome = to_end(generator.run(work.key, work.items))
             except Exception as exc:
                 if work.on_failed is not None:
                     work.on_failed(exc)

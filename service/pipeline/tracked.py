@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..batching.items import GroupKey, Item, Outcome, Worker
+from ..batching.items import Flight, GroupKey, Item, Outcome, Paused, Worker
 from .warmup import ShapeTracker
 
 __all__ = ["TrackedWorker"]
@@ -30,6 +30,8 @@ class TrackedWorker:
         self.inner = inner
         self.tracker = tracker
 
-    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
+    def run(
+        self, key: GroupKey, items: Sequence[Item], flight: Flight | None = None
+    ) -> Outcome | Paused:
         self.tracker.observe(key, len(items))
-        return self.inner.run(key, items)
+        return self.inner.run(key, items, flight)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..batching.items import GroupKey, Item, Worker
+from ..batching.items import GroupKey, Item, Worker, to_end
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -150,7 +150,7 @@ def run_warmup(
             for i in range(step.batch)
         ]
         started = time.perf_counter()
-        outcome = worker.run(step.key, items)
+        outcome = to_end(worker.run(step.key, items))
         seconds = time.perf_counter() - started
         tracker.mark_compiled(step.key, step.batch)
         records.append(WarmupRecord(shape, step.source, seconds, len(outcome.errors)))

@@ -29,7 +29,13 @@ is where the per-image guarantees are kept:
   does the same); non-finite latents fail only their own items. No such image is ever
   served.
 - **Out of memory.** The batch is halved and retried; only an image that cannot run alone
-  fails.
+  fails. (The halves start over from their seeds and run to the end without stops.)
+- **Stops between steps.** Given the batcher's :class:`Flight`, the worker reads it before
+  every denoising step: images whose requests are gone are cut from the batch
+  (:meth:`Denoising.keep <genaug.service.pipeline.sampler.Denoising.keep>`; with compiled
+  shapes they are finished and not served), the batch stops when none is left, and a pause
+  returns :class:`Paused`, whose ``resume`` goes on with the same latents, scheduler state
+  and generators, so every image is exactly that of an uninterrupted run.
 - **Output size.** Antialiased resize on the device per image, luminance for one-channel
   items, then uint8 HWC on the host.
 """
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +52,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..batching.items import GroupKey, Item, Outcome
+from ..batching.items import Flight, GroupKey, Item, Outcome, Paused
 from ..metrics import Metrics
 from .adapters import Adapters
 from .load import LoadedModel
-from .sampler import Sampler
+from .sampler import Denoising, Sampler
 from .schedulers import Schedulers
 from .vae import Vae
 
@@ -57,6 +64,31 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Batch:
+    """One batch as the worker keeps it across pauses: the items as handed over, the rows
+    still being made (indices into ``items``), refused rows' errors, dropped rows' saved
+    steps, and the denoising loop in progress."""
+
+    key: GroupKey
+    items: list[Item]
+    errors: dict[int, str]
+    rows: list[int]
+    dropped: dict[int, int] = field(default_factory=dict)
+    run: Denoising | None = None
+
+    def outcome(self, made: Outcome | None) -> Outcome:
+        """The outcome over all the batch's items; ``made`` holds the images of ``rows``."""
+        images = [np.zeros(item.output_shape, np.uint8) for item in self.items]
+        errors = dict(self.errors)
+        if made is not None:
+            for j, r in enumerate(self.rows):
+                images[r] = made.images[j]
+                if j in made.errors:
+                    errors[r] = made.errors[j]
+        return Outcome(images=images, errors=errors, dropped=dict(self.dropped))
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -77,7 +109,7 @@ class PipelineWorker:
         items = [Item("a red circle", seed=1, guidance=5.0, output_height=64, output_width=64),
                  Item("a blue square", seed=2, guidance=1.0, output_height=32, output_width=32,
                       channels=1)]
-        out = worker.run(key, items)
+        out = worker.run(key, items)   # no flight: an Outcome, never Paused
         [image.shape for image in out.images]  # [(64, 64, 3), (32, 32, 1)]
         worker.schedulers.describe()  # "euler_a (EulerAncestralDiscreteScheduler)"
         worker.adapters.info()  # [{"name": "wounds", "hash": "...", "source": "..."}]
@@ -95,8 +127,10 @@ class PipelineWorker:
         *,
         scheduler: str = "default",
         loras: Mapping[str, Path] | None = None,
+        cut_rows: bool = True,
     ) -> None:
         self.model = model
+        self.cut_rows = cut_rows
         # diffusers' pipeline classes are dynamically typed: components are attributes.
         self.pipe: Any = model.pipeline
         self.metrics = metrics
@@ -111,8 +145,11 @@ class PipelineWorker:
     def from_settings(
         cls, model: LoadedModel, settings: Settings, metrics: Metrics | None = None
     ) -> PipelineWorker:
-        """The worker the service runs: ``GENAUG_SCHEDULER`` and ``GENAUG_LORAS`` applied."""
-        return cls(model, metrics, scheduler=settings.scheduler, loras=settings.loras)
+        """The worker the service runs: ``GENAUG_SCHEDULER`` and ``GENAUG_LORAS`` applied;
+        dropped rows are cut from a batch only when nothing is compiled (with
+        ``GENAUG_COMPILE`` a smaller batch would compile anew)."""
+        return cls(model, metrics, scheduler=settings.scheduler, loras=settings.loras,
+                   cut_rows=settings.compile == "off")
 
     @property
     def device(self) -> torch.device:
@@ -125,35 +162,83 @@ class PipelineWorker:
 
     # -- Worker protocol ---------------------------------------------------------------------
 
-    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
-        """Generate ``items`` with one UNet call per step (or halves of it on out-of-memory)."""
+    def run(
+        self, key: GroupKey, items: Sequence[Item], flight: Flight | None = None
+    ) -> Outcome | Paused:
+        """Generate ``items`` with one UNet call per step (or halves of it on out-of-memory).
+
+        Between steps it reads ``flight``: rows dropped there stop (the whole batch stops when
+        none is left), and a pause hands back :class:`Paused` to resume later."""
         self.schedulers.resolve(key.scheduler)  # unknown names fail before any work
-        self.adapters.activate(key.adapter, key.adapter_scale)
         refused = _refused(key, items)
-        if refused:
-            return self._run_some(key, items, refused)
+        batch = _Batch(key, list(items), errors=dict(refused),
+                       rows=[i for i in range(len(items)) if i not in refused])
+        return self._go(batch, flight)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _go(self, batch: _Batch, flight: Flight | None) -> Outcome | Paused:
+        # (Again on resume: the batches run meanwhile may have switched the adapter.)
+        self.adapters.activate(batch.key.adapter, batch.key.adapter_scale)
         try:
             with torch.inference_mode():
-                return self._run(key, items)
+                return self._advance(batch, flight)
         finally:
             if self.device.type == "cuda":
                 # Freed activations go back to the allocator, not the OS: keep the peak stable.
                 torch.cuda.empty_cache()
 
-    # -- internals ---------------------------------------------------------------------------
+    def _advance(self, batch: _Batch, flight: Flight | None) -> Outcome | Paused:
+        """Step ``batch`` on until it ends, every row is dropped, or ``flight`` asks a pause."""
+        key, items = batch.key, batch.items
+        if not batch.rows:
+            return batch.outcome(None)
+        if flight is None and batch.run is None:
+            return batch.outcome(self._run(key, [items[r] for r in batch.rows]))  # no stops
+        try:
+            if batch.run is None:
+                batch.run = self.sampler.start(key, [items[r] for r in batch.rows])
+            run = batch.run
+            while not run.done:
+                if flight is not None:
+                    dropped, pause = flight.poll()
+                    if dropped and self._drop(batch, dropped):
+                        return batch.outcome(None)
+                    if pause:
+                        return Paused(key, items, run.index, run.steps,
+                                      resume=lambda later: self._go(batch, later))
+                run.step()
+            latents = run.latents
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+            # The halves start over from their seeds (the same images) and run to the end.
+            batch.run = None
+            return batch.outcome(self._run(key, [items[r] for r in batch.rows]))
+        return batch.outcome(self._decode([items[r] for r in batch.rows], latents))
 
-    def _run_some(self, key: GroupKey, items: Sequence[Item], refused: dict[int, str]) -> Outcome:
-        """Make the items that can be made; the refused ones fail with their reason."""
-        keep = [i for i in range(len(items)) if i not in refused]
-        images = [np.zeros(item.output_shape, np.uint8) for item in items]
-        errors = dict(refused)
-        if keep:
-            part = self.run(key, [items[i] for i in keep])
-            for j, i in enumerate(keep):
-                images[i] = part.images[j]
-                if j in part.errors:
-                    errors[i] = part.errors[j]
-        return Outcome(images=images, errors=errors)
+    def _drop(self, batch: _Batch, dropped: frozenset[int]) -> bool:
+        """Apply the flight's dropped rows; True when no row is left to make."""
+        run = batch.run
+        assert run is not None
+        new = [r for r in batch.rows if r in dropped and r not in batch.dropped]
+        if not new:
+            return False
+        live = [r for r in batch.rows if r not in dropped]
+        if not live:
+            for r in batch.rows:
+                batch.dropped[r] = run.remaining
+            return True
+        if self.cut_rows:
+            run.keep([batch.rows.index(r) for r in live])
+            for r in new:
+                batch.dropped[r] = run.remaining
+            batch.rows = live
+        else:
+            # Compiled shapes: a smaller batch would compile anew; finish the rows, serve none.
+            for r in new:
+                batch.dropped[r] = 0
+        return False
 
     def _run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
         try:

@@ -33,8 +33,9 @@ hash.
 
 Outages. When the pool database is unreachable, pre-generation pauses (``None``, and the
 batcher is woken again after a back-off) and finished batches are kept in memory and stored
-once the database is back. A request waits for at most one pre-generation batch: the batcher
-runs one idle batch at a time and checks its queue between them.
+once the database is back. The batcher runs one idle batch at a time; an interactive request
+pauses it at the next denoising step (it resumes later, keeping its reservation, so no plan
+index is repeated or skipped).
 
 Example::
 

@@ -8,6 +8,7 @@ pytest-asyncio is not a dependency; each test drives its own loop with ``asyncio
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from genaug.service.batching.batcher import Batcher, Job
-from genaug.service.batching.items import GroupKey, IdleWork, Item, Outcome
+from genaug.service.batching.items import Flight, GroupKey, IdleWork, Item, Outcome, Paused
 from genaug.service.errors import (
     DeadlineExceededError,
     GenerationFailedError,
@@ -42,9 +43,16 @@ class StandInWorker:
     ``gate`` starts open; clear it to hold the worker thread at its next call (``entered`` is
     set once a call waits there). Items whose prompt is in ``raise_on`` make the whole call
     raise; those in ``fail_items`` are reported in ``Outcome.errors``.
+
+    Each batch runs ``steps`` stand-in denoising steps and reads its flight before each, as
+    the pipeline worker does: dropped rows stop (all gone: the batch ends), a pause returns
+    :class:`Paused` (``steps_run`` counts every step run, to show none is run twice).
+    Wrapped in :class:`~genaug.service.testing.GateWorker` it steps on command.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, steps: int = 1) -> None:
+        self.steps = steps
+        self.steps_run = 0
         self.calls: list[tuple[GroupKey, list[Item]]] = []
         self.gate = threading.Event()
         self.gate.set()
@@ -53,19 +61,41 @@ class StandInWorker:
         self.fail_items: set[str] = set()
         self.lock = threading.Lock()
 
-    def run(self, key: GroupKey, items: Sequence[Item]) -> Outcome:
+    def run(
+        self, key: GroupKey, items: Sequence[Item], flight: Flight | None = None
+    ) -> Outcome | Paused:
         self.entered.set()
         assert self.gate.wait(timeout=10), "test forgot to open the gate"
         with self.lock:
             self.calls.append((key, list(items)))
         if any(it.prompt in self.raise_on for it in items):
             raise RuntimeError("stand-in pipeline exploded")
+        return self._go(key, list(items), flight, step=0, dropped={})
+
+    def _go(
+        self, key: GroupKey, items: list[Item], flight: Flight | None, *, step: int,
+        dropped: dict[int, int],
+    ) -> Outcome | Paused:
+        while step < self.steps:
+            if flight is not None:
+                gone, pause = flight.poll()
+                for row in gone:
+                    dropped.setdefault(row, self.steps - step)
+                if len(dropped) == len(items):
+                    break
+                if pause:
+                    resume = functools.partial(self._go, key, items, step=step, dropped=dropped)
+                    return Paused(key, items, step, self.steps,
+                                  resume=resume)
+            step += 1
+            with self.lock:
+                self.steps_run += 1
         images = [np.full(item.output_shape, pixel(item.seed), np.uint8) for item in items]
         errors: dict[int, str] = {}
         for i, item in enumerate(items):
             if item.prompt in self.fail_items:
                 errors[i] = f"non-finite image for seed {item.seed}"
-        return Outcome(images=images, errors=errors)
+        return Outcome(images=images, errors=errors, dropped=dropped)
 
     @property
     def prompts(self) -> list[str]:

@@ -90,7 +90,7 @@ def test_tracked_worker_reports_every_batch_before_running_it() -> None:
     seen: list[tuple[int, int]] = []
 
     class Inner:
-        def run(self, key: GroupKey, batch: Any) -> Outcome:
+        def run(self, key: GroupKey, batch: Any, flight: Any = None) -> Outcome:
             seen.append((key.height, len(batch)))
             return Outcome(images=[np.zeros(i.output_shape, np.uint8) for i in batch])
 
