@@ -83,8 +83,11 @@ def child(python_path: Path, threads: int, settings: dict[str, Any]) -> Iterator
     env = child_env(threads)
     env["PYTHONPATH"] = str(python_path)
     port = free_port()
+    # -P: no current directory on sys.path. Run from a checkout, it would put that checkout's
+    # genaug/ first and the editable install would map genaug.service to it: both sides
+    # would then run the same code.
     with running_service(port, extra_args=settings_args(settings), env=env,
-                         ) as proc:
+                         entry=("-P", "-m", "genaug.service")) as proc:
         url = f"http://127.0.0.1:{port}"
         _wait_ready(url, proc)
         yield url

@@ -6,16 +6,18 @@ torch thread each), one importing this working tree, the other ``--old`` (checke
 temporary git worktree, as ``compare_trees.py`` does). Every window below runs on both
 services at the same time, so both see the same machine:
 
-1. **idle**: a notebook asks ``n=1`` (interactive) in a loop, nothing else runs;
+1. **idle**: a notebook sends ``n=1`` (interactive) every ``--every-s`` seconds (open loop:
+   the same offered load on both trees, whatever their latency); nothing else runs;
 2. **pool filling, with the notebook**: each pool's target is raised far above what fits in
-   the run, so pre-generation never stops; the same notebook loop; the pool's images per
-   second are read from ``GET /v1/recipes/bench`` before and after;
+   the run, so pre-generation never stops; the same notebook; the pool's images per second
+   are taken between two stored batches (``GET /v1/recipes/bench``), so batch-sized steps
+   do not quantise them;
 3. **pool filling, no notebook**: the fill rate alone;
 4. **abandoned request** (between windows 1 and 2, one service at a time, nothing else
-   running): a client asks ``n=8`` at 128x128 and ``--abandon-steps`` steps,
-   hangs up after 1 s, and a notebook's ``n=1`` follows at once; the time from hanging up to
-   that answer, less the notebook's idle latency, is how long the worker stayed busy with
-   work nobody waited for (compared with one denoising step of that batch).
+   running): a client asks ``n=8`` at 128x128 and ``--abandon-steps`` steps, hangs up after
+   1 s, and a notebook's ``n=1`` follows at once; that answer's latency, less the same
+   request's median latency just before, is how long the worker stayed busy with work nobody
+   waited for (compared with one denoising step of that batch, measured too).
 
 Goals (issue 20): busy p50 / idle p50 <= 1.3 on this tree; fill rate with the notebook at
 most 10 % below the old tree's; the abandoned batch frees the worker within one step.
@@ -32,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +48,30 @@ SIDES = ("old", "new")
 CAPACITY = 100_000
 
 
-def _notebook(url: str, stop: threading.Event, latencies: list[float], think_s: float) -> None:
-    """n=1 interactive requests, one at a time, ``think_s`` apart, until ``stop``."""
+def _notebook(url: str, stop: threading.Event, latencies: list[float], every_s: float) -> None:
+    """n=1 interactive requests sent every ``every_s`` seconds until ``stop`` (open loop: the
+    same offered load whatever the answers' latency), each answer's latency recorded."""
     import httpx
 
-    with httpx.Client(timeout=120, headers={"X-Client-Id": "notebook"}) as http:
+    def one(http: httpx.Client, seed: int) -> None:
+        started = time.perf_counter()
+        r = http.post(f"{url}/v1/generate", json={"prompt": "a handwritten seven", "n": 1,
+                                                  "seed": seed})
+        r.raise_for_status()
+        latencies.append(time.perf_counter() - started)
+
+    with httpx.Client(timeout=120, headers={"X-Client-Id": "notebook"}) as http, \
+            ThreadPoolExecutor(8) as pool:
+        futures = []
+        due = time.perf_counter()
         i = 0
         while not stop.is_set():
-            started = time.perf_counter()
-            r = http.post(f"{url}/v1/generate", json={"prompt": "a handwritten seven",
-                                                      "n": 1, "seed": i})
-            r.raise_for_status()
-            latencies.append(time.perf_counter() - started)
+            futures.append(pool.submit(one, http, i))
             i += 1
-            stop.wait(think_s)
+            due += every_s
+            stop.wait(max(0.0, due - time.perf_counter()))
+        for future in futures:
+            future.result()
 
 
 def _generated(url: str) -> int:
@@ -67,41 +80,73 @@ def _generated(url: str) -> int:
     return int(httpx.get(f"{url}/v1/recipes/bench", timeout=30).json()["totals"]["generated"])
 
 
-def _window(urls: dict[str, str], seconds: float, *, notebook: bool,
-            think_s: float) -> dict[str, dict[str, Any]]:
+def _next_batch_end(url: str, timeout: float = 120.0) -> tuple[float, int]:
+    """Wait for the pool's count to change (a batch was stored); its time and the count.
+    Rates are taken between two such moments, so batch-sized steps do not quantise them."""
+    start = _generated(url)
+    deadline = time.monotonic() + timeout
+    while True:
+        now = _generated(url)
+        if now != start:
+            return time.perf_counter(), now
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the pool at {url} stored nothing in {timeout:g} s")
+        time.sleep(0.02)
+
+
+def _window(urls: dict[str, str], seconds: float, *, notebook: bool, every_s: float,
+            filling: bool) -> dict[str, dict[str, Any]]:
     """Run one window on every service at once; latencies and pool images per second."""
     stop = threading.Event()
     latencies: dict[str, list[float]] = {side: [] for side in urls}
-    threads = [threading.Thread(target=_notebook, args=(url, stop, latencies[side], think_s))
+    threads = [threading.Thread(target=_notebook, args=(url, stop, latencies[side], every_s))
                for side, url in urls.items()] if notebook else []
-    before = {side: _generated(url) for side, url in urls.items()}
-    started = time.perf_counter()
     for thread in threads:
         thread.start()
-    time.sleep(seconds)
+    sides = list(urls)
+
+    def batch_ends(pool: ThreadPoolExecutor) -> dict[str, tuple[float, int]]:
+        ends = pool.map(_next_batch_end, [urls[side] for side in sides])
+        return dict(zip(sides, ends, strict=True)) if filling else {}
+
+    with ThreadPoolExecutor(len(urls)) as pool:
+        first = batch_ends(pool)
+        time.sleep(seconds)
+        last = batch_ends(pool)
     stop.set()
     for thread in threads:
         thread.join()
-    elapsed = time.perf_counter() - started
-    after = {side: _generated(url) for side, url in urls.items()}
-    return {side: {"latencies": latencies[side],
-                   "fill_per_s": (after[side] - before[side]) / elapsed} for side in urls}
+    out: dict[str, dict[str, Any]] = {}
+    for side in urls:
+        rate = 0.0
+        if filling:
+            (t0, c0), (t1, c1) = first[side], last[side]
+            rate = (c1 - c0) / (t1 - t0)
+        out[side] = {"latencies": latencies[side], "fill_per_s": rate}
+    return out
 
 
-def _abandon(url: str, steps: int) -> float:
-    """Seconds from hanging up on an n=8 request to the answer of the n=1 that follows."""
+def _abandon(url: str, steps: int) -> tuple[float, float]:
+    """``(baseline, after)``: the median latency of an n=1 request on the idle service, and
+    the latency of the same request sent at once after hanging up on an n=8 request."""
     import httpx
 
+    one = {"prompt": "a handwritten one", "n": 1}
+    headers = {"X-Client-Id": "notebook"}
+
+    def timed() -> float:
+        started = time.perf_counter()
+        httpx.post(f"{url}/v1/generate", json=one, timeout=600,
+                   headers=headers).raise_for_status()
+        return time.perf_counter() - started
+
+    baseline = percentile([timed() for _ in range(5)], 50)
     body = {"prompt": "a handwritten three", "n": 8, "steps": steps, "height": 128,
             "width": 128, "priority": "interactive"}
     with contextlib.suppress(httpx.ReadTimeout):
         httpx.post(f"{url}/v1/generate", json=body, timeout=1.0,
                    headers={"X-Client-Id": "impatient"})
-    gone = time.perf_counter()
-    r = httpx.post(f"{url}/v1/generate", json={"prompt": "a handwritten one", "n": 1},
-                   timeout=600, headers={"X-Client-Id": "notebook"})
-    r.raise_for_status()
-    return time.perf_counter() - gone
+    return baseline, timed()
 
 
 def _step_s(url: str, steps: int) -> float:
@@ -122,8 +167,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--old", required=True, help="the git revision to compare against")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--window-s", type=float, help="seconds per window (default 30; 12)")
-    parser.add_argument("--think-s", type=float, default=0.5,
-                        help="the notebook's pause between requests")
+    parser.add_argument("--every-s", type=float, default=1.0,
+                        help="the notebook sends one n=1 request this often")
     parser.add_argument("--abandon-steps", type=int, default=150)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -145,7 +190,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 urls[side] = stack.enter_context(child(paths[side], 1, settings))
             for url in urls.values():  # first-call costs out of the way
                 httpx.post(f"{url}/v1/generate", json={"prompt": "warm", "n": 1}, timeout=120)
-            idle = _window(urls, window, notebook=True, think_s=args.think_s)
+            idle = _window(urls, window, notebook=True, every_s=args.every_s, filling=False)
             # The abandoned request, one service at a time, while nothing else runs.
             step_s = {side: _step_s(url, abandon_steps) for side, url in urls.items()}
             freed = {side: _abandon(url, abandon_steps) for side, url in urls.items()}
@@ -153,16 +198,17 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 httpx.post(f"{url}/v1/recipes/bench/fill", json={"per_label": CAPACITY},
                            timeout=30).raise_for_status()
             time.sleep(2.0)
-            busy = _window(urls, window, notebook=True, think_s=args.think_s)
-            alone = _window(urls, window, notebook=False, think_s=args.think_s)
+            busy = _window(urls, window, notebook=True, every_s=args.every_s, filling=True)
+            alone = _window(urls, window, notebook=False, every_s=args.every_s, filling=True)
 
-    result: dict[str, Any] = {"window_s": window, "think_s": args.think_s,
+    result: dict[str, Any] = {"window_s": window, "every_s": args.every_s,
                               "abandon_steps": abandon_steps, "old": args.old}
     rows = []
     for side in SIDES:
         idle_p50 = percentile(idle[side]["latencies"], 50)
         busy_p50 = percentile(busy[side]["latencies"], 50)
-        busy_after = freed[side] - idle_p50  # the worker's time on the abandoned batch
+        baseline, after = freed[side]
+        busy_after = after - baseline  # the worker's time on the abandoned batch
         result[side] = {
             "idle_p50_s": idle_p50, "busy_p50_s": busy_p50, "busy_over_idle": busy_p50 / idle_p50,
             "busy_p90_s": percentile(busy[side]["latencies"], 90),
