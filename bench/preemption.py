@@ -106,8 +106,10 @@ def _window(urls: dict[str, str], seconds: float, *, notebook: bool, every_s: fl
     sides = list(urls)
 
     def batch_ends(pool: ThreadPoolExecutor) -> dict[str, tuple[float, int]]:
+        if not filling:
+            return {}
         ends = pool.map(_next_batch_end, [urls[side] for side in sides])
-        return dict(zip(sides, ends, strict=True)) if filling else {}
+        return dict(zip(sides, ends, strict=True))
 
     with ThreadPoolExecutor(len(urls)) as pool:
         first = batch_ends(pool)

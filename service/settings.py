@@ -30,11 +30,14 @@ SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
 # -- digits --
 # The built-in models GENAUG_MODEL may name instead of a path. tiny-digits (also: unset) is the
 # embedded trained default; its defaults are those of recipes/digits.yaml, what it was trained
-# and measured with. tiny-random is the random-weight tiny pipeline the tests run.
+# and measured with. tiny-digits-base is the same trained on digits 0-4 only (a base that never
+# saw the target classes 5-9; same defaults). tiny-random is the random-weight tiny pipeline the
+# tests run.
 DEFAULT_MODEL = "tiny-digits"
 DIGITS_DEFAULTS = {"size": 64, "steps": 20, "guidance": 3.0}
 BUILTIN_MODELS: dict[str, dict[str, float]] = {
     "tiny-digits": DIGITS_DEFAULTS,
+    "tiny-digits-base": DIGITS_DEFAULTS,
     "tiny-random": TINY_DEFAULTS,
 }
 
@@ -132,8 +135,9 @@ class Settings(BaseSettings):
     model: str | None = Field(
         default=None,
         description="tiny-digits (the default when unset: the embedded tiny SDXL pipeline "
-        "trained on handwritten digits), tiny-random (random weights, for tests), or a local "
-        "diffusers folder or single .safetensors SDXL checkpoint.",
+        "trained on handwritten digits), tiny-digits-base (the same trained on digits 0-4 "
+        "only, a base for adapting to 5-9), tiny-random (random weights, for tests), or a "
+        "local diffusers folder or single .safetensors SDXL checkpoint.",
     )
     single_file_config: Path | None = Field(
         default=None,
@@ -196,18 +200,20 @@ class Settings(BaseSettings):
         default=3600.0, gt=0, description="Largest timeout_s or wait_s a request may ask."
     )
 
-    # Request defaults (None: chosen by the model: tiny-digits 64 px / 20 steps / guidance 3,
+    # Request defaults (None: chosen by the model: tiny-digits(-base) 64 px / 20 steps / 3,
     # tiny-random 64 px / 4 steps / 5, SDXL 1024 px / 30 steps / 5)
     default_size: int | None = Field(
         default=None, ge=8, description="Size when a request omits it (tiny models 64, SDXL 1024)."
     )
     default_steps: int | None = Field(
         default=None, ge=1,
-        description="Steps when a request omits them (tiny-digits 20, tiny-random 4, SDXL 30).",
+        description="Steps when a request omits them (tiny-digits and tiny-digits-base 20, "
+        "tiny-random 4, SDXL 30).",
     )
     default_guidance: float | None = Field(
         default=None, ge=0,
-        description="Guidance when a request omits it (tiny-digits 3.0, others 5.0).",
+        description="Guidance when a request omits it (tiny-digits and tiny-digits-base 3.0, "
+        "others 5.0).",
     )
 
     # Recipes and pool
@@ -265,7 +271,8 @@ class Settings(BaseSettings):
 
     @property
     def builtin_model(self) -> str | None:
-        """``"tiny-digits"`` or ``"tiny-random"`` when one is configured, else ``None``."""
+        """``"tiny-digits"``, ``"tiny-digits-base"`` or ``"tiny-random"`` when one is configured,
+        else ``None``."""
         return builtin_model(self.model)
 
     @property
@@ -381,8 +388,9 @@ class Settings(BaseSettings):
     def request_defaults(self) -> tuple[int, int, float]:
         """(size, steps, guidance) used when a request leaves them out.
 
-        By the configured model: tiny-digits 64 px / 20 steps / guidance 3 (its recipe's),
-        tiny-random 64 / 4 / 5, a path (SDXL) 1024 / 30 / 5; ``GENAUG_DEFAULT_*`` override.
+        By the configured model: tiny-digits and tiny-digits-base 64 px / 20 steps / guidance 3
+        (the digits recipe's), tiny-random 64 / 4 / 5, a path (SDXL) 1024 / 30 / 5;
+        ``GENAUG_DEFAULT_*`` override.
         """
         name = self.builtin_model
         base = BUILTIN_MODELS[name] if name is not None else SDXL_DEFAULTS

@@ -101,3 +101,25 @@ def test_genaug_serve_loads_the_folder(trained: Path, tmp_path: Path) -> None:
         response = httpx.post(url + "/v1/generate", timeout=60, json={
             "prompt": "a handwritten seven", "seed": 2})
         assert response.status_code == 200, response.text
+
+
+def test_labels_option_picks_the_recipe_labels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--labels 0-4`` (how tiny-digits-base was made) and its spellings; no training."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_tiny_generator", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "train_tiny_generator", script)  # for its dataclass
+    spec.loader.exec_module(script)
+    digits = [str(d) for d in range(10)]
+    assert script.parse_labels(None, digits) == digits
+    assert script.parse_labels("0-4", digits) == ["0", "1", "2", "3", "4"]
+    assert script.parse_labels("4,3, 2,1,0", digits) == ["0", "1", "2", "3", "4"]
+    assert script.parse_labels("0-1,7", digits) == ["0", "1", "7"]
+    for bad in ("0-12", "x", "", "4-2"):
+        with pytest.raises(SystemExit):
+            script.parse_labels(bad, digits)
+    cfg = script.parse(["--data", "d", "--recipes", "r", "--out", "o", "--labels", "0-4",
+                        "--name", "tiny_digits_base"])
+    assert (cfg.labels, cfg.name) == ("0-4", "tiny_digits_base")

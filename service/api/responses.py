@@ -76,8 +76,11 @@ class Limits(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    """What is loaded: ``kind`` (tiny-digits, tiny-random, diffusers, single-file), where from,
-    a content hash of the weights, and what the embedded default was trained on."""
+    """What is loaded: ``kind`` (tiny-digits, tiny-digits-base, tiny-random, diffusers,
+    single-file), where from, a content hash of the weights, and what the model was trained on
+    (``trained_on``: the training record of tiny-digits, tiny-digits-base and folders written
+    by tools/train_tiny_generator.py: data set, split, ``labels`` (the labels trained on and
+    their prompts; tiny-digits-base: 0-4 only), steps, seed, ...; ``null`` when unknown)."""
 
     kind: str
     source: str

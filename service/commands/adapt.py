@@ -46,7 +46,8 @@ def add_adapt_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", default=None, help="recipe name (labels, prompts, size)")
     parser.add_argument("--out", type=Path, default=None, help="the LoRA file, .safetensors")
     parser.add_argument("--model", default=None,
-                        help="the base model (default: GENAUG_MODEL, else tiny-digits)")
+                        help="the base model, e.g. tiny-digits-base (default: GENAUG_MODEL, "
+                        "else tiny-digits)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: "
                         "GENAUG_DEVICE)")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")

@@ -197,7 +197,7 @@ def base_unet_shapes(base: str | None) -> tuple[str, dict[str, tuple[int, ...]]]
     if name is not None:
         from ..pipeline.tiny import build_tiny_pipeline
 
-        pipe: Any = build_tiny_pipeline(batch_invariant=False)  # same UNet for both built-ins
+        pipe: Any = build_tiny_pipeline(batch_invariant=False)  # same UNet for every built-in
         return name, {k: tuple(v.shape) for k, v in pipe.unet.state_dict().items()}
     path = model_path(base)
     assert path is not None
@@ -215,8 +215,8 @@ def base_unet_shapes(base: str | None) -> tuple[str, dict[str, tuple[int, ...]]]
         return str(path), {k: tuple(v.shape) for k, v in unet.state_dict().items()}
     raise ConvertError(
         f"base model {str(path)!r} does not exist; pass --base with a local diffusers folder, "
-        "a single .safetensors checkpoint, tiny-digits or tiny-random (default: GENAUG_MODEL, "
-        "else tiny-digits)"
+        "a single .safetensors checkpoint, tiny-digits, tiny-digits-base or tiny-random "
+        "(default: GENAUG_MODEL, else tiny-digits)"
     )
 
 
@@ -282,8 +282,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dst", type=Path, help="where to write the UNet (.safetensors)")
     parser.add_argument("--base", default=None,
                         help="model whose UNet the weights must fit: a diffusers folder, a "
-                        ".safetensors checkpoint, tiny-digits or tiny-random (default: "
-                        "GENAUG_MODEL, else tiny-digits)")
+                        ".safetensors checkpoint, tiny-digits, tiny-digits-base or "
+                        "tiny-random (default: GENAUG_MODEL, else tiny-digits)")
     parser.add_argument("--key", default=None,
                         help="the checkpoint entry holding the UNet, dotted for nested ones "
                         "(default: found among " + ", ".join(WRAPPER_KEYS) + ", top level)")

@@ -5,6 +5,8 @@
 * ``tiny-digits`` (also when unset): the embedded default, the tiny SDXL-architecture
   pipeline of :mod:`genaug.service.pipeline.tiny` with weights trained on scikit-learn's handwritten
   digits (package data, made by ``tools/train_tiny_generator.py``);
+* ``tiny-digits-base``: the same, trained on digits 0-4 only (package data too): a base that
+  never saw the target classes 5-9, for ``genaug adapt`` to teach them;
 * ``tiny-random``: the same architecture with fixed-seed random weights (tests);
 * a local diffusers folder (``model_index.json``) or a single ``.safetensors`` SDXL checkpoint.
 
@@ -72,7 +74,7 @@ _PICKLE_SUFFIXES = (".pt", ".pth", ".bin")  # GENAUG_UNET_WEIGHTS read with weig
 _CONFIG_PATTERNS = ["**/*.json", "*.json", "*.txt", "**/*.txt", "**/*.model"]
 _TRAINED_ON = "trained_on.json"  # next to model_index.json: what a folder was trained on
 
-MODEL_KINDS = ("tiny-digits", "tiny-random", "diffusers", "single-file")
+MODEL_KINDS = ("tiny-digits", "tiny-digits-base", "tiny-random", "diffusers", "single-file")
 """Every value of :attr:`LoadedModel.kind` (``/v1/info`` ``model.kind``)."""
 
 
@@ -83,17 +85,17 @@ class LoadedModel:
     Attributes:
         pipeline: the ``StableDiffusionXLPipeline``, on ``device`` in ``dtype``, progress
             bar disabled.
-        kind: one of :data:`MODEL_KINDS`: ``"tiny-digits"``, ``"tiny-random"``,
-            ``"diffusers"`` (a folder) or ``"single-file"``.
+        kind: one of :data:`MODEL_KINDS`: ``"tiny-digits"``, ``"tiny-digits-base"``,
+            ``"tiny-random"``, ``"diffusers"`` (a folder) or ``"single-file"``.
         source: the built-in model's name or the path it was loaded from.
         weights_hash: 16 hex chars, a content hash of the weights, fine-tuned UNet included.
             Equal hashes mean equal weights; use it to key anything cached from this model.
         device: the torch device the pipeline runs on.
         dtype: the floating-point type of its weights.
         trained_on: what the weights were trained on (data set, split, steps, script
-            version, seed, ...) for ``tiny-digits`` and for folders written by
-            ``tools/train_tiny_generator.py`` (its ``trained_on.json``); ``None`` when
-            unknown. A ``unet_weights`` override leaves it as the base's.
+            version, seed, labels, ...) for ``tiny-digits``, ``tiny-digits-base`` and for
+            folders written by ``tools/train_tiny_generator.py`` (its ``trained_on.json``);
+            ``None`` when unknown. A ``unet_weights`` override leaves it as the base's.
     """
 
     pipeline: StableDiffusionXLPipeline
@@ -117,6 +119,7 @@ def load_model(
 
     Args:
         source: ``None`` or ``"tiny-digits"`` for the embedded trained tiny pipeline,
+            ``"tiny-digits-base"`` for the one trained on digits 0-4 only,
             ``"tiny-random"`` for the random-weight one; else a path: a diffusers folder
             (with ``model_index.json``) or a single ``.safetensors`` SDXL checkpoint. A
             folder named like a built-in is reached as ``./tiny-digits``.
@@ -151,11 +154,11 @@ def load_model(
         pipeline = build_tiny_pipeline()
         kind = source_name = builtin
         hash_pipeline_state(hasher, pipeline)
-    elif builtin == "tiny-digits":
+    elif builtin in ("tiny-digits", "tiny-digits-base"):
         from .tiny import TinyWeightsError, build_tiny_digits_pipeline
 
         try:
-            pipeline, trained_on = build_tiny_digits_pipeline()
+            pipeline, trained_on = build_tiny_digits_pipeline(model=builtin)
         except TinyWeightsError as exc:
             raise ModelLoadError(
                 f"{exc}; reinstall genaug, or set GENAUG_MODEL=tiny-random (random weights) "
@@ -182,7 +185,8 @@ def load_model(
                 f"model source {source_name!r} does not exist; set GENAUG_MODEL to a local "
                 "diffusers folder (with model_index.json) or a single .safetensors SDXL "
                 "checkpoint, or leave it unset for the built-in tiny model (tiny-digits; "
-                "tiny-random for random weights)"
+                "tiny-digits-base for the one trained on digits 0-4 only; tiny-random for "
+                "random weights)"
             )
 
     if unet_weights is not None:

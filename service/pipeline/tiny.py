@@ -3,7 +3,7 @@
 It is the real :class:`diffusers.StableDiffusionXLPipeline` code path (two CLIP text encoders,
 pooled projection and ``text_time`` micro-conditioning, Euler scheduler, an 8x-downsampling
 VAE), only with layer widths small enough that a batch of eight 64x64 images with
-classifier-free guidance takes a fraction of a second on one CPU core. Two models share it:
+classifier-free guidance takes a fraction of a second on one CPU core. Three models share it:
 
 * ``tiny-random`` (:func:`build_tiny_pipeline`): fixed-seed random weights. Its images are
   meaningless but a deterministic function of (seed, prompt, generation parameters): what
@@ -12,6 +12,10 @@ classifier-free guidance takes a fraction of a second on one CPU core. Two model
   modules with the weights shipped as package data (``weights/tiny_digits.safetensors``),
   trained by ``tools/train_tiny_generator.py`` on scikit-learn's handwritten digits; it draws
   the digit its prompt names (``recipes/digits.yaml``: "a handwritten three").
+* ``tiny-digits-base`` (``build_tiny_digits_pipeline(model="tiny-digits-base")``): the same,
+  trained the same way on digits 0-4 only (``weights/tiny_digits_base.safetensors``): a
+  stand-in for a foundation model that has never seen the target classes 5-9, the base that
+  ``genaug adapt`` teaches them to. Its text encoders take every prompt; it draws 0-4.
 
 Example::
 
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TINY_IMAGE_SIZE",
+    "TINY_WEIGHT_FILES",
     "TinyWeightsError",
     "build_tiny_digits_pipeline",
     "build_tiny_pipeline",
@@ -65,7 +70,12 @@ _TEXT_PROJECTION_DIM = 32  # text_encoder_2's pooled projection (SDXL: 1280)
 _ADDITION_TIME_EMBED_DIM = 8  # SDXL: 256; six micro-conditioning numbers each get this width
 _VOCAB_SIZE = 514  # 256 bytes + 256 end-of-word bytes + <|startoftext|> + <|endoftext|>
 _MAX_TOKENS = 77  # CLIP context length, as in SDXL (prompt truncation behaves the same)
-_DIGITS_FILE = "tiny_digits.safetensors"
+TINY_WEIGHT_FILES = {
+    "tiny-digits": "tiny_digits.safetensors",
+    "tiny-digits-base": "tiny_digits_base.safetensors",
+}
+"""The built-in models with packaged trained weights, and their files under ``weights/``
+(each with its training record next to it as ``<stem>.json``)."""
 
 
 def tiny_tokenizer_dir() -> str:
@@ -88,37 +98,46 @@ class TinyWeightsError(RuntimeError):
 _COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
 
 
-def tiny_digits_weights() -> Path:
-    """Path of the packaged ``tiny-digits`` weights (``weights/tiny_digits.safetensors``).
+def tiny_digits_weights(model: str = "tiny-digits") -> Path:
+    """Path of a built-in model's packaged weights (``tiny-digits``:
+    ``weights/tiny_digits.safetensors``; ``tiny-digits-base``: ``tiny_digits_base.safetensors``).
 
     One safetensors file with every component's state dict (keys prefixed ``unet.``,
     ``vae.``, ``text_encoder.``, ``text_encoder_2.``) and, in its header, the VAE's
     ``scaling_factor`` and the training record (``trained_on``, JSON).
     """
-    return Path(str(resources.files("genaug.service").joinpath("weights", _DIGITS_FILE)))
+    if model not in TINY_WEIGHT_FILES:
+        raise ValueError(f"no packaged weights for {model!r}; built-ins with trained weights: "
+                         f"{sorted(TINY_WEIGHT_FILES)}")
+    files = resources.files("genaug.service").joinpath("weights", TINY_WEIGHT_FILES[model])
+    return Path(str(files))
 
 
 def build_tiny_digits_pipeline(
-    *, batch_invariant: bool = True, weights: Path | None = None
+    *, batch_invariant: bool = True, weights: Path | None = None, model: str = "tiny-digits"
 ) -> tuple[StableDiffusionXLPipeline, dict[str, Any]]:
     """The ``tiny-digits`` pipeline: :func:`build_tiny_pipeline`'s modules, trained weights.
 
     Args:
         batch_invariant: as for :func:`build_tiny_pipeline`.
-        weights: a file in the format of :func:`tiny_digits_weights` (default: that one),
-            e.g. ``OUT/tiny_digits.safetensors`` of a training run.
+        weights: a file in the format of :func:`tiny_digits_weights` (default: that of
+            ``model``), e.g. ``OUT/tiny_digits.safetensors`` of a training run.
+        model: the built-in whose packaged weights to load when ``weights`` is ``None``
+            (``"tiny-digits"`` or ``"tiny-digits-base"``, :data:`TINY_WEIGHT_FILES`); also
+            the name error messages use.
 
     Returns:
-        The pipeline and its training record (data set, split, steps, seed, script version).
+        The pipeline and its training record (data set, split, labels, steps, seed, script
+        version).
 
     Raises:
         TinyWeightsError: the file is missing, unreadable, or does not fit the architecture.
     """
     from safetensors import SafetensorError, safe_open
 
-    path = weights or tiny_digits_weights()
+    path = weights or tiny_digits_weights(model)
     if not path.is_file():
-        raise TinyWeightsError(f"the tiny-digits weights {str(path)!r} are missing")
+        raise TinyWeightsError(f"the {model} weights {str(path)!r} are missing")
     pipeline: Any = build_tiny_pipeline(batch_invariant=batch_invariant)
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -126,7 +145,7 @@ def build_tiny_digits_pipeline(
             state = {key: handle.get_tensor(key) for key in handle.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
         raise TinyWeightsError(
-            f"the tiny-digits weights {str(path)!r} are unreadable: {exc}"
+            f"the {model} weights {str(path)!r} are unreadable: {exc}"
         ) from exc
     for name in _COMPONENTS:
         prefix = name + "."
@@ -135,7 +154,7 @@ def build_tiny_digits_pipeline(
             getattr(pipeline, name).load_state_dict(part, strict=True)
         except RuntimeError as exc:
             raise TinyWeightsError(
-                f"the tiny-digits weights {str(path)!r} do not fit the tiny {name}: "
+                f"the {model} weights {str(path)!r} do not fit the tiny {name}: "
                 f"{str(exc).splitlines()[0]}"
             ) from exc
     try:
@@ -143,11 +162,11 @@ def build_tiny_digits_pipeline(
         trained_on = json.loads(meta.get("trained_on", "{}"))
     except (KeyError, ValueError) as exc:
         raise TinyWeightsError(
-            f"the tiny-digits weights {str(path)!r} lack a valid scaling_factor/trained_on "
+            f"the {model} weights {str(path)!r} lack a valid scaling_factor/trained_on "
             f"header: {exc!r}"
         ) from exc
     pipeline.vae.register_to_config(scaling_factor=scaling)
-    log.debug("loaded tiny-digits weights from %s (scaling factor %g)", path, scaling)
+    log.debug("loaded %s weights from %s (scaling factor %g)", model, path, scaling)
     return pipeline, trained_on
 
 

@@ -1,5 +1,7 @@
 """The embedded default, tiny-digits: packaged weights that load, draw the digit asked for,
-and give the same image for the same seed; and the settings that pick a built-in model."""
+and give the same image for the same seed; and the settings that pick a built-in model. Also
+tiny-digits-base, the same trained on digits 0-4 only: it loads, is another model, says what
+it was trained on."""
 
 from __future__ import annotations
 
@@ -132,3 +134,56 @@ def test_the_service_reports_and_defaults_by_model(digits_model: LoadedModel) ->
         key, items = live.worker.calls[-1]
         assert (key.steps, key.height, items[0].guidance) == (
             RECIPE["steps"], 64, RECIPE["guidance"])
+
+
+# -- tiny-digits-base: the same pipeline trained on digits 0-4 only (issue 19) --
+
+
+@pytest.fixture(scope="module")
+def base_model() -> LoadedModel:
+    return load_model(source="tiny-digits-base", unet_weights=None, device="cpu", dtype="auto")
+
+
+def test_the_base_never_saw_five_to_nine(base_model: LoadedModel,
+                                         digits_model: LoadedModel) -> None:
+    assert (base_model.kind, base_model.source) == ("tiny-digits-base", "tiny-digits-base")
+    assert base_model.kind in MODEL_KINDS
+    assert base_model.weights_hash != digits_model.weights_hash
+    trained_on = base_model.trained_on
+    assert trained_on is not None
+    assert trained_on["dataset"] == "sklearn load_digits" and trained_on["split"] == "generator"
+    assert trained_on["script"] == "tools/train_tiny_generator.py"
+    # Trained on digits 0-4 of the generator split only, with the recipe's prompts for them.
+    assert trained_on["labels"] == {k: v["prompts"] for k, v in RECIPE["labels"].items()
+                                    if int(k) <= 4}
+    assert {"seed", "vae_steps", "unet_steps", "script_version"} <= trained_on.keys()
+    # The package record next to the weights is the header's.
+    path = tiny_digits_weights("tiny-digits-base")
+    assert path.name == "tiny_digits_base.safetensors"
+    assert path.stat().st_size <= 20 * 1024 * 1024
+    assert json.loads(path.with_suffix(".json").read_text()) == trained_on
+    # Its text encoders take every digit's prompt (the tokenizer is shared); it tells them apart.
+    with torch.inference_mode():
+        embeds = base_model.pipeline.encode_prompt(
+            ["a handwritten two", "a handwritten seven"], device=torch.device("cpu"),
+            num_images_per_prompt=1, do_classifier_free_guidance=False)[0]
+    assert embeds.shape[0] == 2 and torch.isfinite(embeds).all()
+    assert not torch.allclose(embeds[0], embeds[1])
+
+
+def test_base_settings_and_info(base_model: LoadedModel) -> None:
+    from genaug.service.api.status import info_of
+    from genaug.service.app import create_app
+
+    settings = Settings(model="tiny-digits-base")
+    assert (settings.builtin_model, settings.model_path) == ("tiny-digits-base", None)
+    assert settings.request_defaults() == (64, RECIPE["steps"], RECIPE["guidance"])
+    # What GET /v1/info answers, without starting a server.
+    state = create_app(settings).state.genaug
+    state.model = base_model
+    info = info_of(state).model_dump(mode="json")
+    assert info["model"]["kind"] == "tiny-digits-base"
+    assert info["model"]["hash"] == base_model.weights_hash
+    assert info["model"]["trained_on"] == base_model.trained_on
+    assert sorted(info["model"]["trained_on"]["labels"]) == ["0", "1", "2", "3", "4"]
+    assert info["limits"]["default_steps"] == RECIPE["steps"]
