@@ -49,7 +49,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -58,11 +57,12 @@ import numpy as np
 import torch
 
 from ..batching.items import GroupKey, Item
+from .denoising import Denoising
 from .quiet import quiet_diffusers
 from .schedulers import Schedulers
 from .vae import Vae
 
-__all__ = ["Denoising", "Sampler", "img2img_pipeline"]
+__all__ = ["Sampler", "img2img_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Sampler:
                 w, embedding_dim=unet.config.time_cond_proj_dim
             ).to(device=self.device, dtype=latents.dtype)
         return Denoising(
-            self, key, list(items), generators, scheduler, timesteps, latents,
+            unet, self.time_ids, key, list(items), generators, scheduler, timesteps, latents,
             embeds=embeds, pooled=pooled, guided=guided, negative=negative,
             negative_pooled=negative_pooled, timestep_cond=timestep_cond,
         )
@@ -255,189 +255,6 @@ class Sampler:
         return noised
 
 
-class Denoising:
-    """One batch's denoising loop, run a step at a time (:meth:`Sampler.start`).
-
-    It holds everything the loop carries between steps: the latents, the batch's own
-    scheduler (with its multistep history), each image's generator, the embeddings. So a
-    batch can stop at any step boundary, let other batches run, and go on later with
-    bit-identical results; and :meth:`keep` goes on with fewer images, each row still
-    exactly what it would have been (an image depends only on its own item).
-
-    Example::
-
-        run = sampler.start(key, items)
-        while not run.done:
-            run.step()          # one UNet call for every image still kept
-        run.keep([0, 2])        # (between steps) continue with items 0 and 2 only
-        latents = run.latents
-    """
-
-    def __init__(
-        self,
-        sampler: Sampler,
-        key: GroupKey,
-        items: list[Item],
-        generators: list[torch.Generator],
-        scheduler: Any,
-        timesteps: torch.Tensor,
-        latents: torch.Tensor,
-        *,
-        embeds: torch.Tensor,
-        pooled: torch.Tensor,
-        guided: list[int],
-        negative: torch.Tensor | None,
-        negative_pooled: torch.Tensor | None,
-        timestep_cond: torch.Tensor | None,
-    ) -> None:
-        self._sampler = sampler
-        self.key = key
-        self.items = items
-        self.generators = generators
-        self.scheduler = scheduler
-        self.timesteps = timesteps
-        self.latents = latents
-        self.index = 0  # the next step to run
-        self._embeds = embeds
-        self._pooled = pooled
-        self._guided = guided
-        self._negative = negative
-        self._negative_pooled = negative_pooled
-        self._timestep_cond = timestep_cond
-        self._prepare()
-
-    @property
-    def steps(self) -> int:
-        """Denoising steps this batch runs (fewer than ``key.steps`` for img2img)."""
-        return len(self.timesteps)
-
-    @property
-    def done(self) -> bool:
-        return self.index >= self.steps
-
-    @property
-    def remaining(self) -> int:
-        return self.steps - self.index
-
-    def step(self) -> None:
-        """Run the next denoising step for every kept image: one UNet call."""
-        t = self.timesteps[self.index]
-        k = len(self._guided)
-        latents = self.latents
-        model_input = torch.cat([latents[self._guided_index], latents]) if k else latents
-        model_input = self.scheduler.scale_model_input(model_input, t)
-        noise = self._sampler.pipe.unet(
-            model_input,
-            t,
-            encoder_hidden_states=self._input_embeds,
-            timestep_cond=self._timestep_cond,
-            added_cond_kwargs=self._added_cond,
-            return_dict=False,
-        )[0]
-        if k:
-            noise = _guide(
-                noise[:k], noise[k:], self._guided_index, self._scale,
-                all_guided=k == len(self.items),
-            )
-        self.latents = self.scheduler.step(
-            noise, t, latents, **self._step_kwargs, return_dict=False
-        )[0]
-        self.index += 1
-
-    def keep(self, rows: Sequence[int]) -> None:
-        """Go on with the images at ``rows`` (indices into the current :attr:`items`, in
-        order) and drop the others: latents, generators, embeddings, guidance and the
-        scheduler's per-image history all lose the dropped rows."""
-        rows = list(rows)
-        if rows == list(range(len(self.items))):
-            return
-        n = len(self.items)
-        index = torch.tensor(rows, dtype=torch.long, device=self.latents.device)
-        shape = tuple(self.latents.shape)
-        _keep_scheduler_rows(self.scheduler, index, shape)
-        self.latents = self.latents[index]
-        self.items = [self.items[r] for r in rows]
-        self.generators = [self.generators[r] for r in rows]
-        self._embeds = self._embeds[index]
-        self._pooled = self._pooled[index]
-        if self._timestep_cond is not None:
-            self._timestep_cond = self._timestep_cond[index]
-        if self._negative is not None and self._negative_pooled is not None:
-            position = {row: j for j, row in enumerate(self._guided)}  # row -> negative row
-            kept = [r for r in rows if r in position]
-            negative_index = torch.tensor(
-                [position[r] for r in kept], dtype=torch.long, device=self._negative.device
-            )
-            self._negative = self._negative[negative_index] if kept else None
-            self._negative_pooled = (
-                self._negative_pooled[negative_index] if kept else None
-            )
-            new_row = {row: j for j, row in enumerate(rows)}
-            self._guided = [new_row[r] for r in kept]
-        assert len(self.items) == len(rows) <= n
-        self._prepare()
-
-    def _prepare(self) -> None:
-        """The per-step inputs that depend on which images are kept."""
-        sampler = self._sampler
-        k = len(self._guided)
-        n = len(self.items)
-        embeds, pooled = self._embeds, self._pooled
-        if k and self._negative is not None and self._negative_pooled is not None:
-            embeds = torch.cat([self._negative, embeds])
-            pooled = torch.cat([self._negative_pooled, pooled])
-        self._input_embeds = embeds
-        time_ids = sampler.time_ids(self.key, rows=k + n, negative_rows=k, dtype=embeds.dtype)
-        self._added_cond = {"text_embeds": pooled, "time_ids": time_ids}
-        self._step_kwargs = _step_kwargs(self.scheduler, self.generators)
-        self._guided_index = torch.tensor(self._guided, device=sampler.device, dtype=torch.long)
-        self._scale = torch.tensor(
-            [self.items[i].guidance for i in self._guided], dtype=torch.float32,
-            device=sampler.device,
-        ).view(-1, *([1] * (self.latents.dim() - 1)))
-
-
-def _keep_scheduler_rows(scheduler: Any, index: torch.Tensor, shape: tuple[int, ...]) -> None:
-    """Index every per-image tensor a scheduler keeps between steps (multistep solvers'
-    ``model_outputs``, ``sample``, ``last_sample``, Heun's ``prev_derivative``): those shaped
-    exactly like the batch's latents, alone or in a list or tuple."""
-
-    def kept(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and tuple(value.shape) == shape:
-            return value[index.to(value.device)]
-        if isinstance(value, list):
-            return [kept(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(kept(v) for v in value)
-        return value
-
-    for name, value in list(vars(scheduler).items()):
-        new = kept(value)
-        if new is not value and name not in ("config", "_internal_dict"):
-            setattr(scheduler, name, new)
-
-
-def _guide(
-    uncond: torch.Tensor,
-    cond: torch.Tensor,
-    guided: torch.Tensor,
-    scale: torch.Tensor,
-    *,
-    all_guided: bool,
-) -> torch.Tensor:
-    """``uncond + g * (cond - uncond)`` for the guided rows, ``cond`` for the others.
-
-    The product is taken in float32 and rounded to the latents' dtype, which is what diffusers'
-    ``python_float * half_tensor`` computes; in float32 it is the same product bit for bit.
-    """
-    selected = cond if all_guided else cond[guided]
-    delta = selected - uncond
-    out = uncond + (delta.float() * scale).to(delta.dtype)
-    if all_guided:
-        return out
-    return cond.index_copy(0, guided, out)
-
-
 def _strength_timesteps(scheduler: Any, steps: int, strength: float) -> torch.Tensor:
     """``StableDiffusionXLImg2ImgPipeline.get_timesteps`` (without ``denoising_start``), with
     at least one step: the last ``max(1, int(steps * strength))`` steps of the schedule."""
@@ -447,17 +264,6 @@ def _strength_timesteps(scheduler: Any, steps: int, strength: float) -> torch.Te
         scheduler.set_begin_index(start)
     timesteps: torch.Tensor = scheduler.timesteps[start:]
     return timesteps
-
-
-def _step_kwargs(scheduler: Any, generators: list[torch.Generator]) -> dict[str, Any]:
-    """``prepare_extra_step_kwargs``: the per-image generators to schedulers that draw noise."""
-    accepted = inspect.signature(scheduler.step).parameters
-    kwargs: dict[str, Any] = {}
-    if "eta" in accepted:
-        kwargs["eta"] = 0.0
-    if "generator" in accepted:
-        kwargs["generator"] = generators
-    return kwargs
 
 
 def _source_array(item: Item, key: GroupKey) -> np.ndarray:

@@ -32,7 +32,7 @@ is where the per-image guarantees are kept:
   fails. (The halves start over from their seeds and run to the end without stops.)
 - **Stops between steps.** Given the batcher's :class:`Flight`, the worker reads it before
   every denoising step: images whose requests are gone are cut from the batch
-  (:meth:`Denoising.keep <genaug.service.pipeline.sampler.Denoising.keep>`; with compiled
+  (:meth:`Denoising.keep <genaug.service.pipeline.denoising.Denoising.keep>`; with compiled
   shapes they are finished and not served), the batch stops when none is left, and a pause
   returns :class:`Paused`, whose ``resume`` goes on with the same latents, scheduler state
   and generators, so every image is exactly that of an uninterrupted run.
@@ -55,8 +55,9 @@ import torch.nn.functional as F
 from ..batching.items import Flight, GroupKey, Item, Outcome, Paused
 from ..metrics import Metrics
 from .adapters import Adapters
+from .denoising import Denoising
 from .load import LoadedModel
-from .sampler import Denoising, Sampler
+from .sampler import Sampler
 from .schedulers import Schedulers
 from .vae import Vae
 
