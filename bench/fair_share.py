@@ -96,7 +96,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cost_met = all(0.4 <= s <= 0.6 for s in cost.values())
     ratio = ids["ten ids"] / max(ids["one id"], 1e-9)
     ids_met = 0.8 <= ratio <= 1.25
-    print(table(
+    table(
         "Fair share of generator time (two saturating loads at once)",
         ["experiment", "load", "share", "goal"],
         [["cost 16x apart", "heavy 64x64x4", f"{cost['heavy']:.2f}",
@@ -105,7 +105,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
          ["ten ids vs one", "key A, 10 ids", f"{ids['ten ids']:.2f}",
           f"ratio {ratio:.2f}, 0.8-1.25 " + goal_text(ids_met)],
          ["", "key B, 1 id", f"{ids['one id']:.2f}", ""]],
-    ))
+    )
     return finish({"cost_shares": cost, "id_shares": ids, "id_ratio": ratio,
                    "cost_goal_met": cost_met, "id_goal_met": ids_met}, args.json)
 

@@ -226,9 +226,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                      f"{busy_after:.2f} s = {r['abandoned_busy_steps']:.1f} steps"])
     new, old = result["new"], result["old"]
     result["fill_new_over_old"] = new["fill_with_notebook_per_s"] / old["fill_with_notebook_per_s"]
-    print(table("n=1 interactive while a pool fills; abandoned n=8 request",
+    table("n=1 interactive while a pool fills; abandoned n=8 request",
                 ["tree", "idle p50 s", "busy p50 s", "busy/idle", "fill alone img/s",
-                 "fill + notebook img/s", "worker busy after hang-up"], rows))
+                 "fill + notebook img/s", "worker busy after hang-up"], rows)
     print(f"busy/idle on this tree {new['busy_over_idle']:.2f}x (goal <= 1.3x): "
           f"{goal_text(new['busy_over_idle'] <= 1.3)}")
     print(f"fill rate with the notebook, new/old {result['fill_new_over_old']:.2f} "

@@ -49,19 +49,29 @@ class FewShotRun:
 
     Attributes:
         arm: a name for the result (``"real only"``, ``"text-to-image p=0.5"``...).
-        seed: picks the few-shot subset (:func:`genaug.digits.subset` of the ``fewshot``
-            split) and seeds the model's initialisation, shuffling and mixing.
-        per_class: real images per class.
+        seed: picks the few-shot subset (:func:`genaug.digits.subset` of ``split``) and
+            seeds the model's initialisation, shuffling and mixing.
+        per_class: real images per class; ``None``: every image of ``split`` (a full-data
+            ceiling).
+        split: the real images' split (:data:`genaug.digits.SPLITS`): ``fewshot``, or
+            ``generator`` for the ceiling of a task the generator split covers.
+        classes: the task's digits (default all ten); the model has one output per digit
+            here, the pool's labels ``"<digit>"`` map to them, and test accuracy is over the
+            ``test`` digits of these classes only.
         steps / batch / learning_rate: training (global batch over ``cpu_replicas``).
         service / recipe / p: mixing from that recipe's pool; ``p == 0`` or no recipe: real
             images only; ``p == 1``: synthetic only (every real image replaced).
         slots_per_class: reservoir size; training starts when every class holds
             ``prefill_per_class`` images (or after ``prefill_timeout_s``).
+        synthetic_weight: sample weight of a replaced (synthetic) example
+            (``reservoir.mix(synthetic_weight=...)``); ``None``: the same as a real one.
     """
 
     arm: str
     seed: int = 0
-    per_class: int = 5
+    per_class: int | None = 5
+    split: str = "fewshot"
+    classes: list[int] | None = None
     steps: int = 300
     batch: int = 32
     learning_rate: float = 2e-3
@@ -72,6 +82,7 @@ class FewShotRun:
     slots_per_class: int = 64
     prefill_per_class: int = 32
     prefill_timeout_s: float = 300.0
+    synthetic_weight: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -132,7 +143,7 @@ def _client_id(arm: str) -> str:
     return ("fewshot-" + re.sub(r"[^A-Za-z0-9._:@/-]+", "-", arm).strip("-"))[:64]
 
 
-def _build_cnn(seed: int) -> Any:
+def _build_cnn(seed: int, classes: int = 10) -> Any:
     """A small CNN for float [0, 255] 64x64 images; shifts and rotations as graph ops."""
     import keras
 
@@ -150,7 +161,7 @@ def _build_cnn(seed: int) -> Any:
             keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
             keras.layers.GlobalAveragePooling2D(),
             keras.layers.Dropout(0.3, seed=seed + 2),
-            keras.layers.Dense(10),
+            keras.layers.Dense(classes),
         ],
         name="fewshot_cnn",
     )
@@ -165,10 +176,16 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(run.seed)
-    images, labels = load_split("fewshot")
-    keep = subset(labels, run.per_class, seed=run.seed)
+    classes = run.classes or list(range(10))
+    index = {digit: i for i, digit in enumerate(classes)}
+    images, labels = load_split(run.split)
+    # The subset is drawn over the whole split (the same shots as every other user of seed
+    # ``run.seed``), then the task's classes are kept.
+    keep = (np.arange(len(labels)) if run.per_class is None
+            else subset(labels, run.per_class, seed=run.seed))
+    keep = keep[np.isin(labels[keep], classes)]
     x = images[keep].astype(np.float32)
-    y = labels[keep].astype(np.int32)
+    y = np.asarray([index[int(d)] for d in labels[keep]], dtype=np.int32)
     ds = (tf.data.Dataset.from_tensor_slices((x, y))
           .shuffle(len(x), seed=run.seed, reshuffle_each_iteration=True)
           .repeat().batch(run.batch, drop_remainder=True))
@@ -178,12 +195,13 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
         from genaug.trainer.feeder import ReservoirFeeder
         from genaug.trainer.reservoir import SyntheticReservoir
 
-        reservoir = SyntheticReservoir(10, run.slots_per_class, (64, 64, 3))
-        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed),
+        reservoir = SyntheticReservoir(len(classes), run.slots_per_class, (64, 64, 3))
+        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed,
+                                  synthetic_weight=run.synthetic_weight),
                     num_parallel_calls=tf.data.AUTOTUNE)
         feeder = ReservoirFeeder(
             reservoir, url=run.service, recipe=run.recipe,
-            label_map={str(d): d for d in range(10)}, batch=32, interval_s=0.2,
+            label_map={str(d): index[d] for d in classes}, batch=32, interval_s=0.2,
             client_kwargs={"client_id": f"genaug-fewshot-{run.arm}", "timeout": 30.0},
         )
         feeder.start()
@@ -194,7 +212,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
     ds = ds.prefetch(tf.data.AUTOTUNE)
     strategy = tf.distribute.MirroredStrategy(devices)
     with strategy.scope():
-        model = _build_cnn(run.seed)
+        model = _build_cnn(run.seed, len(classes))
         model.compile(
             optimizer=keras.optimizers.Adam(run.learning_rate),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -208,11 +226,13 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
         if feeder is not None:
             feeder.stop()
     fit_s = time.perf_counter() - t0
-    test_ds = tf.data.Dataset.from_tensor_slices(test).batch(100)
+    in_task = np.isin(test[1], classes)
+    test_y = np.asarray([index[int(d)] for d in test[1][in_task]], dtype=np.int32)
+    test_ds = tf.data.Dataset.from_tensor_slices((test[0][in_task], test_y)).batch(100)
     _, accuracy = model.evaluate(test_ds, verbose=0)
     result = asdict(run)
     result.update(
-        test_accuracy=float(accuracy), fit_s=round(fit_s, 1),
+        test_accuracy=float(accuracy), fit_s=round(fit_s, 1), train_images=int(len(x)),
         mixed_fraction=reservoir.mixed_fraction() if reservoir is not None else 0.0,
         feeder=feeder.stats.images_received if feeder is not None else 0,
         reservoir_fill=reservoir.fill_counts().tolist() if reservoir is not None else [],
