@@ -184,11 +184,11 @@ class RaiseOnMarker:
         self.marker = marker
         self.raised = 0
 
-    def run(self, key: Any, items: Any) -> Any:
+    def run(self, key: Any, items: Any, flight: Any = None) -> Any:
         if any(self.marker in item.prompt for item in items):
             self.raised += 1
             raise RuntimeError(f"injected failure #{self.raised} for a batch of {len(items)}")
-        return self.inner.run(key, items)
+        return self.inner.run(key, items, flight)
 
 
 class OOMSampler:
@@ -204,6 +204,15 @@ class OOMSampler:
         self.ooms = 0
 
     def denoise(self, key: Any, items: Any) -> Any:
+        self._check(items)
+        return self.inner.denoise(key, items)
+
+    def start(self, key: Any, items: Any) -> Any:
+        """The stepped loop the service runs (it can pause and cut between steps)."""
+        self._check(items)
+        return self.inner.start(key, items)
+
+    def _check(self, items: Any) -> None:
         import torch
 
         self.calls.append(len(items))
@@ -211,7 +220,6 @@ class OOMSampler:
             self.ooms += 1
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory (injected for a batch of {len(items)})")
-        return self.inner.denoise(key, items)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
