@@ -27,10 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(4)]
-)
+from genaug.trainer.devices import configure_devices  # noqa: E402
+
+configure_devices(cpu_replicas=4)  # before anything initialises TensorFlow's devices
 
 import keras  # noqa: E402
 from _standins import ClosedPortClient, FakeAsyncClient, class_value, closed_port  # noqa: E402

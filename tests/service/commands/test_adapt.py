@@ -1,7 +1,8 @@
 """``genaug adapt``: a labelled folder in, a LoRA the service loads out, made for one base.
 
-The data are a few drawn shapes (circles and squares) at 40x40, resized to the recipe's 32x32;
-the base is ``tiny-random``; a handful of steps is enough to move the adapter off its start.
+The data are a few drawn shapes (circles, squares, triangles) at 40x40, resized to the shared
+``shapes_recipe``'s 32x32; the base is ``tiny-random``; a handful of steps is enough to move
+the adapter off its start.
 """
 
 from __future__ import annotations
@@ -27,30 +28,25 @@ from genaug.service.pipeline.load import load_model
 from genaug.service.pipeline.worker import PipelineWorker
 from genaug.service.settings import Settings
 
-RECIPES = """\
-recipes:
-  - name: shapes
-    height: 32
-    width: 32
-    steps: 2
-    guidance: 3.0
-    labels:
-      circle: {prompts: ["a circle", "a round circle"]}
-      square: {prompts: ["a square"]}
-"""
 STEPS = 4
 KEY = GroupKey(height=32, width=32, steps=3)
 
 
-def write_data(root: Path, labels: tuple[str, ...] = ("circle", "square")) -> Path:
+def write_data(
+    root: Path, labels: tuple[str, ...] = ("circle", "square", "triangle")
+) -> Path:
     yy, xx = np.mgrid[:40, :40]
     for label in labels:
         folder = root / label
         folder.mkdir(parents=True)
         for i in range(3):
             r = 8 + 3 * i
-            inside = ((yy - 20) ** 2 + (xx - 20) ** 2 < r * r) if label == "circle" else (
-                (abs(yy - 20) < r) & (abs(xx - 20) < r))
+            if label == "circle":
+                inside = (yy - 20) ** 2 + (xx - 20) ** 2 < r * r
+            elif label == "square":
+                inside = (abs(yy - 20) < r) & (abs(xx - 20) < r)
+            else:  # a triangle standing on its base
+                inside = (abs(yy - 20) < r) & (2 * abs(xx - 20) < yy - 20 + r)
             pixels = np.zeros((40, 40, 3), np.uint8)
             pixels[inside] = (255, 60 * i, 0)
             Image.fromarray(pixels).save(folder / f"{i}.png")
@@ -72,10 +68,10 @@ def one_thread() -> None:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def files(tmp_path_factory: pytest.TempPathFactory, shapes_recipe: str) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adapt")
     recipes = root / "recipes.yaml"
-    recipes.write_text(RECIPES)
+    recipes.write_text(shapes_recipe)
     return {"data": write_data(root / "data"), "recipes": recipes, "root": root}
 
 
@@ -96,7 +92,7 @@ def test_adapt_records_base_data_steps_rank_and_losses(lora: Path) -> None:
     assert record["base_hash"] == base.weights_hash
     assert record["base_model"] == "tiny-random"
     assert len(record["data_hash"]) == 16
-    assert (record["steps"], record["rank"], record["images"]) == (STEPS, 4, 6)
+    assert (record["steps"], record["rank"], record["images"]) == (STEPS, 4, 9)
     assert record["interrupted"] is False and record["prediction_type"] == "epsilon"
     assert len(record["losses"]) == STEPS and all(np.isfinite(record["losses"]))
 
