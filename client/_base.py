@@ -509,9 +509,14 @@ class Calls:
     def recipe(self, name: str) -> Call[dict[str, Any]]:
         return Call("GET", f"/v1/recipes/{name}", decode=_json)
 
-    def fill(self, name: str, per_label: int) -> Call[dict[str, Any]]:
-        return Call("POST", f"/v1/recipes/{name}/fill", decode=_json,
-                    body={"per_label": per_label})
+    def fill(
+        self, name: str, per_label: int | None = None, images: int | None = None
+    ) -> Call[dict[str, Any]]:
+        """``per_label``: fill every label to that many; ``images``: that many more, split
+        by need. Only the given one is sent (the service requires exactly one)."""
+        body = {key: value for key, value in (("per_label", per_label), ("images", images))
+                if value is not None}
+        return Call("POST", f"/v1/recipes/{name}/fill", decode=_json, body=body)
 
     def feedback(self, name: str, need: Mapping[str, float]) -> Call[dict[str, Any]]:
         return Call("POST", f"/v1/recipes/{name}/feedback", decode=_json,

@@ -238,10 +238,22 @@ class Client:
         """One recipe: spec, pool identity, fill, generated and served counts."""
         return self._call(self._base.calls.recipe(name))
 
-    def fill(self, recipe: str, *, per_label: int) -> dict[str, Any]:
-        """Ask the service to fill every label of ``recipe`` to ``per_label`` images, in the
-        background; returns the recipe's current counts at once."""
-        return self._call(self._base.calls.fill(recipe, per_label))
+    def fill(
+        self, recipe: str, *, per_label: int | None = None, images: int | None = None
+    ) -> dict[str, Any]:
+        """Ask the service to generate images for ``recipe``'s pool, in the background;
+        returns the recipe's current counts and targets at once. Give one of:
+
+        - ``per_label``: fill every label to at least that many images;
+        - ``images``: generate that many more, split over the labels by the trainers'
+          combined need (:meth:`feedback`) and recent demand, each label within the pool
+          capacity (a fixed generation budget spent where it is needed).
+
+        Example::
+
+            client.fill("digits", images=2000)
+        """
+        return self._call(self._base.calls.fill(recipe, per_label, images))
 
     def feedback(self, recipe: str, need: Mapping[str, float]) -> dict[str, Any]:
         """Tell the service what this client needs from ``recipe``'s pool: ``need`` maps

@@ -64,6 +64,14 @@ class NotFoundError(ApiError):
     error_type = "not_found"
 
 
+class PoolFullError(ApiError):
+    """A valid request the pool has no room for now (``/fill`` with ``images``): it depends
+    on the pool's state, not on the body, so not a 422."""
+
+    status = 409
+    error_type = "pool_full"
+
+
 class BodyTooLargeError(ApiError):
     status = 413
     error_type = "body_too_large"

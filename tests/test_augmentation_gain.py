@@ -72,3 +72,42 @@ def test_demo_without_training_writes_the_digit_grid(tmp_path: Path) -> None:
         # variants
         assert grid.width >= 10 * 128 and 6 * 128 <= grid.height < 7 * 128
         assert grid.getpixel((grid.width - 64, grid.height - 64)) != (255, 255, 255)
+
+
+@pytest.mark.timeout(1800)  # a LoRA, a service, 11 pools and 14 TensorFlow runs; minutes
+def test_quick_honest_protocol_runs_every_arm_through_the_service(tmp_path: Path) -> None:
+    """bench/honest_gain.py --quick: the unseen-class protocol end to end (1 seed, a 60-step
+    LoRA). Checks the path and the bookkeeping, not the figures."""
+    if not all(importlib.util.find_spec(m) for m in ("tensorflow", "sklearn", "scipy")):
+        pytest.skip("needs tensorflow, scikit-learn and scipy")
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "honest_gain.py"), "--quick", "--workdir",
+         str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,
+        timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    for prefix in ("1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "ref: ", "control: "):
+        assert any(name.startswith(prefix) for name in rows), (prefix, sorted(rows))
+    for row in rows.values():
+        assert all(0.0 <= a <= 1.0 for a in row["test"] + row["validation"])
+    assert (tmp_path / "work" / "lora-s0.safetensors").exists()
+    budget = result["budget_images"]
+    allocation = result["allocation"]["0"]
+    # Arm 1's trainer reported its need; the budget went by it, and evenly where none was
+    # reported (the control). Targets include nothing else: these pools started empty.
+    reported = allocation["reported_need"]
+    assert set(reported) == set(allocation["need"]) == {"5", "6", "7", "8", "9"}
+    assert sum(allocation["need"].values()) == sum(allocation["flat"].values()) == budget
+    most, least = max(reported, key=reported.get), min(reported, key=reported.get)
+    assert allocation["need"][most] >= allocation["need"][least]
+    assert max(allocation["flat"].values()) - min(allocation["flat"].values()) <= 1
+    # each chosen setting is one of the rows
+    assert set(result["chosen"].values()) <= rows.keys()
+    for run in result["runs"]:
+        assert run["validation_images"] == 125 or run["arm"].startswith("ref: ")
+        if run["p"] > 0:
+            assert run["feeder"] > 0 and min(run["reservoir_fill"]) > 0
+    assert "of the gap to the ceiling" in proc.stdout

@@ -6,11 +6,12 @@ on the model's predictions; kept apart so it is tested, and usable, without impo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import numpy as np
 
-__all__ = ["Measure", "per_class_need"]
+__all__ = ["Measure", "per_class_need", "rebalance_weights"]
 
 Measure = Literal["error", "loss"]
 
@@ -56,3 +57,26 @@ def per_class_need(
         if mask.any():
             need[c] = float(per_example[mask].mean())
     return need
+
+
+def rebalance_weights(
+    need: Mapping[str, float] | None, label_map: Mapping[str, int]
+) -> list[float]:
+    """Class weights for ``reservoir.mix(rebalance=...)`` from a need report, so replacements
+    are drawn by need as the service fills the pool by it: ``1 + m * share`` for each of the
+    ``m`` classes (``share``: the class's part of the reported need; the planner's weights,
+    :func:`genaug.service.pool.choice.label_weight`). No need, or all zeros: all 1 (even).
+
+    Example::
+
+        rebalance_weights({"3": 0.3, "8": 0.1}, {"3": 0, "5": 1, "8": 2})  # [3.25, 1.0, 1.75]
+    """
+    num_classes = max(label_map.values()) + 1 if label_map else 0
+    weights = [1.0] * num_classes
+    values = {label: max(0.0, float(v)) for label, v in (need or {}).items()
+              if label in label_map}
+    total = sum(values.values())
+    if total > 0:
+        for label, value in values.items():
+            weights[label_map[label]] += len(label_map) * value / total
+    return weights

@@ -65,6 +65,15 @@ class FewShotRun:
             ``prefill_per_class`` images (or after ``prefill_timeout_s``).
         synthetic_weight: sample weight of a replaced (synthetic) example
             (``reservoir.mix(synthetic_weight=...)``); ``None``: the same as a real one.
+        rebalance: class weights of the replacements (``reservoir.mix(rebalance=...)``, one
+            per task class); ``None``: each example is replaced by its own class.
+        need_recipes: report per-class need (error on the validation images, after every
+            epoch, :class:`~genaug.trainer.need.NeedCallback`) to these recipes of
+            ``service`` (``POST /v1/recipes/{name}/feedback``, client id from ``arm``).
+
+    Every run is also scored on **validation** images: the ``fewshot`` split's images of the
+    task's classes that it did not train on (all of them for a run on another split), never
+    the ``test`` digits; benchmarks choose their settings on it.
     """
 
     arm: str
@@ -83,6 +92,8 @@ class FewShotRun:
     prefill_per_class: int = 32
     prefill_timeout_s: float = 300.0
     synthetic_weight: float | None = None
+    rebalance: list[float] | None = None
+    need_recipes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -186,6 +197,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
     keep = keep[np.isin(labels[keep], classes)]
     x = images[keep].astype(np.float32)
     y = np.asarray([index[int(d)] for d in labels[keep]], dtype=np.int32)
+    x_val, y_val = _validation(run, keep, index)
     ds = (tf.data.Dataset.from_tensor_slices((x, y))
           .shuffle(len(x), seed=run.seed, reshuffle_each_iteration=True)
           .repeat().batch(run.batch, drop_remainder=True))
@@ -196,7 +208,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
         from genaug.trainer.reservoir import SyntheticReservoir
 
         reservoir = SyntheticReservoir(len(classes), run.slots_per_class, (64, 64, 3))
-        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed,
+        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed, rebalance=run.rebalance,
                                   synthetic_weight=run.synthetic_weight),
                     num_parallel_calls=tf.data.AUTOTUNE)
         feeder = ReservoirFeeder(
@@ -219,25 +231,70 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
             metrics=["accuracy"], jit_compile=False,
         )
     epochs = 5
+    callbacks, need_client = _need_callbacks(run, index, (x_val, y_val))
     t0 = time.perf_counter()
     try:
-        model.fit(ds, epochs=epochs, steps_per_epoch=max(1, run.steps // epochs), verbose=0)
+        model.fit(ds, epochs=epochs, steps_per_epoch=max(1, run.steps // epochs), verbose=0,
+                  callbacks=callbacks)
     finally:
         if feeder is not None:
             feeder.stop()
+        if need_client is not None:
+            need_client.close()
     fit_s = time.perf_counter() - t0
     in_task = np.isin(test[1], classes)
     test_y = np.asarray([index[int(d)] for d in test[1][in_task]], dtype=np.int32)
     test_ds = tf.data.Dataset.from_tensor_slices((test[0][in_task], test_y)).batch(100)
     _, accuracy = model.evaluate(test_ds, verbose=0)
+    val_ds = tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(100)
+    _, val_accuracy = model.evaluate(val_ds, verbose=0)
     result = asdict(run)
     result.update(
-        test_accuracy=float(accuracy), fit_s=round(fit_s, 1), train_images=int(len(x)),
+        test_accuracy=float(accuracy), validation_accuracy=float(val_accuracy),
+        validation_images=int(len(y_val)),
+        need=callbacks[0].last_need if callbacks else None,
+        fit_s=round(fit_s, 1), train_images=int(len(x)),
         mixed_fraction=reservoir.mixed_fraction() if reservoir is not None else 0.0,
         feeder=feeder.stats.images_received if feeder is not None else 0,
         reservoir_fill=reservoir.fill_counts().tolist() if reservoir is not None else [],
     )
     return result
+
+
+def _validation(run: FewShotRun, trained: Any, index: dict[int, int]) -> tuple[Any, Any]:
+    """The run's validation images: the ``fewshot`` split's images of the task's classes
+    that the run did not train on (``trained``: positions in ``run.split``)."""
+    import numpy as np
+
+    from genaug.digits import load_split
+
+    images, labels = load_split("fewshot")
+    held = np.ones(len(labels), dtype=bool)
+    if run.split == "fewshot":
+        held[trained] = False
+    held &= np.isin(labels, list(index))
+    y = np.asarray([index[int(d)] for d in labels[held]], dtype=np.int32)
+    return images[held].astype(np.float32), y
+
+
+def _need_callbacks(run: FewShotRun, index: dict[int, int],
+                    validation: tuple[Any, Any]) -> tuple[list[Any], Any]:
+    """A :class:`~genaug.trainer.need.NeedCallback` reporting to ``run.need_recipes`` (and the
+    client it reports through), or nothing."""
+    if not run.need_recipes or run.service is None:
+        return [], None
+    from genaug.client import Client
+    from genaug.trainer.need import NeedCallback
+
+    client = Client(run.service, client_id=_client_id(run.arm), timeout=30.0)
+
+    def report(need: dict[str, float]) -> None:
+        for recipe in run.need_recipes:
+            client.feedback(recipe, need)
+
+    callback = NeedCallback(report, label_map={str(d): i for d, i in index.items()},
+                            validation=validation)
+    return [callback], client
 
 
 def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:

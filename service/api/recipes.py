@@ -113,15 +113,23 @@ async def sample(name: str, request: Request) -> Response:
 
 @router.post(
     "/v1/recipes/{name}/fill", response_model=RecipeDetail, tags=["recipes"],
-    responses=RECIPE_ERRORS,
+    responses={**RECIPE_ERRORS, **error_responses(409)},
 )
 async def fill(name: str, request: Request) -> RecipeDetail:
-    """Fill every label of the recipe to at least ``per_label`` images (in the background,
-    when no request waits); answers at once with the current counts."""
+    """Fill every label of the recipe to at least ``per_label`` images, or generate
+    ``images`` more split over the labels by the trainers' combined need and recent demand
+    (``{"images": B}``: each label's target rises from what it holds or is filling to by its
+    share of B; 409 when the labels have less room than B left below the pool capacity).
+    One of the two. Generation runs in the background, when no request waits;
+    answers at once with the current counts and the new targets (``target_per_label``)."""
     state = state_of(request)
     pools = _pools_for(state, name)
     body = await read_body(request, state.api.fill[name], state.api.hints["fill"])
-    await asyncio.to_thread(pools.raise_target, name, body.per_label)
+    if body.images is not None:
+        await asyncio.to_thread(pools.spend, name, body.images)
+    else:
+        assert body.per_label is not None  # the model requires one of the two
+        await asyncio.to_thread(pools.raise_target, name, body.per_label)
     return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
 
 

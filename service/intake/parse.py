@@ -130,6 +130,10 @@ def describe_validation(
             messages.append(f"unknown field {path!r}; remove it (allowed: {', '.join(allowed)})")
         elif kind == "missing":
             messages.append(f"{path} is required; {hints.get(name, 'add it')}")
+        elif not name and isinstance(error.get("ctx", {}).get("field"), str):
+            # a rule over several fields (a validator's error names the field at fault)
+            first_field = first_field or error["ctx"]["field"]
+            messages.append(str(error.get("msg")))
         elif not name:
             messages.append(f"the body must be a JSON object: {error.get('msg')}")
         elif loc[-1] == "[key]":  # a mapping's key (a feedback label) is not allowed

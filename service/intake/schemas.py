@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..batching.items import SCHEDULERS
 from ..settings import Settings
@@ -172,10 +173,41 @@ class SampleRequest(Body):
     wait_s: float = 0.0
 
 
-class FillRequest(Body):
-    """``POST /v1/recipes/{name}/fill``: fill each label to at least ``per_label`` images."""
+def _one_of_fill(schema: dict[str, Any]) -> None:
+    """The fill body's schema says what its validator checks: exactly one of the two fields
+    (neither takes null; leaving one out is how it is not given)."""
+    for field in ("per_label", "images"):
+        schema.get("properties", {}).get(field, {}).pop("default", None)
+    schema["oneOf"] = [{"required": ["per_label"]}, {"required": ["images"]}]
 
-    per_label: int
+
+class FillRequest(Body):
+    """``POST /v1/recipes/{name}/fill``: fill each label to at least ``per_label`` images, or
+    generate ``images`` more, split over the labels by the trainers' need and recent demand.
+
+    Exactly one of the two. Example bodies::
+
+        {"per_label": 500}
+        {"images": 2000}
+    """
+
+    model_config = ConfigDict(json_schema_extra=_one_of_fill)
+
+    per_label: int | None = None
+    images: int | None = None
+
+    @model_validator(mode="after")
+    def _one_amount(self) -> FillRequest:
+        if (self.per_label is None) != (self.images is None):
+            return self
+        fix = ("send per_label (fill every label to that many images) or images (that many "
+               "more, split over the labels by need)")
+        if self.per_label is None:
+            raise PydanticCustomError("fill_amount", "per_label or images is required; " + fix,
+                                      {"field": "per_label"})
+        raise PydanticCustomError(
+            "fill_amount", f"images = {self.images} and per_label = {self.per_label}: give "
+            "one of them, not both; " + fix, {"field": "images"})
 
 
 class FeedbackRequest(Body):
@@ -298,8 +330,13 @@ def _hints(s: Settings, capacity: int) -> dict[str, dict[str, str]]:
             "wait_s": f"wait 0 to max_timeout_s {s.max_timeout_s:g} seconds, or set "
                       "GENAUG_MAX_TIMEOUT_S",
         },
-        "fill": {"per_label": f"ask for 1 to the pool capacity per label {capacity}, or set "
-                              "GENAUG_POOL_CAPACITY_PER_LABEL"},
+        "fill": {
+            "per_label": f"ask for 1 to the pool capacity per label {capacity}, or set "
+                         "GENAUG_POOL_CAPACITY_PER_LABEL",
+            "images": f"ask for 1 to the pool capacity per label {capacity} times the "
+                      "recipe's labels, less their targets now (GET /v1/recipes/{name}), or set "
+                      "GENAUG_POOL_CAPACITY_PER_LABEL",
+        },
         "feedback": {"need": f"give labels of this recipe (GET /v1/recipes/{{name}} lists them) "
                              f"each a number from 0 to {MAX_NEED:.0f}, e.g. "
                              '{"need": {"<label>": 0.5}}'},
@@ -361,9 +398,15 @@ def build_api_models(
         fill[name] = create_model(
             f"FillRequest{suffix}",
             __base__=FillRequest,
-            __doc__=f"``POST /v1/recipes/{name}/fill``: fill each label of {name!r}.",
-            per_label=(int, Field(ge=1, le=s.pool_capacity_per_label,
+            __doc__=f"``POST /v1/recipes/{name}/fill``: fill each label of {name!r} to "
+                    "per_label, or generate images more split by need (one of the two).",
+            # Not nullable: leave a field out to not give it (the schema's oneOf says so).
+            per_label=(int, Field(default=None, ge=1, le=s.pool_capacity_per_label,
                                   description="Images per label to fill to.")),
+            images=(int, Field(
+                default=None, ge=1, le=s.pool_capacity_per_label * len(recipe.label_names),
+                description="Images to generate more, split over the labels by the "
+                            "trainers' need and recent demand.")),
         )
         amount = Annotated[float, Field(ge=0, le=MAX_NEED, allow_inf_nan=False)]
         feedback[name] = create_model(

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .postgres import PostgresPoolStore
+from .postgres import DEFAULT_CONNECT_TIMEOUT_S, PostgresPoolStore
 from .sqlite import SqlitePoolStore
 from .store import PoolStore
 from .types import DEFAULT_LEASE_S, PG_SCHEMES, PoolConfigError, parse_partition
@@ -37,15 +37,19 @@ def open_pool(
     capacity_per_label: int,
     partition: tuple[int, int] | None = None,
     lease_s: float = DEFAULT_LEASE_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
 ) -> PoolStore:
     """The pool at ``target``: PostgreSQL for a ``postgresql://`` or ``postgres://`` URL, else
     a SQLite file (created if missing). Blocking (it connects, checks and upgrades the schema).
+    ``connect_timeout_s``: how long a PostgreSQL connection may take before the pool counts
+    as unreachable.
 
     Raises :class:`~genaug.service.pool.types.PoolError` (its subclasses say why) with one line.
     """
     if isinstance(target, str) and target.startswith(PG_SCHEMES):
         return PostgresPoolStore(target, capacity_per_label=capacity_per_label,
-                                 partition=partition, lease_s=lease_s)
+                                 partition=partition, lease_s=lease_s,
+                                 connect_timeout_s=connect_timeout_s)
     return SqlitePoolStore(target, capacity_per_label=capacity_per_label,
                            partition=partition, lease_s=lease_s)
 

@@ -58,11 +58,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..batching.items import IdleWork, Outcome
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, PoolFullError
 from ..intake.plan import plan_pool_batch
 from ..recipes.sources import SourceImage, load_label_sources, sources_digest
 from ..recipes.spec import Recipe, pool_id
-from .choice import choose_label, label_score
+from .choice import allocate, choose_label, label_score, label_weight
 from .need import NeedBoard
 from .store import PoolStore
 from .types import LabelStats, PoolConnectionError, PoolError, Reservation
@@ -179,11 +179,15 @@ class PoolPlanner:
 
     def target(self, name: str, label: str, shared: int = 0) -> int:
         """The fill ``label`` of recipe ``name`` is generated up to (see the module doc)."""
-        target = min(max(self._targets[name][label], shared), self.store.capacity_per_label)
+        return min(max(self._targets[name][label], shared), self._limit(name, label))
+
+    def _limit(self, name: str, label: str) -> int:
+        """The most a target may be: the capacity, and for real images images x variants."""
+        limit = self.store.capacity_per_label
         spec = self.recipes[name].labels[label]
         if spec.images is not None:
-            target = min(target, len(self.sources[name][label]) * spec.variants_per_image)
-        return target
+            limit = min(limit, len(self.sources[name][label]) * spec.variants_per_image)
+        return limit
 
     def add_demand(self, name: str, labels: Sequence[str], per_label: float) -> None:
         """Note that ``per_label`` images of each label were asked for (by a sample)."""
@@ -215,6 +219,45 @@ class PoolPlanner:
             for label in targets:
                 targets[label] = max(targets[label], per_label)
         self._wake(0.0)
+
+    def spend(self, name: str, images: int) -> dict[str, int]:
+        """Generate ``images`` more images for ``name``, split over its labels by their
+        weights (:func:`label_weight`: recent demand and the trainers' combined need) with
+        :func:`allocate`, each within its room below its limit (see :meth:`target`). Each
+        label's shared target is raised from the larger of its planned fill (stored and in
+        flight) and its target now by its share. Returns the shares. Raises
+        :class:`~genaug.service.errors.PoolFullError` (409: it depends on the pool, not on the
+        body) when the labels have less room than ``images``. Blocking: call it from a thread."""
+        recipe = self.recipes[name]
+        pid = self.pool_ids[name]
+        stats = self.store.stats(pid, recipe.label_names)  # one snapshot
+        base = {label: max(s.fill + s.reserved, self.target(name, label, s.target))
+                for label, s in stats.items()}
+        room = {label: max(0, self._limit(name, label) - base[label]) for label in stats}
+        if sum(room.values()) < images:
+            raise PoolFullError(
+                f"images {images} exceeds the room left below the pool capacity: "
+                f"{sum(room.values())} images (capacity per label "
+                f"{self.store.capacity_per_label}); ask for fewer or set "
+                "GENAUG_POOL_CAPACITY_PER_LABEL",
+                field="images",
+            )
+        now = time.monotonic()
+        demand = self._demand_now(name, recipe.label_names, now)
+        need = self.need.combined(name, recipe.label_names, now=now)
+        weights = {label: label_weight(recipe.label_names, label, demand, need)
+                   for label in stats}
+        alloc = allocate(images, room, weights)
+        for label, count in alloc.items():
+            if count > 0:
+                self.store.set_target(pid, [label], base[label] + count)
+        self._wake(0.0)
+        return alloc
+
+    def _demand_now(self, name: str, labels: Sequence[str], now: float) -> dict[str, float]:
+        with self._lock:
+            return {label: self._demand.get((name, label), _Demand()).current(now)
+                    for label in labels}
 
     # -- IdleSource --------------------------------------------------------------------------
 
@@ -250,11 +293,7 @@ class PoolPlanner:
                 continue
             # Stored and in flight, every replica's, read in one snapshot.
             planned = {label: replace(s, fill=s.fill + s.reserved) for label, s in stats.items()}
-            with self._lock:
-                demand = {
-                    label: self._demand.get((name, label), _Demand()).current(now)
-                    for label in recipe.label_names
-                }
+            demand = self._demand_now(name, recipe.label_names, now)
             need = self.need.combined(name, recipe.label_names, now=now)
             while True:
                 label = choose_label(planned, targets, demand, need=need, batch=max_images)

@@ -46,7 +46,10 @@ from .types import (
     PoolSchemaError,
 )
 
-__all__ = ["PostgresPoolStore", "redact_url"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "PostgresPoolStore", "redact_url"]
+
+DEFAULT_CONNECT_TIMEOUT_S = 3.0
+"""Seconds a PostgreSQL connection may take before the pool counts as unreachable."""
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +161,7 @@ class PostgresPoolStore(PoolStore):
         capacity_per_label: int,
         partition: tuple[int, int] | None = None,
         lease_s: float = DEFAULT_LEASE_S,
-        connect_timeout_s: float = 3.0,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_connections: int = 8,
     ) -> None:
         super().__init__(url, capacity_per_label=capacity_per_label, partition=partition,

@@ -9,8 +9,8 @@ needs:
   local, else in a thread; with ``wait_s`` it raises the labels' shared targets, wakes the
   planner and waits (up to ``wait_s``) for each label to hold its share. Each sample is
   demand the planner weighs labels by.
-- ``raise_target`` (``/fill``), ``report_need`` (``/feedback``), ``summary`` (the list and
-  the status page, with the trainers' combined need) and ``detail``.
+- ``raise_target`` and ``spend`` (``/fill``), ``report_need`` (``/feedback``), ``summary``
+  (the list and the status page, with the trainers' combined need) and ``detail``.
 - :meth:`PoolServing.attach`, once the batcher runs, on the event loop: the app passes the
   batcher's ``poke`` as ``wake``; this side makes it callable from any thread (and after a
   delay) for the planner, and wakes waiting samples when the planner stores images. Neither
@@ -146,6 +146,13 @@ class PoolServing:
         self.recipe(name)
         with _unavailable():
             self.planner.raise_target(name, per_label, shared=shared)
+
+    def spend(self, name: str, images: int) -> dict[str, int]:
+        """:meth:`PoolPlanner.spend` for a known recipe (``images`` more, split by need),
+        503 during an outage. Blocking: call it from a thread."""
+        self.recipe(name)
+        with _unavailable():
+            return self.planner.spend(name, images)
 
     async def sample(
         self, name: str, labels: list[str], n: int, wait_s: float

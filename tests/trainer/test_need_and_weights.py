@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from _tf_env import tf_child_env
 
-from genaug.trainer.class_error import per_class_need
+from genaug.trainer.class_error import per_class_need, rebalance_weights
 
 HERE = Path(__file__).resolve().parent
 MARK = "GENAUG_RESULT "
@@ -86,3 +86,18 @@ def test_per_class_need_error_and_loss() -> None:
     assert per_class_need(probs[:1], labels[:1], 3 - 1)[1] == 0.0  # no examples: no need
     with pytest.raises(ValueError, match="one score per class"):
         per_class_need(probs, labels, 3)
+
+
+def test_rebalance_weights_follow_the_planners_weights() -> None:
+    from genaug.service.pool.choice import label_weight
+
+    label_map = {"3": 0, "5": 1, "8": 2}
+    need = {"3": 0.3, "8": 0.1, "unknown": 5.0}  # labels outside the map are ignored
+    weights = rebalance_weights(need, label_map)
+    np.testing.assert_allclose(weights, [1 + 3 * 0.75, 1.0, 1 + 3 * 0.25])
+    # the same weights the pool planner fills by (it gets the need already as shares)
+    shares = {"3": 0.75, "8": 0.25}
+    np.testing.assert_allclose(weights, [label_weight(list(label_map), k, {}, shares)
+                                         for k in label_map])
+    assert rebalance_weights(None, label_map) == [1.0, 1.0, 1.0]
+    assert rebalance_weights({"3": 0.0}, label_map) == [1.0, 1.0, 1.0]  # nothing needed: even

@@ -63,6 +63,9 @@ def open_store(target: str) -> Iterator[Opener]:
 
     def open_(**kwargs: object) -> PoolStore:
         kwargs.setdefault("capacity_per_label", 100)
+        # These tests are about what the store does, not about outages: a starved machine
+        # (a CPU hog beside the suite) must not turn a slow connect into one.
+        kwargs.setdefault("connect_timeout_s", 30.0)
         store = open_pool(target, **kwargs)  # type: ignore[arg-type]
         opened.append(store)
         return store

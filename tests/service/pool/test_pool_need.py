@@ -1,7 +1,8 @@
 """Trainers steer the pool: ``POST /v1/recipes/{name}/feedback``, the need board, the planner.
 
-Unit tests of :class:`NeedBoard` (with explicit clocks) and of the planner's choice; the rest
-against a real service (tiny pipeline, uvicorn on 127.0.0.1, httpx and the genaug client).
+Unit tests of :class:`NeedBoard` (with explicit clocks), of the planner's choice and of the
+split of an image budget (``/fill`` with ``images``); the rest against a real service (tiny
+pipeline, uvicorn on 127.0.0.1, httpx and the genaug client).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import httpx
 import pytest
 
 from genaug.client import Client, InvalidRequestError
-from genaug.service.pool.choice import choose_label
+from genaug.service.errors import PoolFullError
+from genaug.service.pool.choice import allocate, choose_label, label_score, label_weight
 from genaug.service.pool.need import MAX_CLIENTS_PER_RECIPE, NeedBoard
 from genaug.service.pool.open import open_pool
 from genaug.service.pool.planner import PoolPlanner
@@ -95,6 +97,92 @@ def test_the_planner_plans_the_needed_label_first(tmp_path: Path) -> None:
             assert work is not None
             planned.append(work.items[0].prompt)
         assert planned.count("triangle") >= 3 and "square" in planned, planned
+    finally:
+        store.close()
+
+
+# -- a budget of images split by need ----------------------------------------------------------
+
+
+def test_label_weight_is_one_plus_shares_of_demand_and_need() -> None:
+    assert label_weight(LABELS, "circle", {}, {}) == 1.0
+    # demand 3:1:0 of 3 labels, need 0.5: 1 + 3 * 0.75 + 3 * 0.5
+    demand = {"circle": 3.0, "square": 1.0}
+    assert label_weight(LABELS, "circle", demand, {"circle": 0.5}) == pytest.approx(4.75)
+    assert label_weight(LABELS, "triangle", demand, {"circle": 0.5}) == 1.0
+    assert label_weight(LABELS, "square", {"square": -5.0}, {"square": -1.0}) == 1.0
+    stats = {label: LabelStats(fill=4) for label in LABELS}  # a mapping works too
+    assert label_weight(stats, "circle", demand, {}) == label_weight(LABELS, "circle", demand, {})
+    # label_score is that weight over the progress after the next batch
+    score = label_score(stats, "circle", 16, demand, {"circle": 0.5}, batch=4)
+    assert score == pytest.approx(4.75 * 16 / 8)
+
+
+def test_allocate_splits_by_weight_within_room() -> None:
+    weights = {"a": 1.0, "b": 1.0, "c": 2.0}
+    assert allocate(8, {"a": 10, "b": 10, "c": 10}, weights) == {"a": 2, "b": 2, "c": 4}
+    # b is capped at its room; what it leaves goes to a and c in proportion 1:2
+    assert allocate(10, {"a": 10, "b": 2, "c": 10}, weights) == {"a": 3, "b": 2, "c": 5}
+    # ties of the remainders go to the first labels in room's order
+    assert allocate(4, {"a": 5, "b": 5, "c": 5}, dict.fromkeys("abc", 1.0)) == {
+        "a": 2, "b": 1, "c": 1}
+    assert allocate(4, {"c": 5, "b": 5, "a": 5}, dict.fromkeys("abc", 1.0)) == {
+        "c": 2, "b": 1, "a": 1}
+    # more than the room: every label full; no room, or no budget: nothing
+    assert allocate(100, {"a": 3, "b": 0, "c": 4}, weights) == {"a": 3, "b": 0, "c": 4}
+    assert allocate(0, {"a": 3}, {"a": 1.0}) == {"a": 0}
+    assert allocate(5, {"a": -2, "b": 5}, {"a": 9.0, "b": 1.0}) == {"a": 0, "b": 5}
+    # weightless (or unweighed) labels get images only once the weighed ones are full
+    assert allocate(5, {"a": 3, "b": 3, "c": 3}, {"a": 1.0, "b": 0.0}) == {"a": 3, "b": 1, "c": 1}
+    assert allocate(3, {"a": 3, "b": 3}, {}) == {"a": 2, "b": 1}
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite number >= 0"):
+            allocate(1, {"a": 1}, {"a": bad})
+    with pytest.raises(ValueError, match="budget"):
+        allocate(-1, {"a": 1}, {"a": 1.0})
+
+
+def test_allocate_sums_to_the_budget_and_follows_the_weights() -> None:
+    import random
+
+    rng = random.Random(19)
+    for _ in range(300):
+        labels = [f"l{i}" for i in range(rng.randint(1, 6))]
+        room = {label: rng.randint(0, 20) for label in labels}
+        weights = {label: rng.choice([0.0, 0.5, 1.0, 2.5, 7.0]) for label in labels}
+        budget = rng.randint(0, 80)
+        out = allocate(budget, room, weights)
+        assert list(out) == labels and sum(out.values()) == min(budget, sum(room.values()))
+        assert all(0 <= out[k] <= room[k] for k in labels), (room, out)
+        # water-filling: before rounding (each share moves by less than one image), no
+        # label gets more per unit of weight than one left below its room
+        for a in labels:
+            for b in labels:
+                if weights[a] > 0 and weights[b] > 0 and out[b] < room[b]:
+                    assert (out[a] - 1) / weights[a] < (out[b] + 1) / weights[b], (
+                        budget, room, weights, out)
+
+
+def test_the_planner_spends_a_budget_by_need(tmp_path: Path) -> None:
+    recipe = Recipe(name="r", labels={k: LabelSpec(prompts=[k]) for k in LABELS},
+                    height=8, width=8, steps=1, guidance=0.0)
+    store = open_pool(str(tmp_path / "pool.db"), capacity_per_label=12)
+    try:
+        planner = PoolPlanner({"r": recipe}, store, model_hash="m", pregenerate=False,
+                              need_half_life_s=3600.0)
+        planner.raise_target("r", 2)
+        planner.report_need("r", "trainer-a", {"triangle": 1.0})
+        # from the targets 2: weights 1, 1, 4 split 21 as 3.5, 3.5, 14 -> triangle capped at
+        # its room 12 - 2 = 10; the 11 left split 5.5, 5.5 -> 6, 5 (the tie to circle)
+        assert planner.spend("r", 21) == {"circle": 6, "square": 5, "triangle": 10}
+        stats = store.stats(planner.pool_ids["r"], LABELS)
+        assert {k: s.target for k, s in stats.items()} == {
+            "circle": 8, "square": 7, "triangle": 12}
+        with pytest.raises(PoolFullError, match="9 images") as info:
+            planner.spend("r", 10)  # room left: 4 + 5 + 0
+        assert info.value.field == "images" and "GENAUG_POOL_CAPACITY_PER_LABEL" in str(
+            info.value)
+        assert planner.spend("r", 9) == {"circle": 4, "square": 5, "triangle": 0}
     finally:
         store.close()
 
@@ -194,3 +282,66 @@ def test_a_trainer_that_needs_one_label_sees_it_filled_3x_faster(
             break
     others = (made["circle"] + made["square"]) / 2
     assert made["triangle"] == per_label and made["triangle"] >= 3 * others, made
+
+
+def test_fill_with_images_spends_the_budget_by_need(
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
+) -> None:
+    capacity, budget = 12, 21
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                        pregenerate=False, pool_capacity_per_label=capacity,
+                        max_batch_images=4, max_wait_ms=5, need_half_life_s=3600.0)
+    url = f"{live.url}/v1/recipes/shapes/fill"
+    with Client(live.url, client_id="trainer-a") as client:
+        client.feedback("shapes", {"triangle": 1.0})
+        # weights 1, 1, 1 + 3 * 1.0 over an empty pool: 3.5, 3.5, 14 -> triangle capped at
+        # 12; the 9 left split 4.5, 4.5 -> 5, 4 (the tie to circle, the first label)
+        weights = {k: label_weight(LABELS, k, {}, {"triangle": 1.0}) for k in LABELS}
+        expected = allocate(budget, dict.fromkeys(LABELS, capacity), weights)
+        assert expected == {"circle": 5, "square": 4, "triangle": 12}
+        answer = client.fill("shapes", images=budget)
+        assert answer["target_per_label"] == expected
+        detail = client.recipe("shapes")
+        assert {k: v["target"] for k, v in detail["per_label"].items()} == expected
+        deadline = time.monotonic() + 60
+        while (fill := client.recipe("shapes")["fill"]) != expected:
+            assert time.monotonic() < deadline, fill
+            time.sleep(0.05)
+        per_label = client.recipe("shapes")["per_label"]
+        assert sum(v["generated"] for v in per_label.values()) == budget
+        assert all(v["reserved"] == 0 for v in per_label.values()), per_label
+        # too many for the room left (15 = 7 + 8 + 0 < 16), too many for the schema (3 x 12),
+        # both fields, neither: naming the field, the bound and the fix (409 for the room: it
+        # depends on the pool, not on the body; 422 for the rest)
+        r = httpx.post(url, json={"images": 16}, timeout=30)
+        error = r.json()["error"]
+        assert r.status_code == 409 and error["field"] == "images", error
+        assert error["type"] == "pool_full", error
+        assert "15 images" in error["message"] and "GENAUG_POOL_CAPACITY_PER_LABEL" in (
+            error["message"])
+        r = httpx.post(url, json={"images": 3 * capacity + 1}, timeout=30)
+        error = r.json()["error"]
+        assert r.status_code == 422 and error["field"] == "images", error
+        assert "less than or equal to 36" in error["message"], error
+        r = httpx.post(url, json={"images": 4, "per_label": 4}, timeout=30)
+        error = r.json()["error"]
+        assert r.status_code == 422 and error["field"] == "images", error
+        assert "not both" in error["message"] and "per_label" in error["message"], error
+        r = httpx.post(url, json={}, timeout=30)
+        error = r.json()["error"]
+        assert r.status_code == 422 and error["field"] == "per_label", error
+        assert error["message"].startswith("per_label or images is required"), error
+        r = httpx.post(url, json={"images": None, "per_label": 2}, timeout=30)  # no nulls
+        assert r.status_code == 422 and r.json()["error"]["field"] == "images", r.text
+        # the schema says the same: one of the two, each bounded
+        doc = httpx.get(live.url + "/openapi.json", timeout=30).json()
+        operation = doc["paths"]["/v1/recipes/shapes/fill"]["post"]
+        ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        schema = doc["components"]["schemas"][ref.rsplit("/", 1)[-1]]
+        assert schema["oneOf"] == [{"required": ["per_label"]}, {"required": ["images"]}]
+        assert schema["properties"]["images"] == {
+            "type": "integer", "minimum": 1, "maximum": 3 * capacity, "title": "Images",
+            "description": schema["properties"]["images"]["description"]}
+        with pytest.raises(InvalidRequestError, match="not both"):
+            client.fill("shapes", per_label=2, images=2)
+        assert client.recipe("shapes")["fill"] == expected  # refused: nothing more planned
