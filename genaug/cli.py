@@ -86,7 +86,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     pregen = sub.add_parser("pregenerate", help="fill a recipe's pool, with progress bars")
-    pregen.add_argument("--per-label", type=int, required=True, help="images per label")
+    amount = pregen.add_mutually_exclusive_group(required=True)
+    amount.add_argument("--per-label", type=int, help="fill every label to this many images")
+    amount.add_argument("--images", type=int,
+                        help="this many more images, split over the labels by the trainers' "
+                             "need and recent demand (needs --url)")
     pregen.add_argument("--url", default=None,
                         help="a running service to fill (default: generate in this process)")
     _pool_arguments(pregen)

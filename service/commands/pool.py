@@ -2,7 +2,9 @@
 it to disk, list and drop pools.
 
 ``pregenerate --url URL`` asks a running service to fill the pool (``POST
-/v1/recipes/{name}/fill``) and shows its progress; without ``--url`` it loads the model in
+/v1/recipes/{name}/fill``: ``--per-label N`` fills every label to N, ``--images B`` spends B
+more images split over the labels by the trainers' need and recent demand) and shows its
+progress; without ``--url`` it loads the model in
 this process and fills the pool the service would use (``--pool-path``/``GENAUG_POOL_PATH``
 or ``--pool-url``/``GENAUG_POOL_URL``; a shared PostgreSQL pool may be filled beside running
 replicas, a SQLite file is best filled with the service stopped). Both resume from what
@@ -33,14 +35,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _bars(labels: list[str], total: int) -> dict[str, Any]:
+def _bars(totals: dict[str, int]) -> dict[str, Any]:
+    """One progress bar per label, each to its own total."""
     from tqdm import tqdm
 
-    width = max(len(label) for label in labels)
+    width = max(len(label) for label in totals)
     return {
         label: tqdm(total=total, desc=label.ljust(width), position=i, unit="img",
                     dynamic_ncols=True, leave=True)
-        for i, label in enumerate(labels)
+        for i, (label, total) in enumerate(totals.items())
     }
 
 
@@ -51,9 +54,14 @@ def _update(bars: dict[str, Any], fill: dict[str, int]) -> None:
 
 
 def run_pregenerate(args: argparse.Namespace) -> int:
-    """Fill each label of ``args.recipe`` to ``args.per_label`` images."""
+    """Fill each label of ``args.recipe`` to ``args.per_label`` images, or (with a service)
+    spend ``args.images`` more split by need."""
     if args.url:
         return _pregenerate_remote(args)
+    if getattr(args, "images", None) is not None:
+        print("genaug pregenerate: --images splits by the trainers' need, which a running "  # noqa: T201
+              "service holds; add --url URL, or use --per-label N", file=sys.stderr)
+        return 2
     return _pregenerate_local(args)
 
 
@@ -62,15 +70,17 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
 
     with Client(args.url) as client:
         try:
-            detail = client.fill(args.recipe, per_label=args.per_label)
+            detail = client.fill(args.recipe, per_label=args.per_label, images=args.images)
         except GenaugError as exc:
             print(f"genaug pregenerate: {exc}", file=sys.stderr)  # noqa: T201
             return 1
-        bars = _bars(detail["labels"], args.per_label)
+        targets = ({label: args.per_label for label in detail["labels"]}
+                   if args.images is None else dict(detail["target_per_label"]))
+        bars = _bars(targets)
         try:
             while True:
                 _update(bars, detail["fill"])
-                if all(detail["fill"].get(label, 0) >= args.per_label for label in bars):
+                if all(detail["fill"].get(label, 0) >= targets[label] for label in bars):
                     break
                 time.sleep(0.5)
                 detail = client.recipe(args.recipe)
@@ -200,7 +210,7 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                           pregenerate=False, data_root=settings.data_root)
     planner.raise_target(args.recipe, args.per_label, shared=False)
     pid = planner.pool_ids[args.recipe]
-    bars = _bars(recipe.label_names, args.per_label)
+    bars = _bars(dict.fromkeys(recipe.label_names, args.per_label))
     try:
         while not stop.is_set():
             _update(bars, _fill_or_empty(store, pid))

@@ -239,6 +239,24 @@ def test_pregenerate_and_export_cli(
     )
     assert run.returncode == 0, run.stderr
     assert all(v >= 5 for v in recipe_detail(live)["fill"].values())
+    # --images: 6 more, split over the three labels (no need reported: evenly), watched
+    # until each label holds its new target
+    before = recipe_detail(live)["fill"]
+    run = subprocess.run(
+        [sys.executable, "-m", "genaug.cli", "pregenerate", "--url", live.url, "--recipe",
+         "shapes", "--images", "6"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert run.returncode == 0, run.stderr
+    after = recipe_detail(live)
+    assert sum(after["fill"].values()) >= sum(before.values()) + 6
+    assert all(after["fill"][label] >= after["target_per_label"][label] for label in before)
+    # --images splits by need, which only a service holds: refused in process, with the fix
+    run = subprocess.run(
+        [sys.executable, "-m", "genaug.cli", "pregenerate", "--recipe", "shapes", "--images",
+         "6"], capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert run.returncode == 2 and "add --url URL" in run.stderr, run.stderr
     out = tmp_path / "export"
     run = subprocess.run(
         [sys.executable, "-m", "genaug.cli", "export", "--recipe", "shapes", "--out", str(out)],
