@@ -28,7 +28,8 @@ rank 32: the settings ``bench/tiny_digits_base.py`` found to reach the fidelity 
   need. With it, the same budget spread evenly (the same fill on a recipe nobody reported
   need for: the control), and the need-allocated pool with replacements drawn by need
   (``mix(rebalance=...)``, weights ``1 + m * need share`` as the planner's);
-* **6** the best so far with synthetic examples weighted by each of ``--weights``.
+* **6** the best so far (arms 2-5, on validation) with synthetic examples weighted by each of
+  ``--weights``.
 
 Settings (strength, arm 3 vs 4, arm 5's form, the weight) are chosen on **validation**
 accuracy: the ``fewshot`` split's 5-9 images that the seed did not draw as shots (125), never
@@ -40,7 +41,8 @@ the summary the fraction of the gap recovered, (best - arm 1) / (ceiling - arm 1
     python bench/honest_gain.py --quick      # 1 seed, short everything: the path, not figures
 
 ``--workdir`` keeps the shots, the LoRAs (``lora-s<seed>.safetensors``, reused when there),
-the pool and the service log; a second run reuses what is there.
+the pool and the service log; a second run reuses what is there (the filled pools, and arm
+5's budget as first allocated).
 """
 
 from __future__ import annotations
@@ -271,8 +273,10 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for s in seeds:
             allocation[s] = {"reported_need": need[s]}
             for prefix in ("need", "flat"):
-                client.fill(f"{prefix}-{cand}-s{s}", images=budget)
-                allocation[s][prefix] = client.recipe(f"{prefix}-{cand}-s{s}")["target_per_label"]
+                name = f"{prefix}-{cand}-s{s}"
+                if not any(client.recipe(name)["target_per_label"].values()):
+                    client.fill(name, images=budget)  # (a reused --workdir spent it already)
+                allocation[s][prefix] = client.recipe(name)["target_per_label"]
         wait_filled(client, [f"{p}-{cand}-s{s}" for p in ("need", "flat") for s in seeds], 7200)
         arm5 = {f"5 need-allocated, {budget} images": ("need", False),
                 f"5 need-allocated + rebalance by need, {budget} images": ("need", True),
@@ -285,7 +289,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 runs5.append(mixed(arm, f"{prefix}-{cand}-s{{s}}", s, least, **kw))
         results += run_fewshot(runs5, timeout_s=timeout * 3)
         chosen["5"] = best_of(results, [a for a in arm5 if a.startswith("5 ")])
-        chosen["best"] = best_of(results, [chosen["3/4"], chosen["5"]])
+        # "the best so far": arms 2-5 (arm 2 included: on digits 5-9 it led)
+        chosen["best"] = best_of(results, [chosen["2"], chosen["3/4"], chosen["5"]])
         best_pool = (uniform[chosen["best"]] if chosen["best"] in uniform
                      else f"need-{cand}-s{{s}}")
         rebalanced = "rebalance" in chosen["best"]

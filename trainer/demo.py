@@ -56,8 +56,8 @@ DEMO_RECIPE = "digits"
 
 PROTOCOL_LINE = (
     "protocol: today's, not issue 19's honest one: the generator learned all 10 digit classes "
-    "from 997 other real digits; bench/augmentation_gain.py measures over seeds "
-    "(docs/benchmarks.md)"
+    "from 997 other real digits; bench/augmentation_gain.py measures it over seeds, "
+    "bench/honest_gain.py the honest one (docs/benchmarks.md)"
 )
 """The one line the demo prints about what its two accuracies show."""
 
