@@ -101,8 +101,18 @@ def test_quick_honest_protocol_runs_every_arm_through_the_service(tmp_path: Path
     reported = allocation["reported_need"]
     assert set(reported) == set(allocation["need"]) == {"5", "6", "7", "8", "9"}
     assert sum(allocation["need"].values()) == sum(allocation["flat"].values()) == budget
+    # More need never gets fewer images (the planner's weights are monotone in need, and so
+    # is allocate's rounding); a clear spread in need (shares 0.1 apart: weights 0.5 apart,
+    # over 1.5 images of the budget apart before rounding) gets strictly more. An even split,
+    # need ignored, fails the second check.
+    total = sum(reported.values())
+    for a in reported:
+        for b in reported:
+            if reported[a] > reported[b]:
+                assert allocation["need"][a] >= allocation["need"][b], allocation
     most, least = max(reported, key=reported.get), min(reported, key=reported.get)
-    assert allocation["need"][most] >= allocation["need"][least]
+    if total > 0 and (reported[most] - reported[least]) / total >= 0.1:
+        assert allocation["need"][most] > allocation["need"][least], allocation
     assert max(allocation["flat"].values()) - min(allocation["flat"].values()) <= 1
     # each chosen setting is one of the rows
     assert set(result["chosen"].values()) <= rows.keys()

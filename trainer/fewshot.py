@@ -197,7 +197,10 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
     keep = keep[np.isin(labels[keep], classes)]
     x = images[keep].astype(np.float32)
     y = np.asarray([index[int(d)] for d in labels[keep]], dtype=np.int32)
-    x_val, y_val = _validation(run, keep, index)
+    if run.split == "fewshot":  # validate on the split's images this run did not train on
+        x_val, y_val = _validation(images, labels, index, trained=keep)
+    else:
+        x_val, y_val = _validation(*load_split("fewshot"), index)
     ds = (tf.data.Dataset.from_tensor_slices((x, y))
           .shuffle(len(x), seed=run.seed, reshuffle_each_iteration=True)
           .repeat().batch(run.batch, drop_remainder=True))
@@ -261,16 +264,15 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
     return result
 
 
-def _validation(run: FewShotRun, trained: Any, index: dict[int, int]) -> tuple[Any, Any]:
-    """The run's validation images: the ``fewshot`` split's images of the task's classes
-    that the run did not train on (``trained``: positions in ``run.split``)."""
+def _validation(images: Any, labels: Any, index: dict[int, int],
+                trained: Any = None) -> tuple[Any, Any]:
+    """The run's validation images: the ``fewshot`` split's (``images``, ``labels``) images
+    of the task's classes (``index``) that the run did not train on (``trained``: positions
+    in that split, when the run trained on it)."""
     import numpy as np
 
-    from genaug.digits import load_split
-
-    images, labels = load_split("fewshot")
     held = np.ones(len(labels), dtype=bool)
-    if run.split == "fewshot":
+    if trained is not None:
         held[trained] = False
     held &= np.isin(labels, list(index))
     y = np.asarray([index[int(d)] for d in labels[held]], dtype=np.int32)

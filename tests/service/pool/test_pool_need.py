@@ -8,6 +8,8 @@ pipeline, uvicorn on 127.0.0.1, httpx and the genaug client).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +83,21 @@ def test_choose_label_fills_the_needed_label_in_proportion() -> None:
     assert others > 0 and 64 / others >= 3, fill
 
 
-def test_the_planner_plans_the_needed_label_first(tmp_path: Path) -> None:
+@contextmanager
+def _planner(tmp_path: Path, capacity: int, **kwargs: Any) -> Iterator[PoolPlanner]:
+    """A planner over recipe ``r`` (the three shape labels, 8x8 at 1 step) and a fresh
+    SQLite pool of ``capacity`` images per label."""
     recipe = Recipe(name="r", labels={k: LabelSpec(prompts=[k]) for k in LABELS},
                     height=8, width=8, steps=1, guidance=0.0)
-    store = open_pool(str(tmp_path / "pool.db"), capacity_per_label=16)
+    store = open_pool(str(tmp_path / "pool.db"), capacity_per_label=capacity)
     try:
-        planner = PoolPlanner({"r": recipe}, store, model_hash="m", pregenerate=True,
-                              need_half_life_s=30.0)
+        yield PoolPlanner({"r": recipe}, store, model_hash="m", **kwargs)
+    finally:
+        store.close()
+
+
+def test_the_planner_plans_the_needed_label_first(tmp_path: Path) -> None:
+    with _planner(tmp_path, 16, pregenerate=True, need_half_life_s=30.0) as planner:
         first = planner.next_idle_batch(4)
         assert first is not None and first.items[0].prompt == "circle"  # emptiest first
         planner.report_need("r", "trainer-a", {"triangle": 3.0, "square": 1.0})
@@ -97,8 +107,6 @@ def test_the_planner_plans_the_needed_label_first(tmp_path: Path) -> None:
             assert work is not None
             planned.append(work.items[0].prompt)
         assert planned.count("triangle") >= 3 and "square" in planned, planned
-    finally:
-        store.close()
 
 
 # -- a budget of images split by need ----------------------------------------------------------
@@ -164,18 +172,13 @@ def test_allocate_sums_to_the_budget_and_follows_the_weights() -> None:
 
 
 def test_the_planner_spends_a_budget_by_need(tmp_path: Path) -> None:
-    recipe = Recipe(name="r", labels={k: LabelSpec(prompts=[k]) for k in LABELS},
-                    height=8, width=8, steps=1, guidance=0.0)
-    store = open_pool(str(tmp_path / "pool.db"), capacity_per_label=12)
-    try:
-        planner = PoolPlanner({"r": recipe}, store, model_hash="m", pregenerate=False,
-                              need_half_life_s=3600.0)
+    with _planner(tmp_path, 12, pregenerate=False, need_half_life_s=3600.0) as planner:
         planner.raise_target("r", 2)
         planner.report_need("r", "trainer-a", {"triangle": 1.0})
         # from the targets 2: weights 1, 1, 4 split 21 as 3.5, 3.5, 14 -> triangle capped at
         # its room 12 - 2 = 10; the 11 left split 5.5, 5.5 -> 6, 5 (the tie to circle)
         assert planner.spend("r", 21) == {"circle": 6, "square": 5, "triangle": 10}
-        stats = store.stats(planner.pool_ids["r"], LABELS)
+        stats = planner.store.stats(planner.pool_ids["r"], LABELS)
         assert {k: s.target for k, s in stats.items()} == {
             "circle": 8, "square": 7, "triangle": 12}
         with pytest.raises(PoolFullError, match="9 images") as info:
@@ -183,8 +186,6 @@ def test_the_planner_spends_a_budget_by_need(tmp_path: Path) -> None:
         assert info.value.field == "images" and "GENAUG_POOL_CAPACITY_PER_LABEL" in str(
             info.value)
         assert planner.spend("r", 9) == {"circle": 4, "square": 5, "triangle": 0}
-    finally:
-        store.close()
 
 
 # -- the route ---------------------------------------------------------------------------------
