@@ -45,7 +45,7 @@ def running_service(
     ``entry`` replaces ``-m genaug.service`` (a script that takes the same ``--port``).
     """
     cmd = [sys.executable, *entry, "--port", str(port), *extra_args]
-    out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    out = open(log_path, "wb") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env or os.environ.copy())
     try:
         yield proc

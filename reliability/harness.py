@@ -41,7 +41,7 @@ class LogCapture(logging.Handler):
         self.records.append(record)
         try:
             self.lines.append(self.format(record))
-        except Exception:  # noqa: BLE001 - a record that cannot format is kept raw
+        except Exception:  # a record that cannot format is kept raw
             self.lines.append(str(record.msg))
 
     @property

@@ -134,7 +134,7 @@ def _versions() -> str:
             from importlib.metadata import version
 
             parts.append(f"{name} {version(name)}")
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,

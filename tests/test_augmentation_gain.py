@@ -39,12 +39,13 @@ def test_quick_benchmark_runs_every_available_arm(tmp_path: Path) -> None:
     # Well above chance (0.1) even at CI size: the real path learned something.
     assert arms["1 real only"]["mean"] > 0.2
     assert arms["4 synthetic only"]["mean"] > 0.2
-    for run in result["runs"]:
-        if run["p"] > 0:
-            assert run["feeder"] > 0 and min(run["reservoir_fill"]) > 0
-            assert run["mixed_fraction"] > 0.3 * run["p"]
-        else:
-            assert run["mixed_fraction"] == 0.0
+    mixing = [run for run in result["runs"] if run["p"] > 0]
+    real_only = [run for run in result["runs"] if run["p"] == 0]
+    assert mixing and real_only, result["runs"]  # both kinds ran, so both checks below ran
+    for run in mixing:
+        assert run["feeder"] > 0 and min(run["reservoir_fill"]) > 0
+        assert run["mixed_fraction"] > 0.3 * run["p"]
+    assert all(run["mixed_fraction"] == 0.0 for run in real_only)
     assert result["fidelity"]["images"] >= 80 and result["fidelity"]["share"] > 0.5
     assert (tmp_path / "grid.png").read_bytes().startswith(b"\x89PNG")
     # arm 3 through the pool: recipe labels with `images:` folders, variants made by
@@ -111,13 +112,16 @@ def test_quick_honest_protocol_runs_every_arm_through_the_service(tmp_path: Path
             if reported[a] > reported[b]:
                 assert allocation["need"][a] >= allocation["need"][b], allocation
     most, least = max(reported, key=reported.get), min(reported, key=reported.get)
-    if total > 0 and (reported[most] - reported[least]) / total >= 0.1:
-        assert allocation["need"][most] > allocation["need"][least], allocation
+    # A 60-step, 5-shot classifier errs unevenly over 125 validation digits; a flat report
+    # would leave the strict check below unable to tell need from an even split.
+    assert total > 0 and (reported[most] - reported[least]) / total >= 0.1, reported
+    assert allocation["need"][most] > allocation["need"][least], allocation
     assert max(allocation["flat"].values()) - min(allocation["flat"].values()) <= 1
     # each chosen setting is one of the rows
     assert set(result["chosen"].values()) <= rows.keys()
     for run in result["runs"]:
         assert run["validation_images"] == 125 or run["arm"].startswith("ref: ")
-        if run["p"] > 0:
-            assert run["feeder"] > 0 and min(run["reservoir_fill"]) > 0
+    mixing = [run for run in result["runs"] if run["p"] > 0]
+    assert mixing, result["runs"]
+    assert all(run["feeder"] > 0 and min(run["reservoir_fill"]) > 0 for run in mixing)
     assert "of the gap to the ceiling" in proc.stdout

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from genaug import digits  # noqa: E402
+from genaug import digits
 
 
 def test_splits_are_fixed_disjoint_stratified_and_cover_the_data() -> None:

@@ -24,11 +24,11 @@ import torch
 
 pytest.importorskip("sklearn")
 
-from genaug.digits import write_split_folders  # noqa: E402
-from genaug.local_service import free_port, running_service  # noqa: E402
-from genaug.service.pipeline.load import load_model  # noqa: E402
-from genaug.service.pipeline.tiny import build_tiny_digits_pipeline  # noqa: E402
-from genaug.service.testing import wait_ready  # noqa: E402
+from genaug.digits import write_split_folders
+from genaug.local_service import free_port, running_service
+from genaug.service.pipeline.load import load_model
+from genaug.service.pipeline.tiny import build_tiny_digits_pipeline
+from genaug.service.testing import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "train_tiny_generator.py"

@@ -181,7 +181,7 @@ def warn_if_tensorflow_sees_generator_gpu(info: Mapping[str, Any], where: str) -
 
     try:
         warning = tensorflow_sees_service_gpu(info, where)
-    except Exception:  # noqa: BLE001 - a warning must never stop the feeder
+    except Exception:  # a warning must never stop the feeder
         log.debug("could not compare TensorFlow's GPUs with the service's", exc_info=True)
         return
     if warning:

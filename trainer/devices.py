@@ -201,7 +201,7 @@ def nvml_gpus() -> list[GpuInfo] | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded...
+    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded...
         return None
 
     def text(value: Any) -> str:

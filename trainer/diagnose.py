@@ -322,7 +322,7 @@ class _Session:
                 return
             try:
                 info = _service_info(url)
-            except Exception as exc:  # noqa: BLE001 - any client error: nothing to compare
+            except Exception as exc:  # any client error: nothing to compare
                 report.skipped("gpu-overlap", f"the service at {url} did not answer ({exc})")
                 return
         device = service_device(info, url)
@@ -366,7 +366,7 @@ def _service_info(url: str) -> Mapping[str, Any]:
 def _learning_rate(model: Any) -> float | None:
     try:
         value = float(np.asarray(model.optimizer.learning_rate))
-    except Exception:  # noqa: BLE001 - a schedule or no optimizer: say nothing
+    except Exception:  # a schedule or no optimizer: say nothing
         return None
     return value if math.isfinite(value) else None
 

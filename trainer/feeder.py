@@ -392,7 +392,7 @@ class ReservoirFeeder:
                         log.error("genaug feeder stopped: %s", exc)
                     self._contact.set()
                     return
-                except Exception as exc:  # noqa: BLE001 - never raise into training
+                except Exception as exc:  # never raise into training
                     self._record_failure(exc)
                     self._contact.set()  # an outage: start() returns, training goes on
                     await asyncio.sleep(self._backoff_delay(exc))
@@ -436,7 +436,7 @@ class ReservoirFeeder:
             result = closer()
             if asyncio.iscoroutine(result):
                 await asyncio.wait_for(result, timeout=5.0)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("closing the feeder's client failed", exc_info=True)
 
     def _backoff_delay(self, exc: BaseException | None = None) -> float:

@@ -162,13 +162,13 @@ def _nvml_driver() -> tuple[str | None, int | None]:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no nvidia-ml-py, no driver
+    except Exception:  # no nvidia-ml-py, no driver
         return None, None
     try:
         raw = pynvml.nvmlSystemGetDriverVersion()
         cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
         return (raw.decode() if isinstance(raw, bytes) else str(raw)), cuda
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None, None
     finally:
         pynvml.nvmlShutdown()

@@ -162,7 +162,7 @@ def _first_non_finite_output(model: Any, x: Any) -> str | None:
         inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
         probe_model = keras.Model(inputs, [layer.output for layer in layers])
         outputs = probe_model(x, training=False)
-    except Exception:  # noqa: BLE001 - subclassed model: fall back to a sequential walk
+    except Exception:  # subclassed model: fall back to a sequential walk
         outputs, value = [], x
         for layer in layers:
             value = layer(value, training=False)
@@ -204,7 +204,7 @@ def non_finite_culprits(
             first = _first_non_finite_output(model, x)
             if first:
                 found.append(f"first non-finite layer output on a probe batch: {first}")
-    except Exception as exc:  # noqa: BLE001 - diagnosis must never hide the real error
+    except Exception as exc:  # diagnosis must never hide the real error
         found.append(f"(could not probe layer outputs: {type(exc).__name__}: {exc})")
     bad = [
         getattr(w, "path", None) or w.name

@@ -136,7 +136,7 @@ class NeedCallback(keras.callbacks.Callback):  # type: ignore[misc]
             need = self.measure_need()
             self.last_need = need
             self._send(need)
-        except Exception as exc:  # noqa: BLE001 - never raise into training
+        except Exception as exc:  # never raise into training
             self.failures += 1
             log.warning("genaug need report failed (training goes on): %s: %s",
                         type(exc).__name__, exc)

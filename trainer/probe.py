@@ -398,12 +398,12 @@ def _nvml_total(uuid: str) -> int | None:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML, no driver: the size stays unknown
+    except Exception:  # no NVML, no driver: the size stays unknown
         return None
     try:
         handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
         return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     finally:
         pynvml.nvmlShutdown()
@@ -423,7 +423,7 @@ def num_classes_of(model: Any, num_classes: int | None, reservoir: Any) -> int |
     units = None
     try:
         units = model.outputs[0].shape[-1]
-    except Exception:  # noqa: BLE001 - subclassed model: the last layer may say
+    except Exception:  # subclassed model: the last layer may say
         units = getattr(model.layers[-1], "units", None) if getattr(model, "layers", None) \
             else None
     if not isinstance(units, int) or units < 1:

@@ -180,7 +180,7 @@ def test_one_transport_serves_threads_at_once(service: Any) -> None:
             )
             response.read()
             assert response.status_code == 200
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=fetch) for _ in range(8)]

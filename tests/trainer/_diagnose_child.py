@@ -27,7 +27,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-from genaug.trainer.devices import GpuInfo, configure_devices  # noqa: E402
+from genaug.trainer.devices import GpuInfo, configure_devices
 
 REPLICAS = 4
 CLEAN_RUNS = int(os.environ.get("GENAUG_DIAGNOSE_CLEAN_RUNS", "1"))

@@ -22,8 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 # The strategy first: collective ops must be configured before anything else runs.
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -111,7 +111,7 @@ def keras_fit_error(res: SyntheticReservoir) -> str | None:
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     try:
         model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0)
-    except Exception as exc:  # noqa: BLE001 - recorded: the documented failure
+    except Exception as exc:  # recorded: the documented failure
         return f"{type(exc).__name__}: {str(exc)[:300]}"
     return None
 
@@ -121,7 +121,7 @@ def main() -> None:
     res = SyntheticReservoir(2, 4, (H, W, 3))  # after the strategy, outside its scope
     out: dict[str, Any] = {
         "task": TASK,
-        "workers": strategy.extended._num_workers,  # noqa: SLF001
+        "workers": strategy.extended._num_workers,
         "replicas": strategy.num_replicas_in_sync,
     }
     base = 20 + 100 * TASK  # this worker's own images: each worker has its own reservoir

@@ -24,10 +24,10 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from genaug.trainer.devices import configure_devices  # noqa: E402
+from genaug.trainer.devices import configure_devices
 
 configure_devices(cpu_replicas=4)  # before anything initialises TensorFlow's devices
 

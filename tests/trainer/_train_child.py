@@ -25,12 +25,12 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-from genaug.local_service import free_port, running_service  # noqa: E402
-from genaug.trainer.config import TrainConfig, add_train_arguments  # noqa: E402
-from genaug.trainer.data import DatasetError, make_demo_dataset, scan_image_folder  # noqa: E402
-from genaug.trainer.instruments import NonFiniteLossError  # noqa: E402
-from genaug.trainer.labels import LabelMapError, match_labels  # noqa: E402
-from genaug.trainer.train import Trainer, run_train  # noqa: E402
+from genaug.local_service import free_port, running_service
+from genaug.trainer.config import TrainConfig, add_train_arguments
+from genaug.trainer.data import DatasetError, make_demo_dataset, scan_image_folder
+from genaug.trainer.instruments import NonFiniteLossError
+from genaug.trainer.labels import LabelMapError, match_labels
+from genaug.trainer.train import Trainer, run_train
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
