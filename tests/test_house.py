@@ -1,0 +1,151 @@
+"""The house keeps its shape: imports point down one order, and no module imports itself back.
+
+docs/architecture.md draws service/'s rooms; this test is the rule it states. Every import of a
+``genaug.service`` module (type-only imports under ``TYPE_CHECKING`` included) must go to a
+room *below* its own in :data:`ORDER`; the packages beside service/ keep their own fences
+(:data:`FENCES`); and the module graph of the whole package has no circle. An arrow that runs
+back up fails here, naming the file and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Top-level folders and the import names pyproject.toml maps them to.
+PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.client",
+            "trainer": "genaug.trainer"}
+
+#: service/'s rooms from the top down: each imports only rooms below it. The wiring (test
+#: support, the commands, the app factory) sits on top; the HTTP edge next; then the pool, which
+#: plans with intake's plan and stores what the pipeline made; the request's own way below it
+#: (intake, then the pipeline); and at the bottom the vocabulary every room shares: recipes,
+#: settings, batching (``items.py``, the queue, the batcher), errors and metrics.
+ORDER = ("testing", "__main__", "commands", "app", "api", "pool", "intake", "pipeline",
+         "recipes", "settings", "batching", "errors", "metrics")
+
+#: What the packages beside service/ may import of genaug (prefixes).
+FENCES = {
+    "genaug.client": ("genaug.client", "genaug.wire"),
+    "genaug.trainer": ("genaug.trainer", "genaug.client", "genaug.wire", "genaug.digits",
+                       "genaug.local_service", "genaug"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for folder, name in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([name, *parts])] = path
+    return found
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """``(imported module, line)`` for every genaug import in ``path``, relative ones resolved."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from . import x` may name a module: count it as that module
+            out += [(f"{target}.{alias.name}", node.lineno) for alias in node.names]
+    return [(t, line) for t, line in out if t == "genaug" or t.startswith("genaug.")]
+
+
+def _resolve(target: str, modules: dict[str, Path]) -> str | None:
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["genaug", "service"] and len(parts) > 2 else None
+
+
+def test_service_imports_point_down_the_rooms() -> None:
+    modules = _modules()
+    rooms = {r for m in modules if (r := _room(m))}
+    assert rooms <= set(ORDER), f"rooms missing from ORDER (place them): {rooms - set(ORDER)}"
+    wrong = []
+    for module, path in modules.items():
+        here = _room(module)
+        if here is None:
+            continue
+        for target, line in _imports(module, path):
+            there = _room(_resolve(target, modules) or "")
+            if there is None or there == here:
+                continue
+            if ORDER.index(there) < ORDER.index(here):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} ({here}) imports {target} "
+                             f"({there}, above it)")
+    assert wrong == [], "imports that point up the rooms:\n" + "\n".join(wrong)
+
+
+def test_packages_beside_the_service_keep_their_fences() -> None:
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        package = ".".join(module.split(".")[:2])
+        allowed = FENCES.get(package)
+        if allowed is None:
+            continue
+        for target, line in _imports(module, path):
+            resolved = _resolve(target, modules) or target
+            if not any(resolved == a or (a != "genaug" and resolved.startswith(a + "."))
+                       for a in allowed):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert wrong == [], "imports across a package fence:\n" + "\n".join(wrong)
+
+
+def test_no_import_circles() -> None:
+    modules = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        for target, _ in _imports(module, path):
+            resolved = _resolve(target, modules)
+            if resolved and resolved != module:
+                graph[module].add(resolved)
+    # Tarjan's strongly connected components: a component of two or more is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(modules):
+        if module not in index:
+            visit(module)
+    assert circles == [], f"import circles: {circles}"
