@@ -50,6 +50,10 @@ _CUDA_ONLY = ("flash3", "cudnn", "efficient")
 # FlashAttention-3's kernels are written for Hopper (sm90).
 _FA3_CAPABILITY = (9, 0)
 _FA3_MODULE = "flash_attn_interface"
+# torch's own order of attention kernels (torch/csrc: flash, efficient, math, cuDNN, then a
+# backend's override): what "default" restores.
+_TORCH_ORDER = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION",
+                "OVERRIDEABLE")
 
 
 @dataclass(frozen=True)
@@ -138,49 +142,63 @@ def _fa3_installed() -> bool:
 
 
 def apply_attention(choice: AttentionChoice) -> Callable[[], None]:
-    """Make ``choice`` torch's attention kernel (process-wide); return the undo."""
+    """Make ``choice`` torch's attention kernel (process-wide); return the undo.
+
+    Every call starts from torch's own state (all kernels enabled, torch's order, its own
+    flash kernel), so a ``default`` after another choice in the same process (the benchmark
+    runs several) is torch's choice again, not what the last one left.
+    """
     import torch
     from torch.nn.attention import SDPBackend
 
-    if choice.backend == "default":
-        return lambda: None
+    cuda = torch.backends.cuda
     flags = {
-        SDPBackend.FLASH_ATTENTION: (torch.backends.cuda.flash_sdp_enabled,
-                                     torch.backends.cuda.enable_flash_sdp),
-        SDPBackend.EFFICIENT_ATTENTION: (torch.backends.cuda.mem_efficient_sdp_enabled,
-                                         torch.backends.cuda.enable_mem_efficient_sdp),
-        SDPBackend.MATH: (torch.backends.cuda.math_sdp_enabled,
-                          torch.backends.cuda.enable_math_sdp),
-        SDPBackend.CUDNN_ATTENTION: (torch.backends.cuda.cudnn_sdp_enabled,
-                                     torch.backends.cuda.enable_cudnn_sdp),
+        SDPBackend.FLASH_ATTENTION: (cuda.flash_sdp_enabled, cuda.enable_flash_sdp),
+        SDPBackend.EFFICIENT_ATTENTION: (cuda.mem_efficient_sdp_enabled,
+                                         cuda.enable_mem_efficient_sdp),
+        SDPBackend.MATH: (cuda.math_sdp_enabled, cuda.enable_math_sdp),
+        SDPBackend.CUDNN_ATTENTION: (cuda.cudnn_sdp_enabled, cuda.enable_cudnn_sdp),
     }
-    before = {backend: bool(enabled()) for backend, (enabled, _) in flags.items()}  # type: ignore[no-untyped-call]
-    order_before = list(torch._C._get_sdp_priority_order())
-    by_name = {
-        "flash3": SDPBackend.FLASH_ATTENTION,  # FA3 takes the flash backend's place
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "math": SDPBackend.MATH,
-    }
-    first = by_name[choice.backend]
-    fa3 = choice.backend == "flash3"
-    if fa3:
-        torch.nn.attention.activate_flash_attention_impl("FA3")
-    if choice.setting == "auto":
-        # First in the order; the others stay enabled behind it for shapes it cannot take.
-        rest = [_code(b) for b in order_before if _code(b) != _code(first)]
-        torch._C._set_sdp_priority_order([_code(first), *rest])
-    else:
+    before = {b: bool(enabled()) for b, (enabled, _) in flags.items()}  # type: ignore[no-untyped-call]
+    order_before = [_code(b) for b in torch._C._get_sdp_priority_order()]
+    impl_before = _flash_impl()
+
+    def set_state(enabled: dict[Any, bool], order: list[int], impl: str | None) -> None:
+        if _flash_impl() != impl:
+            if impl is None:
+                torch.nn.attention.restore_flash_attention_impl()
+            else:
+                torch.nn.attention.activate_flash_attention_impl(impl)
         for backend, (_, enable) in flags.items():
-            enable(backend == first)
+            enable(enabled[backend])
+        torch._C._set_sdp_priority_order(order)
+
+    torch_order = [_code(getattr(SDPBackend, name)) for name in _TORCH_ORDER]
+    set_state(dict.fromkeys(flags, True), torch_order, None)
+    if choice.backend != "default":
+        by_name = {
+            "flash3": SDPBackend.FLASH_ATTENTION,  # FA3 takes the flash kernel's place
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH,
+        }
+        first = by_name[choice.backend]
+        if choice.setting == "auto":
+            # First in the order; the others stay enabled behind it for shapes it cannot take.
+            order = [_code(first), *(b for b in torch_order if b != _code(first))]
+            set_state(dict.fromkeys(flags, True), order,
+                      "FA3" if choice.backend == "flash3" else None)
+        else:
+            set_state({b: b == first for b in flags}, torch_order,
+                      "FA3" if choice.backend == "flash3" else None)
     log.info("attention: %s (GENAUG_ATTENTION=%s)", choice.backend, choice.setting)
+    return lambda: set_state(before, order_before, impl_before)
 
-    def undo() -> None:
-        if fa3:
-            torch.nn.attention.restore_flash_attention_impl()
-        for backend, (_, enable) in flags.items():
-            enable(before[backend])
-        torch._C._set_sdp_priority_order(order_before)
 
-    return undo
+def _flash_impl() -> str | None:
+    """The flash attention implementation activated in torch (``FA3``), or ``None``."""
+    import torch.nn.attention as attention
+
+    current = getattr(attention, "current_flash_attention_impl", None)
+    return None if current is None else current()

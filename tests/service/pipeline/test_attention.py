@@ -149,8 +149,20 @@ def test_auto_puts_its_kernel_first_and_keeps_the_others_behind_it(untouched: No
         undo()
 
 
-def test_default_changes_nothing(untouched: None) -> None:
-    apply_attention(AttentionChoice("default", "default"))()
+def test_default_is_torchs_own_state_even_after_another_choice(untouched: None) -> None:
+    torch_state = (flags(), list(torch._C._get_sdp_priority_order()))
+    undo_math = apply_attention(AttentionChoice("math", "math"))
+    undo_cudnn = apply_attention(AttentionChoice("auto", "cudnn"))  # from torch's state
+    try:
+        assert flags() == (True, True, True, True)
+        undo_default = apply_attention(AttentionChoice("default", "default"))
+        assert (flags(), list(torch._C._get_sdp_priority_order())) == torch_state
+        undo_default()  # back to what cudnn left: cuDNN first
+        assert torch._C._get_sdp_priority_order()[0] == int(SDPBackend.CUDNN_ATTENTION)
+    finally:
+        undo_cudnn()
+        assert flags() == (False, False, True, False)  # what math left
+        undo_math()
 
 
 def test_info_reports_the_setting_and_the_kernel_it_chose() -> None:
