@@ -216,3 +216,20 @@ def test_fp8_quantizes_on_a_gpu_that_has_it() -> None:
     assert names
     weight = dict(unet.named_modules())[names[0]].weight
     assert "Float8" in type(weight).__name__
+
+
+def test_genaug_serve_with_fp8_on_the_cpu_exits_2_with_one_line() -> None:
+    import os
+    import re
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GENAUG_QUANTIZE": "fp8",
+           "GENAUG_DEVICE": "cpu"}
+    run = subprocess.run([sys.executable, "-m", "genaug.service", "--port", "1"],
+                         capture_output=True, text=True, timeout=180, env=env)
+    # one line says what is wrong (log records, timestamped, may precede it)
+    lines = [line for line in run.stderr.splitlines()
+             if line.strip() and not re.match(r"\d{4}-\d\d-\d\d ", line)]
+    assert run.returncode == 2 and len(lines) == 1, run.stderr[-2000:]
+    assert lines[0].startswith("genaug serve: GENAUG_QUANTIZE=fp8 needs a CUDA GPU")
+    assert "cpu has no compute capability" in lines[0]
