@@ -377,8 +377,10 @@ class Speed:
         worker = speed.wrap(generator)
         records = speed.warm_up(generator, speed.plan(settings, [], defaults=(64, 4, 5.0)))
         speed.info()
-        # {'compile': 'off', 'channels_last': False, 'fuse_qkv': False,
-        #  'vae_slicing': False, 'vae_tiling': False, 'compiled_shapes': []}
+        # {'compile': 'off', 'compile_mode': 'default', 'quantize': 'none',
+        #  'attention': 'auto', 'channels_last': False, 'fuse_qkv': False,
+        #  'vae_slicing': False, 'vae_tiling': False, 'attention_backend': 'default',
+        #  'quantized_layers': 0, 'batch_sizes': [], 'compiled_shapes': []}
     """
 
     def __init__(
