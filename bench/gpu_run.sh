@@ -7,7 +7,7 @@
 #   device run: command "bash bench/gpu_run.sh --plan options", carry [".whl"]
 #
 # Arguments go to bench/gpu_sdxl.py. GPU_TESTS=1 first runs the gpu-marked tests (device
-# pinning, bf16 and fp16, the NaN guard with an fp16 VAE). What comes back under $OUT:
+# pinning, bf16 and fp16, the NaN guard with an fp16 VAE, FP8 quantizing). What comes back under $OUT:
 # env.txt (GPU, driver, versions), gpu_sdxl.log (the tables), gpu_sdxl.json (every figure,
 # written after each cell, so a run cut short keeps what it measured), gpu_tests.log.
 set -uo pipefail
@@ -44,6 +44,7 @@ PY
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then
     python3 -P -m pytest -q -m gpu -p no:cacheprovider tests/service/pipeline/test_worker.py \
-        tests/service/pipeline/test_model_load.py tests/service/pipeline/test_adapters.py 2>&1 | tee "$OUT/gpu_tests.log"
+        tests/service/pipeline/test_model_load.py tests/service/pipeline/test_adapters.py \
+        tests/service/pipeline/test_quantize.py 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 python3 bench/gpu_sdxl.py --json "$OUT/gpu_sdxl.json" "$@" 2>&1 | tee "$OUT/gpu_sdxl.log"

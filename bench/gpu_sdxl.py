@@ -25,6 +25,13 @@ costs 2 x steps x that (405.7 TFLOP for 30 steps); text encoders and the VAE are
 the count. The peak is a dense 8192^3 bf16 matmul timed with CUDA events on the same device
 (median of 20; float32 on the CPU for ``--tiny``).
 
+Image drift: after its warm-up each config makes the same :data:`DRIFT_IMAGES` images (the
+same seeds, the bench's size and steps) and they are compared with the baseline's of the
+same run: PSNR of the decoded uint8 images, and the share of images *visibly changed*, i.e.
+with more than :data:`VISIBLE_SHARE` (1 %) of their pixels differing by more than
+:data:`VISIBLE_LEVELS` (8 of 255) in some channel (:func:`drift`). Numerically equivalent
+options (compile, fused projections) stay near-identical; FP8 is where a user decides.
+
 Plans (a lent H100 gives 10-minute commands and 30 minutes in all: the first command
 measures what matters most, two more the rest)::
 
@@ -32,6 +39,9 @@ measures what matters most, two more the rest)::
                                              # then warm-up with a warm compile cache
     python bench/gpu_sdxl.py --plan sizes    # baseline and best at batch 4 and 16
     python bench/gpu_sdxl.py --plan options  # baseline and each option alone at batch 8
+    python bench/gpu_sdxl.py --plan hopper   # today's best, then FP8, CUDA graphs and the
+                                             # attention kernel each added to it, and all
+                                             # (--new-best), at batch 1, 8 and 16
     python bench/gpu_sdxl.py --tiny --quick  # the same code, tiny model, CPU (CI keeps it working)
     python bench/gpu_sdxl.py --configs baseline,compile=unet+channels_last --batches 8
 
@@ -40,8 +50,10 @@ On the GPU machine, with the wheels it lacks (``python bench/gpu_wheels.py`` her
 stops before a cell that would not fit (default 530 s on CUDA) and every cell is written to
 ``--json`` as soon as it is measured, so a command cut short keeps what it measured.
 
-Goals (issue 13, on an H100): the best combination at >= 0.70 images/s through HTTP
-(about 36 % MFU against ~790 TFLOP/s), service >= 0.95 of in-process.
+Goals (on an H100): the best combination at >= 0.70 images/s through HTTP (about 36 % MFU
+against ~790 TFLOP/s), service >= 0.95 of in-process; with FP8, CUDA graphs and the fastest
+attention (``--plan hopper``) >= 1.4 images/s, beyond NVIDIA's TensorRT SDXL (MLPerf
+Inference v4.1, 2.05 images/s at 20 steps: ~1.36 at 30).
 """
 
 from __future__ import annotations
@@ -71,8 +83,26 @@ CONFIG_DIR = Path(__file__).resolve().parent / "sdxl"
 PROMPT = "a photograph of an astronaut riding a horse on the moon, detailed, 8k"
 GUIDANCE = 5.0
 GOAL_IMAGES_S = 0.70
+GOAL_HOPPER_IMAGES_S = 1.4  # with FP8, CUDA graphs and the fastest attention (--plan hopper)
 GOAL_RATIO = 0.95
 BEST = "compile=regional+fuse_qkv"  # H100, 2026-11-25: channels_last cost 9 % at batch 8
+# Everything new at once; not measured yet (--new-best changes it). Whole-UNet compile with
+# max-autotune: CUDA graphs of the whole step and tuned FP8 kernels.
+NEW_BEST = "compile=unet+compile_mode=max-autotune+fuse_qkv+quantize=fp8+attention=auto"
+# Each new option added to today's best, alone ("best+..." expands BEST).
+HOPPER_ADDED = (
+    "best+attention=auto",
+    "best+quantize=fp8",
+    "best+compile_mode=reduce-overhead",
+    "compile=unet+compile_mode=max-autotune+fuse_qkv",
+)
+#: Image drift (docs/benchmarks.md): images per config, compared seed by seed with the
+#: baseline's; a pixel differs visibly when a channel differs by more than VISIBLE_LEVELS of
+#: 255, an image is visibly changed when more than VISIBLE_SHARE of its pixels do.
+DRIFT_IMAGES = 8  # one batch of 8: a size every plan but "sizes" has compiled
+DRIFT_SEED = 424_242
+VISIBLE_LEVELS = 8
+VISIBLE_SHARE = 0.01
 # Shortest warm-up first: a whole-UNet compile may not fit what is left of a command.
 SINGLES = (
     "channels_last",
@@ -81,8 +111,14 @@ SINGLES = (
     "vae_tiling",  # a no-op at 1024 px for SDXL (its VAE tiles only above its 1024 sample size)
     "compile=regional",
     "compile=unet",
+    "attention=auto",
+    "quantize=fp8",
+    "compile=regional+compile_mode=reduce-overhead",
 )
 GIB = 1024**3
+# What "Model and device" lists of versions() (docs/benchmarks.md records them).
+VERSION_KEYS = ("python", "torch", "cuda", "cudnn", "diffusers", "torchao", "driver",
+                "compute_capability")
 
 
 def flops_text(value: float, per_s: bool = False) -> str:
@@ -104,14 +140,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--tiny", action="store_true", help="tiny model on the CPU (CI)")
     p.add_argument("--quick", action="store_true", help="fewest rounds and steps")
-    p.add_argument("--plan", choices=("first", "sizes", "options", "all"), default="first",
+    p.add_argument("--plan", choices=("first", "sizes", "options", "hopper", "all"),
+                   default="first",
                    help="first: baseline and best at batch 1 and 8, warm-cache warm-up; "
-                   "sizes: both at 4 and 16; options: baseline and each option alone at 8")
+                   "sizes: both at 4 and 16; options: baseline and each option alone at 8; "
+                   "hopper: best, each new option added to it, and the new best, at 1, 8, 16")
     p.add_argument("--configs", default=None,
                    help="comma-separated configs, options joined by '+' "
                    "(baseline, fuse_qkv, compile=regional+channels_last, best)")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes for --configs")
     p.add_argument("--best", default=BEST, help=f"the best combination (default {BEST})")
+    p.add_argument("--new-best", default=NEW_BEST,
+                   help=f"everything new at once, 'new-best' in --configs (default {NEW_BEST})")
+    p.add_argument("--drift-images", type=int, default=None,
+                   help=f"images per config compared with the baseline's, one batch "
+                   f"({DRIFT_IMAGES}; tiny 2; 0: no drift)")
     p.add_argument("--size", type=int, default=None, help="generation size (1024; tiny 64)")
     p.add_argument("--steps", type=int, default=None, help="steps (30; tiny --quick 4)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per cell")
@@ -130,16 +173,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.size = args.size or (64 if args.tiny else 1024)
     args.steps = args.steps or (4 if args.tiny and args.quick else 30)
     args.rounds = args.rounds or (1 if args.quick else 2)
+    if args.drift_images is None:
+        args.drift_images = 2 if args.tiny else DRIFT_IMAGES
     return args
 
 
-def options_of(spec: str, best: str) -> Any:
+def options_of(spec: str, best: str, new_best: str = NEW_BEST) -> Any:
+    """A config's options: options joined by ``+``; ``best`` and ``new-best`` stand for
+    those combinations (``best+quantize=fp8``: today's best with FP8)."""
     from genaug.service.pipeline.speed import SpeedOptions
 
-    spec = spec.strip()
-    if spec == "best":
-        spec = best
-    return SpeedOptions.parse(spec.replace("+", ","))
+    names = {"best": best, "new-best": new_best}
+    parts = [names.get(part.strip(), part.strip()) for part in spec.strip().split("+")]
+    return SpeedOptions.parse("+".join(parts).replace("+", ","))
 
 
 def plan_cells(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
@@ -152,10 +198,14 @@ def plan_cells(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
         batches = [int(b) for b in (args.batches or "1,8").split(",")]
         return [(c.strip(), batches) for c in args.configs.split(",") if c.strip()]
     small, large = ([1, 2], [4, 8]) if args.tiny else ([1, 8], [4, 16])
+    three = [1, 2, 4] if args.tiny else [1, 8, 16]
     plans = {
         "first": [("baseline", small), ("best", small)],
         "sizes": [("baseline", large), ("best", large)],
         "options": [("baseline", small[1:]), *((single, small[1:]) for single in SINGLES)],
+        # The baseline only for the drift reference and the MFU's bf16 anchor, at batch 8.
+        "hopper": [("baseline", small[1:]), ("best", three),
+                   *((added, small[1:]) for added in HOPPER_ADDED), ("new-best", three)],
         "all": [("baseline", small + large), ("best", small + large),
                 *((single, small[1:]) for single in SINGLES)],
     }
@@ -301,6 +351,54 @@ def matmul_peak(device: Any, dtype: Any, *, quick: bool = False) -> float:
     return 2 * n**3 / median(times)
 
 
+# -- image drift ----------------------------------------------------------------------------
+
+
+def psnr_db(a: Any, b: Any) -> float:
+    """PSNR in dB of two uint8 images (255 the peak); ``inf`` when they are identical."""
+    import numpy as np
+
+    diff = a.astype(np.float64) - b.astype(np.float64)
+    mse = float(np.mean(diff * diff))
+    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+
+
+def visible_share(a: Any, b: Any, levels: int = VISIBLE_LEVELS) -> float:
+    """The share of pixels where some channel differs by more than ``levels`` of 255."""
+    import numpy as np
+
+    diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+    return float(np.mean(diff.max(axis=-1) > levels))
+
+
+def visibly_changed(a: Any, b: Any) -> bool:
+    """More than :data:`VISIBLE_SHARE` of the pixels differ by more than
+    :data:`VISIBLE_LEVELS` of 255."""
+    return visible_share(a, b) > VISIBLE_SHARE
+
+
+def drift(reference: Sequence[Any], images: Sequence[Any]) -> dict[str, Any]:
+    """``images`` against ``reference`` seed by seed: PSNR (mean over the images of each
+    one's dB, and the lowest), the images visibly changed (:func:`visibly_changed`) and their
+    share, the largest difference in levels of 255."""
+    import numpy as np
+
+    if len(reference) != len(images) or not images:
+        raise ValueError(f"{len(images)} images against {len(reference)} references")
+    psnrs = [psnr_db(r, i) for r, i in zip(reference, images, strict=True)]
+    changed = sum(visibly_changed(r, i) for r, i in zip(reference, images, strict=True))
+    largest = max(int(np.abs(r.astype(np.int16) - i.astype(np.int16)).max())
+                  for r, i in zip(reference, images, strict=True))
+    return {
+        "images": len(images),
+        "psnr_db_mean": float(np.mean(psnrs)),
+        "psnr_db_min": min(psnrs),
+        "visibly_changed": changed,
+        "visibly_changed_share": changed / len(images),
+        "max_levels": largest,
+    }
+
+
 # -- measurement ----------------------------------------------------------------------------
 
 
@@ -319,6 +417,7 @@ class Cell:
     failed_images: int = 0
     service_recompiles: float = 0.0
     graphs_compiled_while_measuring: int = 0
+    service_ready_s: float = float("nan")  # start-up to /readyz 200: its warm-up included
     skipped: str | None = None
 
 
@@ -332,6 +431,7 @@ class ConfigRun:
     warmup_warm_cache_s: dict[str, float] = field(default_factory=dict)
     compiled_graphs: int = 0
     graph_breaks: int = 0
+    drift: dict[str, Any] | None = None  # against the baseline of this run (same seeds)
     skipped: str | None = None
 
 
@@ -342,6 +442,8 @@ class Bench:
     dtype: Any
     deadline: float
     results: dict[str, Any]
+    # The baseline's drift images (uint8, the first config named "baseline" in this run).
+    reference: list[Any] | None = None
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -417,7 +519,10 @@ def probe_seconds_per_image(bench: Bench, worker: Any, batch: int) -> float:
 
 
 @contextlib.contextmanager
-def serving(bench: Bench, model: Any, options: Any, batch: int) -> Iterator[Any]:
+def serving(
+    bench: Bench, model: Any, options: Any, batch: int
+) -> Iterator[tuple[Any, float]]:
+    """The service on ``model``, and the seconds it took to be ready (its warm-up)."""
     from genaug.local_service import free_port
     from genaug.service.settings import Settings
     from genaug.service.testing import start_service
@@ -438,8 +543,9 @@ def serving(bench: Bench, model: Any, options: Any, batch: int) -> Iterator[Any]
         log_level="warning",
         **options.as_dict(),
     )
+    t0 = time.perf_counter()
     with start_service(model, settings=settings, record=False, ready_timeout=900) as live:
-        yield live
+        yield live, time.perf_counter() - t0
 
 
 async def _saturate(client: Any, bench: Bench, batch: int, requests: int, seed: int) -> float:
@@ -481,7 +587,8 @@ def measure_cell(
         bench.sync()
         return batches_per_phase * batch / (time.perf_counter() - t0)
 
-    with serving(bench, model, options, batch) as live:
+    with serving(bench, model, options, batch) as (live, ready_s):
+        cell.service_ready_s = ready_s
         graphs_before, _ = dynamo_counts()
         loop = asyncio.new_event_loop()
         client = AsyncClient(live.url, client_id="bench", timeout=3600)
@@ -518,13 +625,15 @@ def run_config(
     from genaug.service.pipeline.speed import apply_speed
     from genaug.service.pipeline.worker import PipelineWorker
 
-    options = options_of(config, bench.args.best)
-    label = "best" if config == "best" else options.label
-    run = ConfigRun(config=label + (f" ({options.label})" if config == "best" else ""),
-                    options=options.as_dict())
+    options = options_of(config, bench.args.best, bench.args.new_best)
+    named = config.split("+", 1)[0] in ("best", "new-best")
+    run = ConfigRun(config=config + (f" ({options.label})" if named else "")
+                    if named else options.label, options=options.as_dict())
     bench.results["configs"].append(asdict(run))
-    # What a build and a cold warm-up take at most on an H100 (whole-UNet compiles are long).
+    # What a build and a cold warm-up take at most on an H100 (whole-UNet compiles are long,
+    # max-autotune's kernel tuning longer).
     needed = {"off": 60, "regional": 150, "unet": 300}[options.compile]
+    needed += 240 if options.compile_mode.startswith("max-autotune") else 0
     if not bench.args.tiny and bench.remaining() < needed:
         run.skipped = f"time budget ({bench.remaining():.0f} s left, {needed} s needed)"
         bench.results["configs"][-1] = asdict(run)
@@ -541,6 +650,7 @@ def run_config(
         run.apply_s = time.perf_counter() - t0
         worker = PipelineWorker(model)
         run.warmup_s = warm_up(bench, worker, batches)
+        run.drift = measure_drift(bench, worker, is_baseline=config == "baseline")
     except Exception as exc:  # e.g. out of memory: report it and go on with the next config
         run.skipped = f"error: {type(exc).__name__}: {exc}"
         print(f"[{config}] failed: {run.skipped}", flush=True)
@@ -576,13 +686,63 @@ def run_config(
     release(bench.device)
 
 
+def measure_drift(bench: Bench, worker: Any, *, is_baseline: bool) -> dict[str, Any] | None:
+    """Make the drift images; the baseline's become the reference, the others are compared
+    with it (``None`` without a baseline earlier in this run, or with ``--drift-images 0``).
+
+    One batch of ``--drift-images`` images, the same batch for every config (on a GPU an
+    image is reproducible per seed only up to floating-point noise between batch sizes).
+    """
+    n = bench.args.drift_images
+    if n <= 0 or (not is_baseline and bench.reference is None):
+        return None
+    images = list(worker.run(bench.key(), bench.items(n, seed=DRIFT_SEED)).images)
+    if is_baseline:
+        if bench.reference is None:
+            bench.reference = images
+        return drift(bench.reference, images)
+    assert bench.reference is not None
+    return drift(bench.reference, images)
+
+
+def versions(device: Any) -> dict[str, Any]:
+    """Python, torch, CUDA, cuDNN, diffusers, torchao (if installed); on CUDA the driver and
+    the compute capability: docs/benchmarks.md records them with the figures."""
+    import importlib.metadata as metadata
+
+    import diffusers
+    import torch
+
+    out: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "diffusers": diffusers.__version__,
+    }
+    try:
+        out["torchao"] = metadata.version("torchao")
+    except metadata.PackageNotFoundError:
+        out["torchao"] = None
+    if device.type == "cuda":
+        out["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        try:
+            out["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30, check=True,
+            ).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            out["driver"] = None
+    return out
+
+
 def warm_cache_check(bench: Bench, batches: list[int], cache_dir: Path) -> dict[str, Any]:
     """Warm-up of the best combination in a new process with this run's compile cache."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "warm.json"
         cmd = [
             sys.executable, str(Path(__file__).resolve()), "--warmup-only",
-            "--configs", "best", "--best", bench.args.best,
+            "--configs", "best", "--best", bench.args.best, "--new-best", bench.args.new_best,
             "--batches", ",".join(str(b) for b in batches),
             "--size", str(bench.args.size), "--steps", str(bench.args.steps),
             "--threads", str(bench.args.threads), "--cache-dir", str(cache_dir),
@@ -637,6 +797,8 @@ def report(results: dict[str, Any]) -> None:
              flops_text(m["flops_per_image"])],
             [f"measured matmul peak ({results['device']['dtype']})",
              flops_text(results["device"]["matmul_peak"], per_s=True)],
+            ["versions", ", ".join(f"{k} {v}" for k, v in results["device"].items()
+                                   if k in VERSION_KEYS and v is not None)],
         ],
     )
     cells = [c for c in results["cells"] if c["skipped"] is None]
@@ -644,10 +806,11 @@ def report(results: dict[str, Any]) -> None:
         f"Throughput: {m['size']}x{m['size']}, {m['steps']} steps, guidance {GUIDANCE}; "
         "direct = PipelineWorker.run in process, service = HTTP (2 async clients, n=batch)",
         ["config", "batch", "direct images/s", "service images/s", "service/direct",
-         "MFU (service)", "peak GiB", "failed", "recompiles", "new graphs"],
+         "MFU (service)", "peak GiB", "failed", "recompiles", "new graphs", "service ready s"],
         [[c["config"], c["batch"], c["direct"], c["service"], f"{c['ratio']:.3f}",
           f"{c['mfu_service']:.1%}", gib_text(c["peak_memory_gib"]), c["failed_images"],
-          int(c["service_recompiles"]), c["graphs_compiled_while_measuring"]] for c in cells],
+          int(c["service_recompiles"]), c["graphs_compiled_while_measuring"],
+          f"{c.get('service_ready_s', float('nan')):.1f}"] for c in cells],
     )
     base = {c["batch"]: c["service"] for c in cells if c["config"] == "baseline"}
     rows = [[c["config"], c["batch"], f"{c['service'] / base[c['batch']]:.2f}"]
@@ -666,6 +829,16 @@ def report(results: dict[str, Any]) -> None:
         table("Warm-up: first batch of each shape (2 steps, compilation included), seconds",
               ["config", "shape", "cold cache", "warm cache (new process)", "graphs",
                "graph breaks"], warm_rows)
+    drift_rows = [[r["config"], d["images"], f"{d['psnr_db_mean']:.1f}",
+                   f"{d['psnr_db_min']:.1f}", f"{d['visibly_changed']} / {d['images']}",
+                   d["max_levels"]]
+                  for r in results["configs"] if (d := r.get("drift")) is not None]
+    if drift_rows:
+        table(f"Image drift against the baseline, same seeds (PSNR of the uint8 images; "
+              f"visibly changed: > {VISIBLE_SHARE:.0%} of the pixels differ by > "
+              f"{VISIBLE_LEVELS}/255)",
+              ["config", "images", "PSNR dB (mean)", "PSNR dB (lowest)", "visibly changed",
+               "largest difference /255"], drift_rows)
     skipped = [f"{c['config']} @ {c['batch']}: {c['skipped']}"
                for c in results["cells"] if c["skipped"]]
     skipped += [f"{r['config']}: {r['skipped']}" for r in results["configs"] if r["skipped"]]
@@ -679,6 +852,12 @@ def report(results: dict[str, Any]) -> None:
               f"{'met' if best['service'] >= GOAL_IMAGES_S else 'MISSED'}")
         print(f"goal service/direct >= {GOAL_RATIO}: lowest {worst_ratio:.3f}: "
               f"{'met' if worst_ratio >= GOAL_RATIO else 'MISSED'}")
+        new = [c for c in cells if c["config"].startswith("new-best")]
+        if new:
+            top = max(new, key=lambda c: c["service"])
+            print(f"goal >= {GOAL_HOPPER_IMAGES_S} images/s with FP8, CUDA graphs and the "
+                  f"fastest attention: {top['service']:.3f} (batch {top['batch']}): "
+                  f"{'met' if top['service'] >= GOAL_HOPPER_IMAGES_S else 'MISSED'}")
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -731,8 +910,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     peak = matmul_peak(device, dtype, quick=args.quick)
     results.update(
         device={"name": name, "type": device.type, "dtype": str(dtype).removeprefix("torch."),
-                "matmul_peak": peak, "torch": torch.__version__,
-                "diffusers": diffusers.__version__},
+                "matmul_peak": peak, **versions(device)},
         model={"size": args.size, "steps": args.steps, "guidance": GUIDANCE,
                "unet_flops_per_pass": flops, "flop_count_s": flop_count_s,
                "flops_per_image": flops_per_image, "parameters": parameters},
@@ -747,7 +925,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for config, batches in plan:
         run_config(bench, config, batches, flops_per_image, peak)
     best_run = next((r for r in results["configs"]
-                     if r["config"].startswith("best") and r["warmup_s"]), None)
+                     if r["config"].split(" ", 1)[0] == "best" and r["warmup_s"]), None)
     if (best_run is not None and options_of("best", args.best).compile != "off"
             and not args.no_cache_check and bench.remaining() > 120):
         shapes = [int(s.rsplit(":", 1)[1]) for s in best_run["warmup_s"]]

@@ -4,7 +4,8 @@ The GPU machine (``nvidia-h100-x1``, ``nvidia-h200``) has Python 3.12, a CUDA to
 packages, but not diffusers, FastAPI, uvicorn or pydantic, and it cannot reach any package
 index. This script works out what to carry and downloads it here:
 
-- start from genaug's ``service`` extra (read from ``pyproject.toml``, ``client`` included);
+- start from genaug's ``service`` and ``fp8`` extras (read from ``pyproject.toml``,
+  ``client`` included; ``fp8`` brings torchao, for ``GENAUG_QUANTIZE=fp8``);
 - close over each package's ``Requires-Dist`` (markers evaluated for CPython 3.12 on Linux);
 - drop what the machine's image already has (``PRESENT``, copied from the device notes'
   package list) and torch (the machine's CUDA build is the one to use), except ``FORCE``
@@ -84,12 +85,13 @@ def normalize(name: str) -> str:
 
 
 def service_requirements() -> list[Requirement]:
-    """genaug's ``service`` extra with ``genaug[client]`` expanded, from pyproject.toml."""
+    """genaug's ``service`` and ``fp8`` extras with ``genaug[...]`` expanded, from
+    pyproject.toml."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
     out: list[Requirement] = []
-    todo, done = ["service"], set()
+    todo, done = ["service", "fp8"], set()
     while todo:
         extra = todo.pop()
         done.add(extra)
@@ -119,7 +121,7 @@ def to_carry() -> dict[str, str]:
             dist = metadata.distribution(req.name)
         except metadata.PackageNotFoundError:
             raise SystemExit(
-                f"{req.name} is not installed here; install genaug[service] first"
+                f"{req.name} is not installed here; install genaug[service,fp8] first"
             ) from None
         carry[name] = dist.version
         for text in dist.requires or []:

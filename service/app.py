@@ -44,7 +44,7 @@ from .batching.batcher import Batcher
 from .batching.items import Worker
 from .intake.schemas import build_api_models
 from .metrics import Metrics
-from .pipeline.speed import Speed
+from .pipeline.speed import Speed, SpeedError, check_speed_settings
 from .pool.open import open_pool_store, replica_info
 from .pool.planner import PoolPlanner, pool_model_hash
 from .pool.serving import PoolServing
@@ -166,6 +166,10 @@ def check_startup(settings: Settings) -> dict[str, str]:
 
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
+    try:  # FP8 and attention kernels the device lacks, torchao missing: one line each
+        check_speed_settings(settings, device)
+    except SpeedError as exc:
+        raise ModelLoadError(str(exc)) from exc
     for name, path in (
         ("GENAUG_MODEL", settings.model_path),
         ("GENAUG_UNET_WEIGHTS", settings.unet_weights),

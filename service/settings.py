@@ -326,6 +326,27 @@ class Settings(BaseSettings):
         "transformer blocks: most of the gain, several times shorter warm-up). Each new "
         "generation size or batch size compiles once (counted in genaug_recompiles_total).",
     )
+    compile_mode: Literal[
+        "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+    ] = Field(
+        default="default",
+        description="torch.compile's mode for GENAUG_COMPILE: reduce-overhead and "
+        "max-autotune replay CUDA graphs (a batch is then padded to the next of a few batch "
+        "sizes, all compiled at warm-up); max-autotune also tunes its kernels (longer "
+        "warm-up).",
+    )
+    quantize: Literal["none", "fp8"] = Field(
+        default="none",
+        description="fp8: the UNet's large linear layers in float8 with per-row scales "
+        "(torchao, the genaug[fp8] extra; CUDA compute capability 8.9 or more). Images "
+        "drift slightly from bf16.",
+    )
+    attention: Literal["auto", "default", "flash3", "cudnn", "flash", "efficient", "math"] = Field(
+        default="auto",
+        description="Attention kernel: auto (the fastest the device has: FlashAttention-3 if "
+        "installed, else cuDNN, on Hopper; torch's own choice elsewhere), default (torch's own "
+        "choice), or one kernel by name.",
+    )
     channels_last: bool = Field(
         default=False, description="UNet and VAE weights in channels_last (NHWC) memory layout."
     )
@@ -350,6 +371,15 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_warmup_shapes(cls, value: object) -> object:
         return parse_warmup_shapes(value)
+
+    @model_validator(mode="after")
+    def _check_compile_mode(self) -> Settings:
+        if self.compile_mode != "default" and self.compile == "off":
+            raise ValueError(
+                f"GENAUG_COMPILE_MODE={self.compile_mode} needs compilation; set "
+                "GENAUG_COMPILE=unet or regional, or GENAUG_COMPILE_MODE=default"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_warmup_shapes(self) -> Settings:

@@ -74,6 +74,56 @@ def test_plans_put_baseline_and_best_at_batch_1_and_8_first(bench: Any) -> None:
     assert bench.options_of("best", bench.BEST).label == "compile=regional+fuse_qkv"
 
 
+def test_the_hopper_plan_adds_each_new_option_to_todays_best_then_all(bench: Any) -> None:
+    cells = bench.plan_cells(bench.parse_args(["--plan", "hopper"]))
+    assert cells[0] == ("baseline", [8])  # the drift reference
+    assert cells[1] == ("best", [1, 8, 16]) and cells[-1] == ("new-best", [1, 8, 16])
+    added = [bench.options_of(c, bench.BEST) for c, _ in cells[2:-1]]
+    assert [o.label for o in added] == [
+        "compile=regional+attention=auto+fuse_qkv",
+        "compile=regional+quantize=fp8+fuse_qkv",
+        "compile=regional+compile_mode=reduce-overhead+fuse_qkv",
+        "compile=unet+compile_mode=max-autotune+fuse_qkv",
+    ]
+    new = bench.options_of("new-best", bench.BEST)
+    assert (new.compile, new.compile_mode, new.quantize, new.attention, new.fuse_qkv) == (
+        "unet", "max-autotune", "fp8", "auto", True
+    )
+    assert new.cuda_graphs
+    # The baseline keeps torch's own attention order: what earlier runs measured.
+    assert bench.options_of("baseline", bench.BEST).attention == "default"
+
+
+def test_drift_metrics_psnr_and_visible_change(bench: Any) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    assert bench.psnr_db(a, a) == float("inf")
+    b = a.astype(np.int16)
+    b[..., 0] += np.where(b[..., 0] < 128, 1, -1)  # every pixel off by 1 level in one channel
+    b = b.astype(np.uint8)
+    # MSE = 1/3 (one channel of three): 10 log10(255^2 * 3) = 52.9 dB.
+    assert bench.psnr_db(a, b) == pytest.approx(10 * np.log10(255**2 * 3), abs=1e-9)
+    assert bench.visible_share(a, b) == 0.0 and not bench.visibly_changed(a, b)
+    c = a.copy()
+    c[:1, :40] = np.where(a[:1, :40] < 128, 255, 0)  # 40 pixels set far off
+    share = bench.visible_share(a, c)
+    assert share == pytest.approx(40 / 4096)  # 0.98 %: at the threshold, not over it
+    assert not bench.visibly_changed(a, c)
+    c[1:2, :10] = np.where(a[1:2, :10] < 128, 255, 0)  # 50 pixels: 1.2 %
+    assert bench.visibly_changed(a, c)
+    nine = a.astype(np.int16)
+    nine[:8, :8, 2] = np.where(nine[:8, :8, 2] < 128, nine[:8, :8, 2] + 8, nine[:8, :8, 2] - 8)
+    assert bench.visible_share(a, nine.astype(np.uint8)) == 0.0  # 8 levels: not over 8
+    report = bench.drift([a, a], [b, c])
+    assert report["images"] == 2 and report["visibly_changed"] == 1
+    assert report["visibly_changed_share"] == 0.5 and report["max_levels"] >= 128
+    assert report["psnr_db_min"] == bench.psnr_db(a, c) < report["psnr_db_mean"]
+    with pytest.raises(ValueError):
+        bench.drift([a], [a, a])
+
+
 def run_tiny(tmp_path: Path, *extra: str, timeout: float) -> tuple[dict[str, Any], str]:
     out = tmp_path / "result.json"
     proc = subprocess.run(
@@ -87,22 +137,34 @@ def run_tiny(tmp_path: Path, *extra: str, timeout: float) -> tuple[dict[str, Any
 
 def test_tiny_mode_measures_direct_and_service_side_by_side(tmp_path: Path) -> None:
     result, stdout = run_tiny(
-        tmp_path, "--configs", "baseline,fuse_qkv", "--batches", "2", timeout=240
+        tmp_path, "--configs", "baseline,fuse_qkv,quantize=fp8", "--batches", "2", timeout=240
     )
     model = result["model"]
     assert model["flops_per_image"] == 2 * 2 * model["unet_flops_per_pass"] > 0
     assert result["device"]["matmul_peak"] > 0
+    assert result["device"]["torch"] and result["device"]["python"]
+    assert "torchao" in result["device"] and "cudnn" in result["device"]
     cells = result["cells"]
     assert [(c["config"], c["batch"], c["skipped"]) for c in cells] == [
         ("baseline", 2, None), ("fuse_qkv", 2, None)
     ]
+    # FP8 is refused on the CPU, in one line, and the run goes on (reported, not measured).
+    fp8 = result["configs"][2]
+    assert fp8["config"] == "quantize=fp8"
+    assert "GENAUG_QUANTIZE=fp8 needs a CUDA GPU" in fp8["skipped"]
+    # Drift against the baseline's images of the same seeds: none for the baseline itself,
+    # within the tolerance of numerically equivalent options for fused projections.
+    base, fused = result["configs"][0]["drift"], result["configs"][1]["drift"]
+    assert base["images"] == 2 and base["psnr_db_mean"] == float("inf")
+    assert fused["visibly_changed"] == 0 and fused["max_levels"] <= 2
     for cell in cells:
         assert cell["direct"] > 0 and cell["service"] > 0 and cell["failed_images"] == 0
         assert cell["ratio"] == pytest.approx(cell["service"] / cell["direct"], rel=1e-9)
         flops = model["flops_per_image"] / result["device"]["matmul_peak"]
         assert cell["mfu_service"] == pytest.approx(cell["service"] * flops, rel=1e-9)
-    assert [r["options"]["fuse_qkv"] for r in result["configs"]] == [False, True]
-    for title in ("Model and device", "Throughput", "Speed-up over the baseline", "Warm-up"):
+    assert [r["options"]["fuse_qkv"] for r in result["configs"]] == [False, True, False]
+    for title in ("Model and device", "Throughput", "Speed-up over the baseline", "Warm-up",
+                  "Image drift against the baseline"):
         assert title in stdout
 
 

@@ -107,10 +107,19 @@ class AdapterInfo(BaseModel):
 
 
 class SpeedInfo(BaseModel):
-    """The speed options in force and the shapes compiled at warm-up."""
+    """The speed options in force and the shapes compiled at warm-up. ``attention`` is the
+    setting, ``attention_backend`` the kernel it chose on this device (``default``: torch's
+    own order); ``quantized_layers`` counts the UNet's FP8 linear layers; ``batch_sizes`` are
+    the sizes a batch is padded to with CUDA graphs (empty without)."""
 
     scheduler: str = "default"
     compile: str = "off"
+    compile_mode: str = "default"
+    quantize: str = "none"
+    quantized_layers: int = 0
+    attention: str = "default"
+    attention_backend: str = "default"
+    batch_sizes: list[int] = Field(default_factory=list)
     channels_last: bool = False
     fuse_qkv: bool = False
     vae_slicing: bool = False

@@ -7,6 +7,17 @@ The options (``GENAUG_*`` settings, all off by default):
   block serves all 70 of SDXL's, so warm-up is several times shorter for most of the gain).
   Shapes are static (``dynamic=False``): every (generation size, batch size, adapter) compiles
   once, at warm-up or on its first batch.
+- ``compile_mode``: torch.compile's ``mode``. ``reduce-overhead`` and ``max-autotune`` replay
+  CUDA graphs (no launch gaps between the kernels of a step; ``max-autotune`` also benchmarks
+  kernel choices at compile time). A graph is recorded per shape and holds its memory, so with
+  them the batch sizes are kept to a small set (:func:`~genaug.service.pipeline.warmup.
+  batch_sizes`: powers of two up to ``max_batch_images``): a batch is padded to the next size
+  (:class:`~genaug.service.pipeline.tracked.PaddedWorker`; the padding rows' images are
+  discarded) and warm-up compiles every size, so serving compiles nothing new.
+- ``quantize``: ``fp8``, the UNet's large linear layers in float8 with per-row scales
+  (:mod:`~genaug.service.pipeline.quantize`; torchao, compute capability 8.9 or more).
+- ``attention``: the ``scaled_dot_product_attention`` kernel
+  (:mod:`~genaug.service.pipeline.attention`); ``auto`` is the fastest the device has.
 - ``channels_last``: UNet and VAE weights in NHWC memory layout (faster convolutions on
   tensor cores).
 - ``fuse_qkv``: one matrix product for the query, key and value projections of each attention
@@ -25,6 +36,10 @@ Life cycle (the app's lifespan is the one caller)::
     await batcher.run_in_worker(lambda: speed.warm_up(generator, plan))  # before /readyz 200
     speed.info()  # {"compile": "regional", ..., "compiled_shapes": ["1024x1024:8"]}
 
+Start-up checks the options that depend on the device before anything loads
+(:func:`check_speed_settings`: FP8 on a device without it, torchao missing, a CUDA-only
+attention kernel on the CPU), each refused in one line.
+
 The warm-up itself (its plan, running it, the compiled-shape bookkeeping) is
 :mod:`~genaug.service.pipeline.warmup`; the hot-path wrapper that reports each batch's shape is
 :mod:`~genaug.service.pipeline.tracked`. Everything that touches torch is imported inside
@@ -35,36 +50,66 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..batching.items import Worker
-from .tracked import TrackedWorker
-from .warmup import ShapeTracker, WarmupRecord, WarmupStep, run_warmup, warmup_plan
+from .attention import ATTENTION_CHOICES, AttentionSetting
+from .errors import SpeedError
+from .tracked import PaddedWorker, TrackedWorker
+from .warmup import (
+    ShapeTracker,
+    WarmupRecord,
+    WarmupStep,
+    batch_sizes,
+    run_warmup,
+    uses_cuda_graphs,
+    warmup_plan,
+)
 
 if TYPE_CHECKING:
+    import torch
+
     from ..metrics import Metrics
     from ..settings import Settings
     from .load import LoadedModel
 
-__all__ = ["COMPILE_MODES", "Speed", "SpeedError", "SpeedOptions", "apply_speed"]
+__all__ = [
+    "COMPILE_MODES",
+    "TORCH_COMPILE_MODES",
+    "Speed",
+    "SpeedError",
+    "SpeedOptions",
+    "apply_speed",
+    "check_speed_settings",
+]
 
 log = logging.getLogger(__name__)
 
 CompileMode = Literal["off", "unet", "regional"]
 COMPILE_MODES: tuple[CompileMode, ...] = ("off", "unet", "regional")
+TorchCompileMode = Literal[
+    "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+]
+#: torch.compile's own ``mode`` names (GENAUG_COMPILE_MODE).
+TORCH_COMPILE_MODES: tuple[TorchCompileMode, ...] = (
+    "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+)
+Quantize = Literal["none", "fp8"]
+QUANTIZE_CHOICES: tuple[Quantize, ...] = ("none", "fp8")
 
 #: torch.compile recompiles a function for each new static shape up to this many times, then
 #: silently runs it eagerly. Regional compilation shares one code object among all transformer
 #: blocks, and SDXL's two block widths make two graphs per shape: raise torch's default of 8.
 RECOMPILE_LIMIT = 64
 
-# The attribute on a pipeline that records the options applied to it (see apply_speed).
+# The attributes on a pipeline that record the options applied to it and what they did
+# (the attention kernel chosen, the layers quantized; see apply_speed).
 _APPLIED_ATTR = "_genaug_speed"
-
-
-class SpeedError(RuntimeError):
-    """A speed option cannot be applied; the message names the setting and the fix."""
+_REPORT_ATTR = "_genaug_speed_report"
+# A bare option name in SpeedOptions.parse: its value.
+_BARE = {"compile": "unet", "compile_mode": "max-autotune", "quantize": "fp8",
+         "attention": "auto"}
 
 
 # -- options --------------------------------------------------------------------------------
@@ -78,10 +123,16 @@ class SpeedOptions:
 
         options = SpeedOptions(compile="regional", channels_last=True, fuse_qkv=True)
         options.enabled        # ['compile=regional', 'channels_last', 'fuse_qkv']
-        SpeedOptions.from_settings(Settings())  # all off
+        SpeedOptions.from_settings(Settings())  # all off but attention=auto
+
+    ``attention`` defaults to ``default`` here (torch's own kernel order: what the benchmark's
+    baseline runs) and to ``auto`` in the settings.
     """
 
     compile: CompileMode = "off"
+    compile_mode: TorchCompileMode = "default"
+    quantize: Quantize = "none"
+    attention: AttentionSetting = "default"
     channels_last: bool = False
     fuse_qkv: bool = False
     vae_slicing: bool = False
@@ -93,11 +144,34 @@ class SpeedOptions:
                 f"compile mode {self.compile!r} is not one of {', '.join(COMPILE_MODES)}; "
                 "set GENAUG_COMPILE to one of those"
             )
+        for value, allowed, setting in (
+            (self.compile_mode, TORCH_COMPILE_MODES, "GENAUG_COMPILE_MODE"),
+            (self.quantize, QUANTIZE_CHOICES, "GENAUG_QUANTIZE"),
+            (self.attention, ATTENTION_CHOICES, "GENAUG_ATTENTION"),
+        ):
+            if value not in allowed:
+                raise SpeedError(
+                    f"{setting}={value} is not one of {', '.join(allowed)}; set {setting} to "
+                    "one of those"
+                )
+        if self.compile_mode != "default" and self.compile == "off":
+            raise SpeedError(
+                f"GENAUG_COMPILE_MODE={self.compile_mode} needs compilation; set "
+                "GENAUG_COMPILE=unet or regional, or GENAUG_COMPILE_MODE=default"
+            )
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """The compiled UNet replays CUDA graphs (batches are padded to a few sizes)."""
+        return self.compile != "off" and uses_cuda_graphs(self.compile_mode)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SpeedOptions:
         return cls(
             compile=settings.compile,
+            compile_mode=settings.compile_mode,
+            quantize=settings.quantize,
+            attention=settings.attention,
             channels_last=settings.channels_last,
             fuse_qkv=settings.fuse_qkv,
             vae_slicing=settings.vae_slicing,
@@ -106,7 +180,9 @@ class SpeedOptions:
 
     @classmethod
     def parse(cls, text: str) -> SpeedOptions:
-        """``"compile=regional,channels_last,fuse_qkv"`` (or ``"baseline"``/``""``: all off)."""
+        """``"compile=regional,channels_last,fuse_qkv"`` (or ``"baseline"``/``""``: all off).
+        A bare ``compile`` is ``compile=unet``, ``quantize`` is ``quantize=fp8``,
+        ``compile_mode`` is ``compile_mode=max-autotune``, ``attention`` is ``attention=auto``."""
         values: dict[str, Any] = {}
         names = {f.name for f in fields(cls)}
         for raw in text.split(","):
@@ -118,8 +194,8 @@ class SpeedOptions:
             if name not in names:
                 known = ", ".join(sorted(names))
                 raise SpeedError(f"unknown speed option {name!r} in {text!r}; options: {known}")
-            if name == "compile":
-                values[name] = value.strip() or "unet"
+            if name in _BARE:
+                values[name] = value.strip() or _BARE[name]
             else:
                 values[name] = value.strip().lower() not in ("false", "0", "off", "no")
         return cls(**values)
@@ -127,8 +203,11 @@ class SpeedOptions:
     @property
     def enabled(self) -> list[str]:
         """The options that are on, as short names (``[]`` for the baseline)."""
-        out = [f"compile={self.compile}"] if self.compile != "off" else []
-        out += [f.name for f in fields(self) if f.name != "compile" and getattr(self, f.name)]
+        defaults = {"compile": "off", "compile_mode": "default", "quantize": "none",
+                    "attention": "default"}
+        out = [f"{name}={getattr(self, name)}" for name, off in defaults.items()
+               if getattr(self, name) != off]
+        out += [f.name for f in fields(self) if f.name not in defaults and getattr(self, f.name)]
         return out
 
     @property
@@ -144,30 +223,49 @@ def apply_speed(pipeline: Any, options: SpeedOptions) -> SpeedOptions:
     """Apply ``options`` to a loaded SDXL pipeline in place; return what was applied.
 
     Call it after loading and before the worker's first batch. Order: fused QKV (new weights),
-    then channels_last (their layout), then the VAE switches, then compile (which traces what
-    the others made). Compilation itself happens lazily, on the first call of each shape:
-    that is what the warm-up is for.
+    then channels_last (their layout), then the VAE switches, then FP8 (it quantizes the fused
+    weights), then the attention kernel (process-wide), then compile (which traces what the
+    others made). Compilation itself happens lazily, on the first call of each shape: that is
+    what the warm-up is for. What the options did (the attention kernel chosen, the layers
+    quantized) is :func:`applied_report`.
 
     Applying the same options again is a no-op that returns them (the app's lifespan may run
     after a benchmark prepared the model); other options on an already changed pipeline are
-    refused, since fusing or compiling cannot be undone.
+    refused, since fusing, quantizing or compiling cannot be undone. The attention kernel is
+    not part of the pipeline (torch's choice is process-wide): it is chosen and set on every
+    call, whatever was applied before.
 
     Raises:
         SpeedError: an option this pipeline does not support, or different options already
             applied.
     """
+    from .attention import apply_attention, choose_attention
+
+    unet = pipeline.unet
+    device = _device_of(unet)
+    choice = choose_attention(options.attention, device)
+    # What changes the pipeline itself, and is recorded on it.
+    structural = replace(options, attention="default")
     previous: SpeedOptions | None = getattr(pipeline, _APPLIED_ATTR, None)
-    if previous is not None:
-        if previous == options:
-            return previous
+    report: dict[str, Any] = dict(getattr(pipeline, _REPORT_ATTR, {}))
+    if previous is not None and previous != structural:
         raise SpeedError(
             f"this pipeline already has the speed options {previous.label} applied and "
-            f"cannot take {options.label} as well (fused weights and compiled modules cannot "
-            "be undone); load a fresh model"
+            f"cannot take {structural.label} as well (fused weights, FP8 layers and compiled "
+            "modules cannot be undone); load a fresh model"
         )
-    if not options.enabled:
+    apply_attention(choice)
+    report["attention_backend"] = choice.backend
+    object.__setattr__(pipeline, _REPORT_ATTR, report)
+    if previous is not None or not structural.enabled:
         return options
+    _apply_structural(pipeline, structural, device, report)
+    return options
 
+
+def _apply_structural(
+    pipeline: Any, options: SpeedOptions, device: torch.device, report: dict[str, Any]
+) -> None:
     import torch
 
     unet = pipeline.unet
@@ -196,22 +294,62 @@ def apply_speed(pipeline: Any, options: SpeedOptions) -> SpeedOptions:
                     f"{setting}: the VAE ({type(vae).__name__}) does not support it: {exc}; "
                     f"set {setting}=false"
                 ) from exc
+    if options.quantize == "fp8":
+        from .quantize import check_fp8, quantize_fp8
+
+        check_fp8(device)
+        report["quantized_layers"] = len(quantize_fp8(unet))
     if options.compile != "off":
         _raise_recompile_limit()
+        # mode=None is torch's default; reduce-overhead and max-autotune record CUDA graphs.
+        mode = None if options.compile_mode == "default" else options.compile_mode
         if options.compile == "unet":
-            unet.compile(dynamic=False)
+            unet.compile(dynamic=False, mode=mode)
         else:
             try:
-                unet.compile_repeated_blocks(dynamic=False)
+                unet.compile_repeated_blocks(dynamic=False, mode=mode)
             except (ValueError, AttributeError) as exc:
                 raise SpeedError(
                     f"GENAUG_COMPILE=regional: the UNet ({type(unet).__name__}) declares no "
                     f"repeated blocks diffusers can compile ({exc}); set GENAUG_COMPILE=unet"
                 ) from exc
-    # A plain attribute on the pipeline object (not a registered component).
+    # Plain attributes on the pipeline object (not registered components).
     object.__setattr__(pipeline, _APPLIED_ATTR, options)
     log.info("speed options applied: %s", options.label)
-    return options
+
+
+def applied_report(pipeline: Any) -> dict[str, Any]:
+    """What :func:`apply_speed` did to ``pipeline``: ``attention_backend`` (the kernel chosen;
+    ``default`` is torch's own order) and ``quantized_layers`` (FP8), as ``/v1/info`` shows."""
+    report: dict[str, Any] = getattr(pipeline, _REPORT_ATTR, {})
+    return {
+        "attention_backend": report.get("attention_backend", "default"),
+        "quantized_layers": report.get("quantized_layers", 0),
+    }
+
+
+def _device_of(module: Any) -> torch.device:
+    import torch
+
+    for parameter in getattr(module, "parameters", list)():
+        device: torch.device = parameter.device
+        return device
+    return torch.device("cpu")
+
+
+def check_speed_settings(settings: Settings, device: torch.device) -> None:
+    """Refuse, before anything loads, the options ``device`` cannot run: FP8 without compute
+    capability 8.9 (or without torchao installed), an attention kernel it does not have.
+
+    Raises :class:`SpeedError` (one line naming the device and the fix).
+    """
+    from .attention import choose_attention
+
+    if settings.quantize == "fp8":
+        from .quantize import check_fp8
+
+        check_fp8(device)
+    choose_attention(settings.attention, device)
 
 
 def _raise_recompile_limit() -> None:
@@ -239,8 +377,10 @@ class Speed:
         worker = speed.wrap(generator)
         records = speed.warm_up(generator, speed.plan(settings, [], defaults=(64, 4, 5.0)))
         speed.info()
-        # {'compile': 'off', 'channels_last': False, 'fuse_qkv': False,
-        #  'vae_slicing': False, 'vae_tiling': False, 'compiled_shapes': []}
+        # {'compile': 'off', 'compile_mode': 'default', 'quantize': 'none',
+        #  'attention': 'auto', 'channels_last': False, 'fuse_qkv': False,
+        #  'vae_slicing': False, 'vae_tiling': False, 'attention_backend': 'default',
+        #  'quantized_layers': 0, 'batch_sizes': [], 'compiled_shapes': []}
     """
 
     def __init__(
@@ -248,9 +388,14 @@ class Speed:
         applied: SpeedOptions,
         tracker: ShapeTracker,
         publish: Callable[[dict[str, Any]], object] | None = None,
+        *,
+        report: dict[str, Any] | None = None,
+        batch_sizes: tuple[int, ...] = (),
     ) -> None:
         self.applied = applied
         self.tracker = tracker
+        self.report = report or applied_report(None)
+        self.batch_sizes = batch_sizes
         self.warmup_records: list[WarmupRecord] = []
         self._publish_to = publish
         tracker.on_new_shape = self._publish
@@ -266,8 +411,8 @@ class Speed:
     ) -> Speed:
         """Apply the settings' options to ``model`` (a ``LoadedModel`` or a bare pipeline).
 
-        Raises :class:`SpeedError` (an option the model cannot take; fused projections with
-        LoRA adapters, which they would bypass).
+        Raises :class:`SpeedError` (an option the model cannot take; fused projections or FP8
+        with LoRA adapters, which they would bypass or break).
         """
         options = SpeedOptions.from_settings(settings)
         if options.fuse_qkv and getattr(settings, "loras", None):
@@ -276,19 +421,31 @@ class Speed:
                 "query/key/value projections would bypass the adapters' LoRA layers; set "
                 "GENAUG_FUSE_QKV=false"
             )
+        if options.quantize != "none" and getattr(settings, "loras", None):
+            raise SpeedError(
+                "GENAUG_QUANTIZE=fp8 cannot be combined with GENAUG_LORAS: LoRA layers cannot "
+                "wrap torchao's float8 linear layers; set GENAUG_QUANTIZE=none"
+            )
         pipeline = getattr(model, "pipeline", model)
         applied = apply_speed(pipeline, options)
         on_recompile = metrics.recompiles.inc if metrics is not None else None
         tracker = ShapeTracker(active=applied.compile != "off", on_recompile=on_recompile)
-        return cls(applied, tracker, publish)
+        sizes = batch_sizes(settings.max_batch_images) if applied.cuda_graphs else ()
+        return cls(applied, tracker, publish, report=applied_report(pipeline), batch_sizes=sizes)
 
     def _publish(self) -> None:
         if self._publish_to is not None:
             self._publish_to(self.info())
 
     def wrap(self, worker: Worker) -> Worker:
-        """``worker`` reporting each batch's shape (only needed with compilation on)."""
-        return TrackedWorker(worker, self.tracker) if self.tracker.active else worker
+        """``worker`` reporting each batch's shape (only needed with compilation on), and
+        with CUDA graphs padding each batch to the next of :attr:`batch_sizes` (outermost, so
+        the tracker sees the padded batch)."""
+        if self.tracker.active:
+            worker = TrackedWorker(worker, self.tracker)
+        if self.batch_sizes:
+            worker = PaddedWorker(worker, self.batch_sizes)
+        return worker
 
     @staticmethod
     def plan(
@@ -307,4 +464,9 @@ class Speed:
 
     def info(self) -> dict[str, Any]:
         """The ``speed`` group of ``/v1/info`` (the scheduler is reported by its owner)."""
-        return {**self.applied.as_dict(), "compiled_shapes": self.tracker.compiled_shapes}
+        return {
+            **self.applied.as_dict(),
+            **self.report,
+            "batch_sizes": list(self.batch_sizes),
+            "compiled_shapes": self.tracker.compiled_shapes,
+        }

@@ -2,7 +2,8 @@
 bookkeeping of which batch shapes the (compiled) pipeline has seen.
 
 - :func:`warmup_plan`: the batches, from ``GENAUG_WARMUP_SHAPES``, the recipes and the default
-  size (with compilation on, each at ``max_batch_images``, for :data:`WARMUP_STEPS` steps).
+  size (with compilation on, each at ``max_batch_images``, for :data:`WARMUP_STEPS` steps; with
+  CUDA graphs at every size of :func:`batch_sizes`, the only sizes a padded batch takes).
 - :func:`run_warmup`: runs them on the worker and records each shape as compiled.
 - :class:`ShapeTracker`: the shapes compiled so far; a batch of a new shape after warm-up is a
   recompile (counted, and logged with the setting that avoids it). The hot path reports each
@@ -34,11 +35,15 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 __all__ = [
+    "CUDA_GRAPH_MODES",
     "WARMUP_STEPS",
     "ShapeTracker",
     "WarmupRecord",
     "WarmupStep",
+    "batch_sizes",
+    "padded_size",
     "run_warmup",
+    "uses_cuda_graphs",
     "warmup_plan",
 ]
 
@@ -50,6 +55,32 @@ WARMUP_STEPS = 2
 
 # A batch's compiled shape: height, width, batch size, adapter ("name@scale") or None.
 Shape = tuple[int, int, int, str | None]
+
+#: torch.compile modes that record and replay CUDA graphs (GENAUG_COMPILE_MODE).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def uses_cuda_graphs(compile_mode: str) -> bool:
+    """Whether torch.compile's ``compile_mode`` replays CUDA graphs."""
+    return compile_mode in CUDA_GRAPH_MODES
+
+
+def batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes a CUDA-graph service runs: powers of two below ``max_batch``, and
+    ``max_batch`` itself (``8`` -> ``(1, 2, 4, 8)``, ``12`` -> ``(1, 2, 4, 8, 12)``).
+
+    A graph is recorded per shape and keeps its memory pool, so a few sizes; powers of two
+    waste at most half a batch of padding on a small batch, and a full batch none.
+    """
+    if max_batch < 1:
+        raise ValueError(f"max_batch {max_batch} must be >= 1")
+    sizes = [1 << k for k in range(max_batch.bit_length()) if 1 << k < max_batch]
+    return (*sizes, max_batch)
+
+
+def padded_size(n: int, sizes: tuple[int, ...]) -> int:
+    """The smallest of ``sizes`` that holds ``n`` images (``n`` itself above them all)."""
+    return next((size for size in sorted(sizes) if size >= n), n)
 
 
 # -- the plan ------------------------------------------------------------------------------
@@ -81,12 +112,17 @@ def warmup_plan(
     request does not pay for it), then the ``GENAUG_WARMUP_SHAPES``. With compilation: the
     ``GENAUG_WARMUP_SHAPES``, each recipe's generation size (with its guidance, scheduler and
     adapter when the recipe has them) and the default size, those two at
-    ``max_batch_images`` (what a saturated service runs), each for ``WARMUP_STEPS`` steps. A
-    shape (size, batch, adapter) is never repeated.
+    ``max_batch_images`` (what a saturated service runs), each for ``WARMUP_STEPS`` steps. With
+    CUDA graphs (``GENAUG_COMPILE_MODE`` reduce-overhead or max-autotune) each recipe size and
+    the default size at every one of :func:`batch_sizes`, largest first, and a listed shape at
+    the size its batch is padded to. A shape (size, batch, adapter) is never repeated.
     """
     size, steps, guidance = defaults
     full = settings.max_batch_images
     compiling = settings.compile != "off"
+    graphs = compiling and uses_cuda_graphs(getattr(settings, "compile_mode", "default"))
+    sizes = batch_sizes(full) if graphs else (full,)
+    fills = sorted(sizes, reverse=True)
     plan: list[WarmupStep] = []
     seen: set[Shape] = set()
 
@@ -99,7 +135,8 @@ def warmup_plan(
     if not compiling:
         add(WarmupStep(GroupKey(size, size, steps), 1, guidance, "default size"))
     for shape in settings.warmup_shapes:
-        add(WarmupStep(GroupKey(shape.height, shape.width, WARMUP_STEPS), shape.batch, guidance))
+        batch = padded_size(shape.batch, sizes) if graphs else shape.batch
+        add(WarmupStep(GroupKey(shape.height, shape.width, WARMUP_STEPS), batch, guidance))
     if not compiling:
         return plan
     for recipe in recipes:
@@ -113,8 +150,10 @@ def warmup_plan(
             adapter=str(adapter_name) if adapter_name is not None else None,
             adapter_scale=float(getattr(adapter, "scale", 1.0) or 1.0),
         )
-        add(WarmupStep(key, full, float(recipe.guidance), f"recipe {recipe.name}"))
-    add(WarmupStep(GroupKey(size, size, WARMUP_STEPS), full, guidance, "default size"))
+        for batch in fills:
+            add(WarmupStep(key, batch, float(recipe.guidance), f"recipe {recipe.name}"))
+    for batch in fills:
+        add(WarmupStep(GroupKey(size, size, WARMUP_STEPS), batch, guidance, "default size"))
     return plan
 
 

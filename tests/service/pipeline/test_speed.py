@@ -94,9 +94,12 @@ def test_speed_settings_default_to_off() -> None:
     assert (s.compile, s.channels_last, s.fuse_qkv, s.vae_slicing, s.vae_tiling) == (
         "off", False, False, False, False
     )
+    assert (s.compile_mode, s.quantize, s.attention) == ("default", "none", "auto")
     assert s.warmup_shapes == ()
-    assert SpeedOptions.from_settings(s) == SpeedOptions()
+    # The settings choose the attention kernel (auto); the options' own default is torch's.
+    assert SpeedOptions.from_settings(s) == SpeedOptions(attention="auto")
     assert SpeedOptions().label == "baseline"
+    assert SpeedOptions(attention="auto").label == "attention=auto"
 
 
 def test_warmup_shapes_parse_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,6 +159,12 @@ def test_all_off_changes_nothing() -> None:
     speed = Speed.setup(model, Settings())
     assert speed.info() == {
         "compile": "off",
+        "compile_mode": "default",
+        "quantize": "none",
+        "quantized_layers": 0,
+        "attention": "auto",
+        "attention_backend": "default",  # the CPU: torch's own choice
+        "batch_sizes": [],
         "channels_last": False,
         "fuse_qkv": False,
         "vae_slicing": False,
@@ -267,8 +276,10 @@ def test_speed_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
     options = SpeedOptions(compile="regional", fuse_qkv=True)
     speed = Speed(options, ShapeTracker(active=True), publish=info.update)
     assert info == {
-        "scheduler": "euler", "compile": "regional", "channels_last": False, "fuse_qkv": True,
-        "vae_slicing": False, "vae_tiling": False, "compiled_shapes": [],
+        "scheduler": "euler", "compile": "regional", "compile_mode": "default",
+        "quantize": "none", "quantized_layers": 0, "attention": "default",
+        "attention_backend": "default", "batch_sizes": [], "channels_last": False,
+        "fuse_qkv": True, "vae_slicing": False, "vae_tiling": False, "compiled_shapes": [],
     }
     speed.tracker.mark_compiled(GroupKey(64, 64, 2), 2)
     speed.tracker.observe(GroupKey(64, 64, 4), 1)
