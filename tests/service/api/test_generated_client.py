@@ -11,9 +11,11 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -30,19 +32,22 @@ from genaug.wire import (
     PNG_MEDIA_TYPE,
     SAFETENSORS_MEDIA_TYPE,
     decode_batch,
+    encode_batch,
     encode_image_upload,
 )
 
 PACKAGE = "genaug_generated_client"
-# What docs/clients.md tells a user to write: no formatting hooks (offline), and the two
-# binary media types read as bytes (openapi-python-client only knows octet-stream as bytes).
-GENERATOR_CONFIG = f"""\
-package_name_override: {PACKAGE}
-post_hooks: []
-content_type_overrides:
-  {SAFETENSORS_MEDIA_TYPE}: application/octet-stream
-  {PNG_MEDIA_TYPE}: application/octet-stream
-"""
+CLIENTS_DOC = Path(__file__).resolve().parents[3] / "docs" / "clients.md"
+
+
+def doc_block(language: str, starts: str) -> str:
+    """The code block of docs/clients.md in ``language`` that starts with ``starts``."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", CLIENTS_DOC.read_text(), flags=re.S)
+    found = [block for block in blocks if block.startswith(starts)]
+    assert len(found) == 1, (language, starts, blocks)
+    return found[0]
+
+
 BINARY_ROUTES = {
     ("/v1/generate", "post"): {SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE},
     ("/v1/variants", "post"): {SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE},
@@ -75,7 +80,10 @@ def generated(schema: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
     """The package openapi-python-client generates from the served schema, imported."""
     root = tmp_path_factory.mktemp("openapi-python-client")
     (root / "schema.json").write_text(json.dumps(schema))
-    (root / "config.yaml").write_text(GENERATOR_CONFIG)
+    # The config docs/clients.md gives users (no formatting hooks: offline; the two binary
+    # media types read as bytes), with a package name of the test's own.
+    config = doc_block("yaml", "# genaug-client.yaml")
+    (root / "config.yaml").write_text(config + f"package_name_override: {PACKAGE}\n")
     done = subprocess.run(
         [sys.executable, "-m", "openapi_python_client", "generate", "--path", "schema.json",
          "--output-path", "out", "--config", "config.yaml"],
@@ -255,3 +263,41 @@ def test_recent_png_is_a_png_grid(generated: ModuleType, client: Any,
     assert answer.status_code == 200 and answer.headers["content-type"] == PNG_MEDIA_TYPE
     image = Image.open(answer.parsed.payload)
     assert image.format == "PNG" and image.size[0] % 32 == 0 and image.size[1] % 32 == 0
+
+
+def test_the_docs_reader_reads_a_batch_without_genaug(generated: ModuleType, client: Any
+                                                      ) -> None:
+    """docs/clients.md's numpy-only reader gives what genaug.wire decodes, for a sample from
+    the service and for an empty batch."""
+    namespace: dict[str, Any] = {}
+    exec(doc_block("python", "import json, struct"), namespace)
+    sample = module(generated, "api.recipes.sample_v1_recipes_name_sample_post_shapes")
+    served = sample.sync(client=client, body=generated.models.SampleRequestShapes.from_dict(
+        {"n": 2, "wait_s": 30})).payload.read()
+    empty = encode_batch(np.zeros((0, 8, 8, 1), np.uint8), np.zeros(0, np.int64),
+                         labels=np.zeros(0, np.int32), metadata={"label_names": ["a"]})
+    for payload in (served, empty):
+        tensors, metadata = namespace["read_batch"](payload)
+        batch = decode_batch(payload)
+        assert metadata == batch.metadata
+        assert sorted(tensors) == ["images", "labels", "seeds"]
+        for name in tensors:
+            expected = getattr(batch, name)
+            assert tensors[name].dtype == expected.dtype, name
+            np.testing.assert_array_equal(tensors[name], expected)
+
+
+def test_the_docs_example_runs(generated: ModuleType, live: LiveService, tmp_path: Path
+                               ) -> None:
+    """docs/clients.md's example, against this service and with a PNG of the test's own."""
+    source = tmp_path / "three.png"
+    source.write_bytes(png(np.full((32, 32, 3), 200, np.uint8)))
+    code = (doc_block("python", "from genaug_client import Client")
+            .replace("genaug_client", PACKAGE).replace("http://127.0.0.1:8000", live.url)
+            .replace('open("three.png", "rb")', f"open({str(source)!r}, 'rb')"))
+    namespace: dict[str, Any] = {}
+    exec(code, namespace)
+    assert len(decode_batch(namespace["body"])) == 4
+    variants = decode_batch(namespace["variants"])
+    assert variants.images.shape == (4, 32, 32, 3) and variants.sources is not None
+    assert variants.sources.tolist() == [0, 0, 0, 0]
