@@ -59,11 +59,13 @@ BINARY_ROUTES = {
 @pytest.fixture(scope="module")
 def live(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory,
          shapes_recipe: str) -> Iterator[LiveService]:
-    """A service with the shapes recipe (for sample) and small variant limits."""
+    """A service with the shapes recipe (sample generates what it waits for: no idle
+    pre-generation, so nothing else runs beside a test's requests) and small variant limits."""
     root = tmp_path_factory.mktemp("generated-client")
     (root / "recipes.yaml").write_text(shapes_recipe)
     with start_service(tiny_model, recipes=root / "recipes.yaml", pool_path=root / "pool.db",
-                       max_batch_images=8, max_wait_ms=20, max_variant_sources=4) as service:
+                       max_batch_images=8, max_wait_ms=20, max_variant_sources=4,
+                       pregenerate=False) as service:
         yield service
 
 
