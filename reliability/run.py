@@ -221,8 +221,12 @@ def render(results: list[CheckResult], sizes: Sizes, *, started: dt.datetime,
         "`GENAUG_MAX_UPLOAD_BYTES` (`/v1/variants`), refused before it is parsed.",
         "- `/v1/variants` uploads (multipart): a part that is not a PNG image or a genaug "
         "safetensors batch, sources of different sizes, a size that is not a multiple of 8 or "
-        "is over `max_side`, more than `max_variant_sources` sources: `422` naming the part. "
-        "The schema types the parts as binary; their pixels are checked after decoding.",
+        "is over `max_side`, more than `max_variant_sources` sources in an `images` part, no "
+        "source part or both kinds: `422` naming the part. The schema types the parts as "
+        "binary (their pixels are checked after decoding), bounds the `image` parts by "
+        "`max_variant_sources`, and says \"`image` parts or one `images` part\" in words: "
+        "client generators give up on a multipart body with `oneOf`. The fuzzing leaves "
+        "`/v1/variants` out: which bytes decode to an image no schema can say.",
         "",
         "## Not repeated here",
         "",

@@ -34,7 +34,7 @@ from ..intake.plan import plan_items, plan_variants
 from ..intake.schemas import GenerationFields
 from ..intake.uploads import read_upload
 from .requests import client_identity, state_of, wants_png
-from .responses import GENERATE_ERRORS, encoded
+from .responses import GENERATE_ERRORS, SAFETENSORS_LAYOUT, binary_answer, encoded
 
 router = APIRouter()
 
@@ -42,12 +42,16 @@ router = APIRouter()
 @router.post(
     "/v1/generate",
     tags=["generation"],
+    response_class=Response,
     responses={
-        200: {
-            "content": {SAFETENSORS_MEDIA_TYPE: {}, PNG_MEDIA_TYPE: {}},
-            "description": "safetensors batch (images uint8 [n,h,w,c], seeds int64 [n]) "
-            "or, with Accept: image/png, one PNG (a grid when n > 1)",
-        },
+        **binary_answer(
+            "The images as a safetensors batch, or with Accept: image/png one PNG (a grid when "
+            "n > 1); the seeds also in X-Genaug-Seeds. " + SAFETENSORS_LAYOUT + "Tensors: "
+            "images uint8 [n, h, w, c] (c 3, RGB), seeds int64 [n] (image i's seed). "
+            "Metadata: request_json (the request), resolved_json (height, width, steps, "
+            "guidance, output size and scheduler the defaults resolved to), model_hash, "
+            "genaug_version.",
+            SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE),
         **GENERATE_ERRORS,
     },
 )
@@ -73,13 +77,16 @@ async def generate(request: Request) -> Response:
 @router.post(
     "/v1/variants",
     tags=["generation"],
+    response_class=Response,
     responses={
-        200: {
-            "content": {SAFETENSORS_MEDIA_TYPE: {}, PNG_MEDIA_TYPE: {}},
-            "description": "safetensors batch (images uint8 [n,h,w,c], seeds int64 [n], "
-            "sources int32 [n]: the source each variant came from, source-major) or, with "
-            "Accept: image/png, one PNG grid",
-        },
+        **binary_answer(
+            "The variants as a safetensors batch, or with Accept: image/png one PNG grid; the "
+            "seeds also in X-Genaug-Seeds. " + SAFETENSORS_LAYOUT + "Tensors: images uint8 "
+            "[n, h, w, 3] (source-major: n_per_image variants of source 0, then of source 1 "
+            "...), seeds int64 [n], sources int32 [n] (the index of the source each variant "
+            "came from). Metadata: request_json (the params), resolved_json, "
+            "source_hashes_json (a hash of each source's pixels), model_hash, genaug_version.",
+            SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE),
         **GENERATE_ERRORS,
     },
 )

@@ -8,7 +8,12 @@ models the handlers validate with (:class:`~genaug.service.intake.schemas.ApiMod
 - one concrete path per recipe (``/v1/recipes/shapes/sample``) instead of the template
   ``/v1/recipes/{name}/sample``, each with that recipe's labels as an enum, so a label of
   another recipe is not something the schema admits;
+- the multipart body of ``/v1/variants`` (:func:`variants_body`): its binary image parts and
+  its JSON ``params`` part, with the limits the upload reader enforces;
 - the API-key security schemes, when keys are configured.
+
+The answers that are bytes (images) are declared by their routes
+(:func:`~genaug.service.api.responses.binary_answer`).
 
 Example::
 
@@ -24,10 +29,11 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from genaug.wire import SAFETENSORS_MEDIA_TYPE
+from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE
 
 from .guard import OPEN_PATHS
 from .requests import CLIENT_ID_PATTERN
+from .responses import BINARY_SCHEMA
 from .state import AppState
 
 CLIENT_ID_HEADER: dict[str, Any] = {
@@ -64,24 +70,9 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
     generate.setdefault("parameters", []).append(CLIENT_ID_HEADER)
     variants = paths["/v1/variants"]["post"]
     params = json_body(state.api.variants)["content"]["application/json"]["schema"]
-    variants["requestBody"] = {
-        "required": True,
-        "content": {"multipart/form-data": {
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "image": {"type": "array", "description": "one PNG per source",
-                              "items": {"type": "string", "contentMediaType": "image/png"}},
-                    "images": {"type": "string", "contentMediaType": SAFETENSORS_MEDIA_TYPE,
-                               "description": "or: one genaug safetensors batch, "
-                                              "images uint8 [N,H,W,3]"},
-                    "params": params,
-                },
-                "required": ["params"],
-            },
-            "encoding": {"params": {"contentType": "application/json"}},
-        }},
-    }
+    variants["requestBody"] = variants_body(
+        params, max_sources=state.settings.max_variant_sources,
+        max_side=state.settings.max_side, max_bytes=state.settings.max_upload_bytes)
     variants.setdefault("parameters", []).append(CLIENT_ID_HEADER)
     templates = {path: paths.pop(path) for path in _RECIPE_TEMPLATES if path in paths}
     for name in state.recipes:
@@ -114,3 +105,49 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
                 operation["security"] = [{"bearer": []}, {"apiKey": []}]
     app.openapi_schema = doc
     return doc
+
+
+def variants_body(
+    params: dict[str, Any], *, max_sources: int, max_side: int, max_bytes: int
+) -> dict[str, Any]:
+    """The ``multipart/form-data`` request body of ``POST /v1/variants``, as
+    :func:`~genaug.service.intake.uploads.read_upload` reads it: ``image`` parts (one PNG
+    each) or one ``images`` part (a safetensors batch), and one ``params`` part (JSON, the
+    schema ``params`` refers to); no other part.
+
+    "One of ``image`` and ``images``" is said in words, not with ``oneOf``: client generators
+    (openapi-python-client) give up on a multipart body with ``oneOf`` and send no body at all.
+    Binary parts cannot carry their pixel limits in JSON Schema either; the descriptions say
+    them, and docs/reliability.md lists the 422s they cause."""
+    sizes = (f"Sources share one size, a multiple of 8 on each side, at most max_side "
+             f"{max_side}; the whole body at most {max_bytes} bytes (GENAUG_MAX_UPLOAD_BYTES).")
+    properties = {
+        "image": {
+            "type": "array", "maxItems": max_sources,
+            "items": {**BINARY_SCHEMA, "contentMediaType": PNG_MEDIA_TYPE},
+            "description": f"One PNG per source, up to max_variant_sources {max_sources} "
+                           "(send these or the images part, not both). " + sizes,
+        },
+        "images": {
+            **BINARY_SCHEMA, "contentMediaType": SAFETENSORS_MEDIA_TYPE,
+            "description": "Or (instead of image parts) all sources in one safetensors file "
+                           "holding an 'images' tensor, "
+                           f"uint8 [N, H, W, 3] with N up to {max_sources} (other tensors are "
+                           "ignored; genaug.wire.encode_image_upload writes it). " + sizes,
+        },
+        "params": params,
+    }
+    return {
+        "required": True,
+        "content": {"multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "properties": properties,
+                "required": ["params"],
+                "additionalProperties": False,
+            },
+            "encoding": {"params": {"contentType": "application/json"},
+                         "image": {"contentType": PNG_MEDIA_TYPE},
+                         "images": {"contentType": SAFETENSORS_MEDIA_TYPE}},
+        }},
+    }

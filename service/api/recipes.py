@@ -26,10 +26,12 @@ from ..pool.serving import PoolServing, empty_images, unknown_recipe
 from .requests import client_identity, state_of
 from .responses import (
     RECIPE_ERRORS,
+    SAFETENSORS_LAYOUT,
     FeedbackResponse,
     RecipeDetail,
     RecipeList,
     RecipeSummary,
+    binary_answer,
     encoded,
     error_responses,
 )
@@ -71,12 +73,16 @@ async def recipe_detail(name: str, request: Request) -> RecipeDetail:
 @router.post(
     "/v1/recipes/{name}/sample",
     tags=["recipes"],
+    response_class=Response,
     responses={
-        200: {
-            "content": {SAFETENSORS_MEDIA_TYPE: {}},
-            "description": "safetensors batch: images uint8 [k,h,w,c], labels int32 [k] "
-            "(indices into the label_names metadata), seeds int64 [k]; k <= n",
-        },
+        **binary_answer(
+            "k <= n images from the pool as a safetensors batch (k also in X-Genaug-Count; "
+            "none is not an error). " + SAFETENSORS_LAYOUT + "Tensors: images uint8 "
+            "[k, h, w, c] (c 3, or 1 for a recipe with output_channels 1), labels int32 [k] "
+            "(indices into label_names), seeds int64 [k]. Metadata: recipe, "
+            "label_names_json, pool_id, requested_json, returned_json, genaug_version and, "
+            "for variants of real images, source_hashes_json.",
+            SAFETENSORS_MEDIA_TYPE),
         **RECIPE_ERRORS,
     },
 )

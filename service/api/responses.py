@@ -3,7 +3,10 @@ and the encoding of image payloads off the event loop when they are large.
 
 The request models are the intake's (:mod:`~genaug.service.intake.schemas`); these are the
 answers, serialized by FastAPI and documented in ``/openapi.json``. Every non-2xx answer has
-the one shape :class:`ErrorBody` (:class:`~genaug.service.errors.ApiError`).
+the one shape :class:`ErrorBody` (:class:`~genaug.service.errors.ApiError`). The routes that
+answer images declare only the bytes they send (:func:`binary_answer`): their media types
+with a binary schema and, for a safetensors batch, its layout (:data:`SAFETENSORS_LAYOUT`),
+so a client generated from the schema reads the body as bytes, never as JSON.
 
 Example::
 
@@ -22,6 +25,29 @@ from pydantic import BaseModel, Field
 
 # Encode in the event loop below this many bytes of pixels (a thread hop costs more).
 _INLINE_ENCODE_BYTES = 1 << 20
+
+#: The JSON Schema of a body of raw bytes (a generated client reads it as a file).
+BINARY_SCHEMA: dict[str, Any] = {"type": "string", "format": "binary"}
+
+#: How a safetensors batch is laid out, for the answers' descriptions in ``/openapi.json``
+#: (``genaug.wire`` reads and writes it; docs/clients.md shows how to read it without genaug).
+SAFETENSORS_LAYOUT = (
+    "A safetensors file: 8 bytes (unsigned, little-endian) giving the length of a JSON "
+    "header, the header, then the tensors' raw little-endian bytes back to back. The header "
+    "maps each tensor's name to its dtype (U8, I32 or I64), shape and data_offsets ([begin, "
+    "end) in bytes from the end of the header), and __metadata__ to string values; metadata "
+    "that is not a string is JSON under a key ending in _json. "
+)
+
+
+def binary_answer(
+    description: str, *media_types: str
+) -> dict[int | str, dict[str, Any]]:
+    """The 200 entry of a route that answers bytes: each of ``media_types`` with
+    :data:`BINARY_SCHEMA`. The route sets ``response_class=Response`` so that FastAPI adds
+    no ``application/json`` answer it never sends."""
+    return {200: {"description": description,
+                  "content": {media: {"schema": dict(BINARY_SCHEMA)} for media in media_types}}}
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

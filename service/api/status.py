@@ -36,6 +36,7 @@ from .responses import (
     ReplicaInfo,
     SpeedInfo,
     StatusResponse,
+    binary_answer,
 )
 from .state import AppState
 
@@ -186,8 +187,9 @@ async def status(request: Request) -> StatusResponse:
 @router.get(
     "/v1/recent.png",
     tags=["service"],
-    responses={200: {"content": {PNG_MEDIA_TYPE: {}}, "description": "a grid PNG"},
-               204: {"description": "nothing generated yet"}, **READ_ERRORS},
+    response_class=Response,
+    responses={**binary_answer("The most recent images as one grid PNG.", PNG_MEDIA_TYPE),
+               204: {"description": "Nothing generated yet (no body)."}, **READ_ERRORS},
 )
 async def recent_png(request: Request) -> Response:
     """The most recently generated images (requests and pools) as one grid PNG."""
