@@ -23,7 +23,7 @@ rank 32: the settings ``bench/tiny_digits_base.py`` found to reach the fidelity 
   each strength;
 * **5** the best of 3 and 4 with **feedback-guided allocation** at ``--budget`` (60 %) of
   its images: arm 1's trainer reports per-class need (its error on the validation images,
-  :class:`~genaug.trainer.feeding.need.NeedCallback` -> ``POST /v1/recipes/{name}/feedback``), then
+  :class:`~genaug.trainer.NeedCallback` -> ``POST /v1/recipes/{name}/feedback``), then
   ``POST /v1/recipes/{name}/fill {"images": B}`` has the planner spend the budget by that
   need. With it, the same budget spread evenly (the same fill on a recipe nobody reported
   need for: the control), and the need-allocated pool with replacements drawn by need
@@ -61,8 +61,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
-import yaml
-from _common import finish, table
+import yaml  # noqa: E402
+from _common import finish, table  # noqa: E402
 
 TASK = [5, 6, 7, 8, 9]
 WORDS = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
