@@ -23,7 +23,7 @@ rank 32: the settings ``bench/tiny_digits_base.py`` found to reach the fidelity 
   each strength;
 * **5** the best of 3 and 4 with **feedback-guided allocation** at ``--budget`` (60 %) of
   its images: arm 1's trainer reports per-class need (its error on the validation images,
-  :class:`~genaug.trainer.need.NeedCallback` -> ``POST /v1/recipes/{name}/feedback``), then
+  :class:`~genaug.trainer.NeedCallback` -> ``POST /v1/recipes/{name}/feedback``), then
   ``POST /v1/recipes/{name}/fill {"images": B}`` has the planner spend the budget by that
   need. With it, the same budget spread evenly (the same fill on a recipe nobody reported
   need for: the control), and the need-allocated pool with replacements drawn by need
@@ -173,7 +173,7 @@ def best_of(results: Sequence[dict[str, Any]], rows: Sequence[str]) -> str:
 
 def need_weights(need: dict[str, float] | None) -> list[float]:
     """``mix(rebalance=...)`` weights from a need report: ``1 + m * share``, as the planner."""
-    from genaug.trainer.class_error import rebalance_weights
+    from genaug.trainer.feeding.class_error import rebalance_weights
 
     return rebalance_weights(need, {str(d): i for i, d in enumerate(TASK)})
 

@@ -6,8 +6,8 @@ Variant ``plain``: p=0, no feeder. Variant ``mixed``: p=0.5, reservoir mixed int
 a feeder thread sampling the recipe's pool every ``--feeder-interval`` s. The variants alternate
 for ``--rounds`` rounds (each a fresh ``fit`` of ``--epochs`` epochs) so that drift in the
 machine's load hits both alike. Step and input-wait times come from the reference trainer's
-:class:`~genaug.trainer.instruments.StepTimer` (``next()`` on the distributed iterator, timed in
-Python; the first step of each fit, which traces, is excluded).
+:class:`~genaug.trainer.checks.instruments.StepTimer` (``next()`` on the distributed iterator, timed
+in Python; the first step of each fit, which traces, is excluded).
 
     python bench/trainer_step.py                       # 1 replica (the CPU)
     python bench/trainer_step.py --cpu-replicas 2      # MirroredStrategy over 2 logical CPUs
@@ -39,9 +39,9 @@ def child(args: argparse.Namespace) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    from genaug.trainer.config import TrainConfig
-    from genaug.trainer.data import make_demo_dataset
-    from genaug.trainer.train import Trainer
+    from genaug.trainer.reference.config import TrainConfig
+    from genaug.trainer.reference.data import make_demo_dataset
+    from genaug.trainer.reference.train import Trainer
 
     data = make_demo_dataset(Path(args.workdir) / "data", per_class=args.per_class, size=64)
     common: dict[str, Any] = dict(

@@ -131,7 +131,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="the reference TensorFlow trainer")
     if command == "train":
         try:
-            from genaug.trainer.config import add_train_arguments
+            from genaug.trainer.reference.config import add_train_arguments
         except ImportError:  # a service-only install: _cmd_train says what to install
             pass
         else:
@@ -211,7 +211,7 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    return _run_from("genaug.trainer.train", "run_train", "train", "trainer", args)
+    return _run_from("genaug.trainer.reference.command", "run_train", "train", "trainer", args)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

@@ -51,7 +51,7 @@ from genaug.client import (
     NotFoundError,
     TransportError,
 )
-from genaug.trainer.host import (
+from genaug.trainer.hardware.host import (
     Check,
     Host,
     check_gpus,
@@ -329,7 +329,7 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _default_slots() -> int:
-    from genaug.trainer.config import TrainConfig  # genaug train's default, not a copy
+    from genaug.trainer.reference.config import TrainConfig  # genaug train's default, not a copy
 
     return int(TrainConfig().slots_per_class)
 

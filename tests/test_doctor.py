@@ -2,7 +2,7 @@
 and its host checks with fake device tables and environments.
 
 The live tests use real services in this process (:mod:`genaug.service.testing`) and the
-doctor's own code path; the host is a fake :class:`~genaug.trainer.host.Host` so that the
+doctor's own code path; the host is a fake :class:`~genaug.trainer.hardware.host.Host` so that the
 answers do not depend on this machine's GPUs, CUDA or memory. One test runs
 ``genaug doctor`` (``python -m genaug.cli doctor``) for real, on this machine.
 """
@@ -24,8 +24,8 @@ from genaug import __version__
 from genaug.doctor import Options, add_doctor_arguments, check_pool, format_checks, run_doctor
 from genaug.local_service import free_port
 from genaug.service.testing import LiveService, start_service
-from genaug.trainer.devices import GpuInfo
-from genaug.trainer.host import (
+from genaug.trainer.hardware.devices import GpuInfo
+from genaug.trainer.hardware.host import (
     LIBDEVICE,
     Check,
     Host,

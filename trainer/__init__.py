@@ -31,18 +31,37 @@ Example::
     assert_no_python_ops(dataset=ds, model=model)
     model.fit(ds, epochs=3, callbacks=[feeder.callback()])  # strict: config errors raise here
 
-Names are imported lazily: ``genaug.trainer.feeder`` (with its first-contact checks,
-``genaug.trainer.contact``), ``genaug.trainer.devices`` and ``genaug.trainer.diagnose`` do not
-import TensorFlow at import time, the reservoir, the audit and ``NeedCallback`` do.
+The package is in rooms, by what a user is doing:
+
+- ``mixing/``: the reservoir and the graph ops that mix it into a ``tf.data`` pipeline.
+- ``feeding/``: the feeder thread that fills the reservoir from the service, its preflight
+  (the first-contact checks), label matching, and the need reported back.
+- ``hardware/``: one NVML session, the devices to train on, and the training host's facts.
+- ``checks/``: the graph audit, the step instruments, and ``diagnose`` with its findings.
+- ``reference/``: ``genaug train``'s library (config, data, the trainer, its summary).
+
+``demo.py`` and ``fewshot.py`` are experiments for the demo and the benchmarks.
+
+Names are imported lazily: ``genaug.trainer.feeding`` (the feeder and its preflight),
+``genaug.trainer.hardware`` and ``genaug.trainer.checks.diagnose`` do not import TensorFlow at
+import time; the reservoir, the audit and ``NeedCallback`` do.
+
+The modules' paths before the rooms (``genaug.trainer.need``, ``genaug.trainer.config``...)
+still import: :data:`MOVED` maps each to its room, and importing an old path gives the very
+module object of the new one (no second copy, so classes and ``isinstance`` agree).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from genaug.trainer.audit import (
+    from .checks.audit import (
         PYTHON_OP_TYPES,
         Finding,
         PythonInGraphError,
@@ -53,12 +72,12 @@ if TYPE_CHECKING:
         step_functions,
         tracing_counts,
     )
-    from genaug.trainer.contact import FeederConfigError
-    from genaug.trainer.devices import DeviceError, configure_devices
-    from genaug.trainer.diagnose import diagnose, diagnose_callback
-    from genaug.trainer.feeder import FeederStats, ReservoirFeeder
-    from genaug.trainer.need import NeedCallback
-    from genaug.trainer.reservoir import SyntheticReservoir
+    from .checks.diagnose import diagnose, diagnose_callback
+    from .feeding.feeder import FeederStats, ReservoirFeeder
+    from .feeding.need import NeedCallback
+    from .feeding.preflight import FeederConfigError
+    from .hardware.devices import DeviceError, configure_devices
+    from .mixing.reservoir import SyntheticReservoir
 
 __all__ = [
     "DeviceError",
@@ -82,32 +101,78 @@ __all__ = [
 ]
 
 _WHERE = {
-    "PYTHON_OP_TYPES": "audit",
-    "DeviceError": "devices",
-    "FeederConfigError": "contact",
-    "configure_devices": "devices",
-    "diagnose": "diagnose",
-    "diagnose_callback": "diagnose",
-    "FeederStats": "feeder",
-    "Finding": "audit",
-    "NeedCallback": "need",
-    "PythonInGraphError": "audit",
-    "ReservoirFeeder": "feeder",
-    "SyntheticReservoir": "reservoir",
-    "assert_no_python_ops": "audit",
-    "python_ops_in_dataset": "audit",
-    "python_ops_in_graph_def": "audit",
-    "python_ops_in_model": "audit",
-    "step_functions": "audit",
-    "tracing_counts": "audit",
+    "PYTHON_OP_TYPES": "checks.audit",
+    "DeviceError": "hardware.devices",
+    "FeederConfigError": "feeding.preflight",
+    "configure_devices": "hardware.devices",
+    "diagnose": "checks.diagnose",
+    "diagnose_callback": "checks.diagnose",
+    "FeederStats": "feeding.feeder",
+    "Finding": "checks.audit",
+    "NeedCallback": "feeding.need",
+    "PythonInGraphError": "checks.audit",
+    "ReservoirFeeder": "feeding.feeder",
+    "SyntheticReservoir": "mixing.reservoir",
+    "assert_no_python_ops": "checks.audit",
+    "python_ops_in_dataset": "checks.audit",
+    "python_ops_in_graph_def": "checks.audit",
+    "python_ops_in_model": "checks.audit",
+    "step_functions": "checks.audit",
+    "tracing_counts": "checks.audit",
 }
+
+MOVED = {
+    "audit": "checks.audit",
+    "class_error": "feeding.class_error",
+    "config": "reference.config",
+    "contact": "feeding.preflight",
+    "data": "reference.data",
+    "devices": "hardware.devices",
+    "diagnose": "checks.diagnose",
+    "diagnosis": "checks.findings",
+    "feeder": "feeding.feeder",
+    "host": "hardware.host",
+    "instruments": "checks.instruments",
+    "labels": "feeding.labels",
+    "need": "feeding.need",
+    "probe": "checks.probe",
+    "reservoir": "mixing.reservoir",
+    "summary": "reference.summary",
+    "train": "reference.train",
+}
+"""Old module path (below ``genaug.trainer``) -> where that module lives now."""
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``genaug.trainer.<old>`` as the module of its room (:data:`MOVED`)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        head, _, old = fullname.rpartition(".")
+        if head != __name__ or old not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> ModuleType:
+        module = importlib.import_module(f"{__name__}.{MOVED[spec.name.rpartition('.')[2]]}")
+        spec.loader_state = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system gave the room's module the alias's spec: give it back its own.
+        alias = module.__spec__
+        if alias is not None and alias.loader_state is not None:
+            module.__spec__ = alias.loader_state
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
 
 
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'genaug.trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"genaug.trainer.{module}"), name)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
 

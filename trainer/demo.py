@@ -75,7 +75,8 @@ def wait_for_pool(
     Returns the last fill seen. Raises ``TimeoutError`` naming the fill after ``timeout`` s.
     """
     from genaug.client import Client
-    from genaug.trainer.labels import recipe_description
+
+    from .feeding.labels import recipe_description
 
     deadline = time.monotonic() + timeout
     fill: dict[str, int] = {}

@@ -207,8 +207,8 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
     reservoir = feeder = None
     mixing = run.p > 0 and run.recipe is not None and run.service is not None
     if mixing:
-        from genaug.trainer.feeder import ReservoirFeeder
-        from genaug.trainer.reservoir import SyntheticReservoir
+        from .feeding.feeder import ReservoirFeeder
+        from .mixing.reservoir import SyntheticReservoir
 
         reservoir = SyntheticReservoir(len(classes), run.slots_per_class, (64, 64, 3))
         ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed, rebalance=run.rebalance,
@@ -286,7 +286,8 @@ def _need_callbacks(run: FewShotRun, index: dict[int, int],
     if not run.need_recipes or run.service is None:
         return [], None
     from genaug.client import Client
-    from genaug.trainer.need import NeedCallback
+
+    from .feeding.need import NeedCallback
 
     client = Client(run.service, client_id=_client_id(run.arm), timeout=30.0)
 
@@ -305,7 +306,8 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
     import numpy as np
 
     from genaug.digits import load_split
-    from genaug.trainer.devices import configure_devices
+
+    from .hardware.devices import configure_devices
 
     devices = configure_devices(None, runs[0].cpu_replicas if runs else 2)
     test_images, test_labels = load_split("test")

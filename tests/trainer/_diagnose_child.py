@@ -1,4 +1,4 @@
-"""Reproductions of the seed reports for ``genaug.trainer.diagnose``, in one interpreter.
+"""Reproductions of the seed reports for ``genaug.trainer.checks.diagnose``, in one interpreter.
 
 Usage: ``python tests/trainer/_diagnose_child.py WORKDIR [SCENARIO ...]`` (default: all but
 ``cost``, which ``bench/diagnose_cost.py`` runs); the
@@ -27,7 +27,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-from genaug.trainer.devices import GpuInfo, configure_devices
+from genaug.trainer.hardware.devices import GpuInfo, configure_devices
 
 REPLICAS = 4
 CLEAN_RUNS = int(os.environ.get("GENAUG_DIAGNOSE_CLEAN_RUNS", "1"))
@@ -41,8 +41,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from genaug.trainer.diagnose import diagnose, diagnose_callback  # noqa: E402
-from genaug.trainer.diagnosis import DiagnoseEnv, DiagnoseReport  # noqa: E402
+from genaug.trainer.checks.diagnose import diagnose, diagnose_callback  # noqa: E402
+from genaug.trainer.checks.findings import DiagnoseEnv, DiagnoseReport  # noqa: E402
 
 logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
 GB = 1e9
@@ -154,7 +154,7 @@ def nan_input(work: Path) -> dict[str, Any]:
 def empty_class(work: Path) -> dict[str, Any]:
     """Seed 001's "Cache preloaded: 0 items": class 2 has no real example and the reservoir
     holds no synthetic one (its recipe label was never mapped)."""
-    from genaug.trainer.reservoir import SyntheticReservoir
+    from genaug.trainer.mixing.reservoir import SyntheticReservoir
 
     x, y = _images(256)
     keep = y != 2
@@ -239,9 +239,9 @@ def _reference_trainer(work: Path, per_class: int) -> Any:
     once per process (``clean`` and ``cost`` share it: preparing it is most of their time)."""
     if "reference" in _TRAINERS:
         return _TRAINERS["reference"]
-    from genaug.trainer.config import TrainConfig
-    from genaug.trainer.data import DEMO_CLASSES, demo_image, make_demo_dataset
-    from genaug.trainer.train import Trainer
+    from genaug.trainer.reference.config import TrainConfig
+    from genaug.trainer.reference.data import DEMO_CLASSES, demo_image, make_demo_dataset
+    from genaug.trainer.reference.train import Trainer
 
     data = make_demo_dataset(work / "data", per_class=per_class, size=64)
     trainer = Trainer(TrainConfig(
@@ -361,7 +361,7 @@ def train_doctor(work: Path) -> dict[str, Any]:
 
     from genaug.client import Client
     from genaug.trainer.demo import wait_for_pool
-    from genaug.trainer.train import main as train_main
+    from genaug.trainer.reference.command import main as train_main
 
     common = ["--cpu-replicas", str(REPLICAS), "--demo-per-class", "16", "--batch-size", "16",
               "--epochs", "1", "--verbose", "0", "--doctor"]

@@ -21,7 +21,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import numpy as np
 import tensorflow as tf
 
-from genaug.trainer.devices import configure_devices
+from genaug.trainer.hardware.devices import configure_devices
 
 configure_devices(cpu_replicas=4)  # before anything initialises TensorFlow's devices
 
@@ -34,7 +34,7 @@ from genaug.trainer import (  # noqa: E402
     assert_no_python_ops,
     python_ops_in_dataset,
 )
-from genaug.trainer.need import NeedCallback, per_class_need  # noqa: E402
+from genaug.trainer.feeding.need import NeedCallback, per_class_need  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 C, H = 3, 8

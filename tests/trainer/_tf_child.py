@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 import tensorflow as tf
 
-from genaug.trainer.devices import configure_devices
+from genaug.trainer.hardware.devices import configure_devices
 
 configure_devices(cpu_replicas=4)  # before anything initialises TensorFlow's devices
 

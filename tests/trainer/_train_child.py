@@ -26,11 +26,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 from genaug.local_service import free_port, running_service
-from genaug.trainer.config import TrainConfig, add_train_arguments
-from genaug.trainer.data import DatasetError, make_demo_dataset, scan_image_folder
-from genaug.trainer.instruments import NonFiniteLossError
-from genaug.trainer.labels import LabelMapError, match_labels
-from genaug.trainer.train import Trainer, run_train
+from genaug.trainer.checks.instruments import NonFiniteLossError
+from genaug.trainer.feeding.labels import LabelMapError, match_labels
+from genaug.trainer.reference.command import run_train
+from genaug.trainer.reference.config import TrainConfig, add_train_arguments
+from genaug.trainer.reference.data import DatasetError, make_demo_dataset, scan_image_folder
+from genaug.trainer.reference.train import Trainer
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from genaug.trainer import devices
-from genaug.trainer.devices import (
+from genaug.trainer.hardware import devices
+from genaug.trainer.hardware.devices import (
     DeviceError,
     GpuInfo,
     ServiceDevice,

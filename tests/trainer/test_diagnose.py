@@ -1,4 +1,4 @@
-"""``genaug.trainer.diagnose`` on small reproductions of the seed reports (../shared/seeds/).
+"""``genaug.trainer.checks.diagnose`` on small reproductions of the seed reports (../shared/seeds/).
 
 Every reproduction runs in ``_diagnose_child.py``, all of them in ONE TensorFlow interpreter
 started once for this module (TensorFlow's start and the reference trainer's preparation are

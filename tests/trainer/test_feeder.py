@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from _standins import FakeAsyncClient, class_value, closed_port
 
-from genaug.trainer.feeder import (
+from genaug.trainer.feeding.feeder import (
     FeederConfigError,
     FeederStats,
     ReservoirFeeder,

@@ -14,7 +14,7 @@ import pytest
 from test_feeder import NumpyReservoir, wait_for
 
 from genaug.local_service import free_port
-from genaug.trainer.feeder import FeederConfigError, ReservoirFeeder
+from genaug.trainer.feeding.feeder import FeederConfigError, ReservoirFeeder
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes" / "wound_phases.yaml"

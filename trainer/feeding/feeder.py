@@ -1,4 +1,5 @@
-"""Keep a :class:`~genaug.trainer.reservoir.SyntheticReservoir` fresh from the genaug service.
+"""Keep a :class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir` fresh from the genaug
+service.
 
 The feeder is a daemon thread with its own asyncio loop and its own ``AsyncClient``. It asks
 the service for images (a recipe's pool via ``sample``, or ``generate`` with per-label prompts),
@@ -13,7 +14,7 @@ default) checks its first contact with the service (at :meth:`ReservoirFeeder.st
 the Keras callback calls when ``fit`` begins) and raises :class:`FeederConfigError` before any
 training step for a rejected API key, an unknown recipe, a ``label_map`` name the recipe
 lacks, images of another size or channel count than the reservoir's, or a pool that is empty
-with nothing to fill it; the checks live in :mod:`genaug.trainer.contact`. Outages
+with nothing to fill it; the checks live in :mod:`genaug.trainer.feeding.preflight`. Outages
 (connection refused, 503, 429, timeouts) are not mistakes: they stay tolerant, and the check
 runs at the first contact that gets an answer.
 
@@ -27,14 +28,21 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from genaug.trainer.contact import (
+from .cycle import (
+    FeederStats,
+    ReservoirLike,
+    after_failure,
+    after_success,
+    backoff_delay,
+    close_client,
+    fetch_once,
+    wanted_labels,
+)
+from .preflight import (
     FeederConfigError,
     first_contact_answers,
     first_contact_problems,
@@ -42,51 +50,13 @@ from genaug.trainer.contact import (
 )
 
 if TYPE_CHECKING:
-    from genaug.trainer.reservoir import SyntheticReservoir
+    from ..mixing.reservoir import SyntheticReservoir
 
-# FeederConfigError and first_contact_problems are defined in genaug.trainer.contact and
-# re-exported here, where feeder users have always imported them.
+# FeederConfigError and first_contact_problems (feeding.preflight) and FeederStats
+# (feeding.cycle) are re-exported here, where feeder users have always imported them.
 __all__ = ["FeederConfigError", "FeederStats", "ReservoirFeeder", "first_contact_problems"]
 
 log = logging.getLogger(__name__)
-
-
-class _ReservoirLike(Protocol):
-    num_classes: int
-    slots_per_class: int
-    image_shape: tuple[int, int, int]
-
-    def write(self, label: int, images: np.ndarray) -> int: ...
-    def fill_counts(self) -> np.ndarray: ...
-
-
-@dataclass(frozen=True)
-class FeederStats:
-    """A snapshot of a feeder's counters (see :attr:`ReservoirFeeder.stats`).
-
-    Attributes:
-        images_received: images written into the reservoir since construction.
-        images_dropped: images received with a label name not in ``label_map``.
-        requests: successful requests.
-        errors: failed requests or writes (never raised into training).
-        consecutive_failures: failures since the last success; 0 while healthy.
-        connected: the last request succeeded.
-        last_refresh: ``time.time()`` of the last write of at least one image, or ``None``.
-        last_error: text of the most recent error, or ``None``.
-        running: the feeder thread is alive.
-        checked: a strict feeder's first-contact checks passed.
-    """
-
-    images_received: int = 0
-    images_dropped: int = 0
-    requests: int = 0
-    errors: int = 0
-    consecutive_failures: int = 0
-    connected: bool = False
-    last_refresh: float | None = None
-    last_error: str | None = None
-    running: bool = False
-    checked: bool = False
 
 
 class ReservoirFeeder:
@@ -138,7 +108,7 @@ class ReservoirFeeder:
 
     def __init__(
         self,
-        reservoir: SyntheticReservoir | _ReservoirLike,
+        reservoir: SyntheticReservoir | ReservoirLike,
         *,
         url: str | list[str] | None = None,
         client: Any = None,
@@ -403,14 +373,14 @@ class ReservoirFeeder:
         finally:
             self._contact.set()
             if client is not None and owned:
-                await self._close(client)
+                await close_client(client)
             with self._stats_lock:
                 self._stats = replace(self._stats, connected=False)
 
     async def _first_contact(self, client: Any) -> None:
-        """Strict checks (:mod:`genaug.trainer.contact`); raises :class:`FeederConfigError`
-        for mistakes, the client's error for an outage (the caller backs off and comes back
-        here)."""
+        """Strict checks (:mod:`~genaug.trainer.feeding.preflight`); raises
+        :class:`FeederConfigError` for mistakes, the client's error for an outage (the caller
+        backs off and comes back here)."""
         where = ", ".join(getattr(client, "urls", None) or [str(self._url or "the service")])
         info, detail = await first_contact_answers(client, recipe=self.recipe, where=where)
         warn_if_tensorflow_sees_generator_gpu(info, where)
@@ -427,42 +397,14 @@ class ReservoirFeeder:
         self._checked = True
         self._contact.set()
 
-    @staticmethod
-    async def _close(client: Any) -> None:
-        closer = getattr(client, "aclose", None) or getattr(client, "close", None)
-        if closer is None:
-            return
-        try:
-            result = closer()
-            if asyncio.iscoroutine(result):
-                await asyncio.wait_for(result, timeout=5.0)
-        except Exception:
-            log.debug("closing the feeder's client failed", exc_info=True)
-
     def _backoff_delay(self, exc: BaseException | None = None) -> float:
-        from genaug.client import backoff_s
-
-        # jitter: trainers don't retry in lockstep
-        delay: float = backoff_s(
-            self._stats.consecutive_failures, initial_s=self.backoff_initial_s,
-            max_s=self.backoff_max_s, jitter=0.2,
-        )
-        retry_after = getattr(exc, "retry_after", None)  # a 429/503 saying when to come back
-        if isinstance(retry_after, int | float) and retry_after > 0:
-            delay = max(delay, min(float(retry_after), self.backoff_max_s))
-        return delay
+        return backoff_delay(self._stats.consecutive_failures, exc,
+                             initial_s=self.backoff_initial_s, max_s=self.backoff_max_s)
 
     def _record_failure(self, exc: BaseException) -> None:
         with self._stats_lock:
-            s = self._stats
-            first = s.consecutive_failures == 0
-            self._stats = replace(
-                s,
-                errors=s.errors + 1,
-                consecutive_failures=s.consecutive_failures + 1,
-                connected=False,
-                last_error=f"{type(exc).__name__}: {exc}",
-            )
+            first = self._stats.consecutive_failures == 0
+            self._stats = after_failure(self._stats, exc)
         if first and not isinstance(exc, FeederConfigError):
             log.warning(
                 "genaug feeder: request failed (%s: %s); training continues on real images, "
@@ -474,58 +416,20 @@ class ReservoirFeeder:
         else:
             log.debug("genaug feeder: still failing: %s: %s", type(exc).__name__, exc)
 
-    def _wanted_labels(self) -> list[str]:
-        """Label names to request: the under-filled ones, least filled first; else all."""
-        fill = np.asarray(self.reservoir.fill_counts())
-        names = sorted(self.label_map, key=lambda n: (int(fill[self.label_map[n]]), n))
-        under = [n for n in names if fill[self.label_map[n]] < self.reservoir.slots_per_class]
-        return under or names
-
     async def _cycle_once(self, client: Any) -> None:
         await self._send_need(client)
-        wanted = self._wanted_labels()
-        received = dropped = 0
-        if self.recipe is not None:
-            result = await client.sample(
-                self.recipe, labels=wanted, n=self.batch, wait_s=self.wait_s
-            )
-            images = np.asarray(result.images)
-            labels = np.asarray(result.labels)
-            names = list(result.label_names)
-            for i, name in enumerate(names):
-                mask = labels == i
-                if not mask.any():
-                    continue
-                if name not in self.label_map:
-                    dropped += int(mask.sum())
-                    continue
-                received += self.reservoir.write(self.label_map[name], images[mask])
-        else:
-            # generate: one label per cycle, the least filled (round-robin once all are full).
-            name = (
-                wanted[self._cycle % len(wanted)]
-                if len(wanted) == len(self.label_map)
-                else (wanted[0])
-            )
+        cycle = self._cycle
+        if self.recipe is None:
             self._cycle += 1
-            h, w, _ = self.reservoir.image_shape
-            kwargs: dict[str, Any] = {"output_height": h, "output_width": w}
-            kwargs.update(self._generate_kwargs)
-            result = await client.generate(self.prompts[name], n=self.batch, **kwargs)
-            received += self.reservoir.write(self.label_map[name], np.asarray(result.images))
-        reconnected = False
+        received, dropped = await fetch_once(
+            client, self.reservoir, wanted=wanted_labels(self.reservoir, self.label_map),
+            label_map=self.label_map, recipe=self.recipe, prompts=self.prompts,
+            batch=self.batch, wait_s=self.wait_s, generate_kwargs=self._generate_kwargs,
+            cycle=cycle,
+        )
         with self._stats_lock:
-            s = self._stats
-            reconnected = s.consecutive_failures > 0
-            self._stats = replace(
-                s,
-                images_received=s.images_received + received,
-                images_dropped=s.images_dropped + dropped,
-                requests=s.requests + 1,
-                consecutive_failures=0,
-                connected=True,
-                last_refresh=time.time() if received else s.last_refresh,
-            )
+            reconnected = self._stats.consecutive_failures > 0
+            self._stats = after_success(self._stats, received=received, dropped=dropped)
         if reconnected:
             log.info("genaug feeder: service reachable again")
         if dropped:

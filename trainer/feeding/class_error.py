@@ -1,6 +1,6 @@
 """Per-class need from predictions on held-out real data: pure NumPy, no TensorFlow.
 
-:class:`~genaug.trainer.need.NeedCallback` (a Keras callback) calls :func:`per_class_need`
+:class:`~genaug.trainer.feeding.need.NeedCallback` (a Keras callback) calls :func:`per_class_need`
 on the model's predictions; kept apart so it is tested, and usable, without importing Keras.
 """
 

@@ -1,4 +1,4 @@
-"""The judgements of ``genaug.trainer.diagnosis``: pure functions of numbers and strings,
+"""The judgements of ``genaug.trainer.checks.findings``: pure functions of numbers and strings,
 tested without TensorFlow (``test_diagnose.py`` runs them on real steps)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from genaug.trainer.diagnosis import (
+from genaug.trainer.checks.findings import (
     CODES,
     INPUT_BOUND_SHARE,
     DiagnoseReport,

@@ -93,8 +93,8 @@ class StepTimer:
     def trace(self, model: Any, dataset: Any) -> None:
         """Trace Keras's ``one_step_on_data`` on one distributed batch of ``dataset`` without
         running it, so that ``fit`` (through :meth:`install`'s wrapper) reuses this trace and
-        :func:`~genaug.trainer.audit.assert_no_python_ops` can audit it before training."""
-        from genaug.trainer.audit import step_functions
+        :func:`~genaug.trainer.checks.audit.assert_no_python_ops` can audit it before training."""
+        from .audit import step_functions
 
         steps = [
             fn for fn in step_functions(model)

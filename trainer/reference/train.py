@@ -1,42 +1,42 @@
 """Reference trainer (``genaug train``): a small Keras classifier with synthetic mixing.
 
 What it shows, end to end, on a folder of class sub-folders (``DIR/<class>/<image>.png``) or on
-a generated demo set (:func:`genaug.trainer.data.make_demo_dataset`):
+a generated demo set (:func:`genaug.trainer.reference.data.make_demo_dataset`):
 
 * **Checks before anything is built**: a missing folder, 0 images, a class with 0 images, fewer
-  images than one global batch each raise :class:`~genaug.trainer.data.DatasetError` saying
-  what was found, where, and the layout expected.
+  images than one global batch each raise :class:`~genaug.trainer.reference.data.DatasetError`
+  saying what was found, where, and the layout expected.
 * **Fixed shapes**: a static global batch with ``drop_remainder=True``; the step function is
   traced once (the summary prints its tracing count).
 * **Devices**: ``MirroredStrategy`` over the GPUs given (``--gpus 1,2,3``, by index as
   TensorFlow lists them); with ``--service`` the service's own GPU is hidden from TensorFlow
-  first (:func:`~genaug.trainer.devices.configure_devices`, NVML), and without ``--gpus``
+  first (:func:`~genaug.trainer.hardware.devices.configure_devices`, NVML), and without ``--gpus``
   every other GPU is used; with no GPU the CPU, split into ``--cpu-replicas N`` logical
   devices if asked. Devices are configured before TensorFlow
-  initialises, which is why :func:`~genaug.trainer.devices.configure_devices` comes first and
-  this module imports TensorFlow only inside functions.
+  initialises, which is why :func:`~genaug.trainer.hardware.devices.configure_devices` comes first
+  and this module imports TensorFlow only inside functions.
 * **Mixing**: ``--service URL --recipe NAME --p 0.5``: a
-  :class:`~genaug.trainer.reservoir.SyntheticReservoir` (created outside the strategy scope)
+  :class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir` (created outside the strategy scope)
   mixed into each batch with graph ops, refreshed by a
-  :class:`~genaug.trainer.feeder.ReservoirFeeder` thread sampling the recipe's pool (or
+  :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder` thread sampling the recipe's pool (or
   ``generate`` with ``--prompt LABEL=TEXT`` when the service has no such recipe). Dataset class
-  names are matched to the recipe's label names (:mod:`genaug.trainer.labels`); a class with
+  names are matched to the recipe's label names (:mod:`genaug.trainer.feeding.labels`); a class with
   no label is an error. ``--rebalance 1,1,4`` draws a replacement's class from those weights
   (the label follows the pixels), oversampling a rare class. The feeder is strict: a
   configuration mistake the service reveals stops the run before its first step (exit 2).
-* **No Python in the graph**: :func:`~genaug.trainer.audit.assert_no_python_ops` runs on the
+* **No Python in the graph**: :func:`~genaug.trainer.checks.audit.assert_no_python_ops` runs on the
   dataset and the train step before ``fit``.
 * **NaN/Inf**: training stops at the first non-finite loss, naming the step and, where it can,
   the first layer whose output is non-finite on a probe batch and the non-finite weights
-  (:func:`~genaug.trainer.instruments.nan_guard`).
-* **Doctor** (``--doctor``): before ``fit``, :func:`~genaug.trainer.diagnose.diagnose` runs 20
-  steps of the prepared pipeline and model, with the feeder started so the reservoir is seen
+  (:func:`~genaug.trainer.checks.instruments.nan_guard`).
+* **Doctor** (``--doctor``): before ``fit``, :func:`~genaug.trainer.checks.diagnose.diagnose` runs
+  20 steps of the prepared pipeline and model, with the feeder started so the reservoir is seen
   as training will see it, and prints its table; any problem stops the run with exit status 4
   before training (the weights are restored after the steps, so a clean run trains as if it
   had not looked).
 * **Summary**: steps, the synthetic fraction actually mixed, the step function's tracing
   count and the share of step time spent waiting for input, measured by
-  :class:`~genaug.trainer.instruments.StepTimer` (its module docstring says how: callback
+  :class:`~genaug.trainer.checks.instruments.StepTimer` (its module docstring says how: callback
   timestamps cannot see input waiting under Keras 3).
 
 Example::
@@ -44,40 +44,39 @@ Example::
     genaug train --data ~/wounds --batch-size 64 --epochs 5 \\
         --service http://127.0.0.1:8000 --recipe wound-phases --p 0.5 --rebalance 1,1,4
 
-Every flag is a :class:`~genaug.trainer.config.TrainConfig` field (``--feeder-batch`` is
-``feeder_batch``, see :mod:`genaug.trainer.config`); the report printed at the end is a
-:class:`~genaug.trainer.summary.TrainSummary`.
+Every flag is a :class:`~genaug.trainer.reference.config.TrainConfig` field
+(``--feeder-batch`` is ``feeder_batch``, see :mod:`~genaug.trainer.reference.config`); the
+report printed at the end is a :class:`~genaug.trainer.reference.summary.TrainSummary`. The
+command itself (flags in, exit status out) is :mod:`~genaug.trainer.reference.command`.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from genaug.trainer.config import TrainConfig, add_train_arguments, config_from_args
-from genaug.trainer.data import DatasetError, FolderScan, make_demo_dataset, scan_image_folder
-from genaug.trainer.devices import DeviceError, configure_devices
-from genaug.trainer.instruments import (
+from ..checks.instruments import (
     NonFiniteLossError,
     StepTimer,
     nan_guard,
     non_finite_culprits,
 )
-from genaug.trainer.labels import LabelMapError, match_labels, recipe_status
-from genaug.trainer.summary import TrainSummary
+from ..feeding.labels import LabelMapError, match_labels, recipe_status
+from ..hardware.devices import configure_devices
+from .config import TrainConfig
+from .data import DatasetError, FolderScan, make_demo_dataset, scan_image_folder
+from .summary import TrainSummary
 
 if TYPE_CHECKING:
-    from genaug.trainer.diagnosis import DiagnoseReport
-    from genaug.trainer.feeder import ReservoirFeeder
-    from genaug.trainer.reservoir import SyntheticReservoir
+    from ..checks.findings import DiagnoseReport
+    from ..feeding.feeder import ReservoirFeeder
+    from ..mixing.reservoir import SyntheticReservoir
 
-__all__ = ["Trainer", "build_default_model", "main", "run_train", "train"]
+__all__ = ["Trainer", "build_default_model", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +228,9 @@ class Trainer:
         import keras
         import tensorflow as tf
 
-        from genaug.trainer.audit import assert_no_python_ops
-        from genaug.trainer.feeder import ReservoirFeeder
-        from genaug.trainer.reservoir import SyntheticReservoir
+        from ..checks.audit import assert_no_python_ops
+        from ..feeding.feeder import ReservoirFeeder
+        from ..mixing.reservoir import SyntheticReservoir
 
         cfg = self.config
         assert self.scan is not None
@@ -301,7 +300,7 @@ class Trainer:
 
     def fit(self, callbacks: Sequence[Any] = ()) -> TrainSummary:
         """Train; return the summary. Raises :class:`NonFiniteLossError` on NaN/Inf loss."""
-        from genaug.trainer.audit import tracing_counts
+        from ..checks.audit import tracing_counts
 
         if self.model is None:
             self.prepare()
@@ -356,17 +355,17 @@ class Trainer:
         return s
 
     def diagnose(self, steps: int = 20, *, fill_timeout_s: float = 10.0) -> DiagnoseReport:
-        """Run :func:`~genaug.trainer.diagnose.diagnose` on the prepared dataset and model and
-        print its table; the model, the reservoir's counters and the step timer are left as
+        """Run :func:`~genaug.trainer.checks.diagnose.diagnose` on the prepared dataset and model
+        and print its table; the model, the reservoir's counters and the step timer are left as
         they were, so :meth:`fit` trains as if nothing had run.
 
         With mixing, the feeder is started first (strict: a configuration mistake raises
-        :class:`~genaug.trainer.contact.FeederConfigError` here, as in ``fit``) and given up to
-        ``fill_timeout_s`` seconds to put images of every class in the reservoir: a class
+        :class:`~genaug.trainer.feeding.preflight.FeederConfigError` here, as in ``fit``) and given
+        up to ``fill_timeout_s`` seconds to put images of every class in the reservoir: a class
         still empty after that is reported, since the first steps would see it so.
         """
-        from genaug.trainer.diagnose import diagnose
-        from genaug.trainer.diagnosis import DiagnoseEnv
+        from ..checks.diagnose import diagnose
+        from ..checks.findings import DiagnoseEnv
 
         if self.model is None:
             self.prepare()
@@ -413,55 +412,3 @@ def train(config: TrainConfig, *, build_model: ModelBuilder | None = None) -> Tr
     with Trainer(config, build_model=build_model) as trainer:
         trainer.prepare()
         return trainer.fit()
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def run_train(args: argparse.Namespace) -> int:
-    """Run ``genaug train`` for parsed arguments; print the summary. Returns an exit code:
-    0 done, 2 bad data/devices/labels (nothing trained), 3 stopped on a non-finite loss, 4
-    ``--doctor`` found a problem (nothing trained)."""
-    from genaug.trainer.audit import PythonInGraphError
-    from genaug.trainer.contact import FeederConfigError
-
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        for noisy in ("tensorflow", "absl", "httpx"):  # per-step "Reduce to ..." INFO lines
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-    config = config_from_args(args)
-    if (config.service is None) != (config.recipe is None and not config.prompts):
-        if config.service is None:
-            print("genaug train: error: --recipe/--prompt need --service URL", file=sys.stderr)  # noqa: T201
-            return 2
-        print("genaug train: error: --service needs --recipe NAME or --prompt LABEL=TEXT",  # noqa: T201
-              file=sys.stderr)
-        return 2
-    try:
-        with Trainer(config) as trainer:
-            trainer.prepare()
-            if config.doctor and not trainer.diagnose().ok:
-                print("genaug train: stopped before training: --doctor found the problem(s) "  # noqa: T201
-                      "above, each with its fix; nothing was trained", file=sys.stderr)
-                return 4
-            summary = trainer.fit()
-    except (DatasetError, LabelMapError, DeviceError, PythonInGraphError,
-            FeederConfigError) as exc:
-        print(f"genaug train: error: {exc}", file=sys.stderr)  # noqa: T201
-        return 2
-    except NonFiniteLossError as exc:
-        print(f"genaug train: stopped: {exc}", file=sys.stderr)  # noqa: T201
-        return 3
-    print(summary.format())  # noqa: T201
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m genaug.trainer.train [flags]`` (the same as ``genaug train``)."""
-    parser = argparse.ArgumentParser(prog="genaug train", description=__doc__.split("\n")[0])
-    add_train_arguments(parser)
-    return run_train(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

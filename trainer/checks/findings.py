@@ -1,11 +1,11 @@
-"""What :func:`~genaug.trainer.diagnose.diagnose` reports, and the judgements behind it.
+"""What :func:`~genaug.trainer.checks.diagnose.diagnose` reports, and the judgements behind it.
 
 This module holds the report (:class:`DiagnoseReport`: ``problems``, ``figures`` and the
 printed table), its items (:class:`Problem`: ``code``, ``message``, ``fix``), the things a test
 or an unusual host injects (:class:`DiagnoseEnv`, :class:`DeviceMemory`), and the judgements
 that turn measured figures into problems. Every judgement is a pure function of numbers and
-strings, so it is unit-tested without TensorFlow; :mod:`genaug.trainer.diagnose` measures and
-calls them.
+strings, so it is unit-tested without TensorFlow; a diagnosis
+(:mod:`~genaug.trainer.checks.session`) measures and calls them.
 
 Nothing here imports TensorFlow at module import time.
 
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from genaug.trainer.devices import GpuInfo
+from ..hardware.nvml import GpuInfo
 
 __all__ = [
     "CODES",
@@ -66,7 +66,7 @@ _MB = 1e6
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding of :func:`~genaug.trainer.diagnose.diagnose`: a code from :data:`CODES`,
+    """One finding of :func:`~genaug.trainer.checks.diagnose.diagnose`: a code from :data:`CODES`,
     what was found and the one line of what to change."""
 
     code: str
@@ -79,7 +79,7 @@ class Problem:
 
 @dataclass
 class DiagnoseReport:
-    """The result of :func:`~genaug.trainer.diagnose.diagnose` (or of the callback's first
+    """The result of :func:`~genaug.trainer.checks.diagnose.diagnose` (or of the callback's first
     epoch). ``checked`` says, per code, ``"ok"``, ``"problem"`` or ``"not checked: why"``.
 
     Example::
@@ -143,7 +143,7 @@ class DiagnoseReport:
 
 class DeviceMemory(Protocol):
     """Peak device memory of a step, and the device's size (bytes); ``None`` where the
-    device cannot say. :func:`~genaug.trainer.diagnose.diagnose` uses TensorFlow's GPU
+    device cannot say. :func:`~genaug.trainer.checks.diagnose.diagnose` uses TensorFlow's GPU
     allocator statistics (``tf.config.experimental.get_memory_info``, GPUs only) and NVML's
     total; a test passes its own to exercise the estimate without a GPU."""
 
@@ -159,7 +159,7 @@ class DeviceMemory(Protocol):
 
 @dataclass
 class DiagnoseEnv:
-    """What :func:`~genaug.trainer.diagnose.diagnose` otherwise asks the host for.
+    """What :func:`~genaug.trainer.checks.diagnose.diagnose` otherwise asks the host for.
 
     Attributes:
         service_url: the genaug service whose GPU must stay apart from TensorFlow's (default:

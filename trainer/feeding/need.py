@@ -9,8 +9,8 @@ nothing is added to the ``tf.data`` pipeline or the step functions (the audit st
 
 Where the report goes:
 
-- a :class:`~genaug.trainer.feeder.ReservoirFeeder`: ``feeder.report_need(need)``; its thread
-  posts it before its next request (training never waits for the network);
+- a :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`: ``feeder.report_need(need)``; its
+  thread posts it before its next request (training never waits for the network);
 - a ``genaug.client.Client`` (with ``recipe=``): ``client.feedback(recipe, need)``, a short
   blocking call;
 - any callable taking the need dict.
@@ -35,7 +35,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from genaug.trainer.class_error import Measure, per_class_need
+from .class_error import Measure, per_class_need
 
 __all__ = ["NeedCallback", "per_class_need"]
 

@@ -2,7 +2,7 @@
 
 A training run that quietly goes on without synthetic images because of a typo is worse than
 one that stops. At its first contact with the service a strict
-:class:`~genaug.trainer.feeder.ReservoirFeeder` reads ``/v1/info`` and
+:class:`~genaug.trainer.feeding.feeder.ReservoirFeeder` reads ``/v1/info`` and
 ``/v1/recipes/{name}`` (:func:`first_contact_answers`) and checks them
 (:func:`first_contact_problems`): a rejected API key, an unknown recipe, a ``label_map`` name
 the recipe lacks, images of another size or channel count than the reservoir's, or a pool that
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 class FeederConfigError(RuntimeError):
     """A strict feeder's first contact found a configuration mistake; the message lists each
-    one with its fix. Raised by :meth:`~genaug.trainer.feeder.ReservoirFeeder.start` (and so
+    one with its fix. Raised by :meth:`~genaug.trainer.feeding.feeder.ReservoirFeeder.start` (and so
     by ``fit`` through the callback) before any training step."""
 
 
@@ -176,8 +176,8 @@ async def first_contact_answers(
 
 def warn_if_tensorflow_sees_generator_gpu(info: Mapping[str, Any], where: str) -> None:
     """Log a loud warning when TensorFlow in this process can use the generator's GPU
-    (:func:`~genaug.trainer.devices.tensorflow_sees_service_gpu`); never raises."""
-    from genaug.trainer.devices import tensorflow_sees_service_gpu
+    (:func:`~genaug.trainer.hardware.devices.tensorflow_sees_service_gpu`); never raises."""
+    from ..hardware.devices import tensorflow_sees_service_gpu
 
     try:
         warning = tensorflow_sees_service_gpu(info, where)

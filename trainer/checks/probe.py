@@ -1,10 +1,10 @@
-"""The measuring half of :func:`~genaug.trainer.diagnose.diagnose`: a stand-in for
+"""The measuring half of :func:`~genaug.trainer.checks.diagnose.diagnose`: a stand-in for
 ``model.train_function`` that runs Keras's own traced step and watches it.
 
 :class:`StepProbe` takes the place of ``model.train_function`` (in :func:`diagnose`'s loop or
 during the first epoch of ``fit``). Each call pulls the next distributed batch in Python, timed
-(the :class:`~genaug.trainer.instruments.StepTimer` method: Keras 3 fetches batches inside its
-traced function, where no callback can see the wait), then hands it to the function it
+(the :class:`~genaug.trainer.checks.instruments.StepTimer` method: Keras 3 fetches batches inside
+its traced function, where no callback can see the wait), then hands it to the function it
 replaced, which runs Keras's traced ``one_step_on_data`` on it. After the step it reads the
 step functions' tracing counts, the loss, and one small ``tf.function`` per replica that says
 whether each floating input is finite and counts the labels per class. It never changes what
@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from genaug.trainer.devices import GpuInfo, cuda_order, nvml_gpus
-from genaug.trainer.diagnosis import DeviceMemory, Leaf, input_bound, retrace_findings
-from genaug.trainer.instruments import StepTimer
+from ..hardware import nvml
+from ..hardware.gpus import cuda_order
+from ..hardware.nvml import GpuInfo
+from .findings import DeviceMemory, Leaf, input_bound, retrace_findings
+from .instruments import StepTimer
 
 __all__ = ["StepProbe", "TensorFlowGpuMemory", "gpu_memory", "half_batch", "num_classes_of"]
 
@@ -158,7 +160,7 @@ class StepProbe:
         self._memory, self._measure_at = memory, at_step
 
     def install(self) -> None:
-        from genaug.trainer.audit import step_functions
+        from .audit import step_functions
 
         if self.original is None:
             self.model.make_train_function()
@@ -270,7 +272,7 @@ class StepProbe:
         value = float(np.asarray(loss))
         self.losses.append(value)
         if self.bad_loss is None and not np.isfinite(value):
-            from genaug.trainer.instruments import non_finite_culprits
+            from .instruments import non_finite_culprits
 
             # Now, while the weights are those of the bad step (diagnose restores them).
             self.bad_loss = (self.steps, value, non_finite_culprits(
@@ -385,28 +387,12 @@ def gpu_memory(table: Sequence[GpuInfo] | None = None,
     if not visible:
         return None
     index = int(visible[0].name.rsplit(":", 1)[-1])
-    table = table if table is not None else nvml_gpus()
+    table = table if table is not None else nvml.gpus()
     order = cuda_order(table, environ) if table else None
     total = None
     if order is not None and index < len(order):
-        total = _nvml_total(order[index].uuid)
+        total = nvml.memory_total(order[index].uuid)
     return TensorFlowGpuMemory("GPU:0", total)
-
-
-def _nvml_total(uuid: str) -> int | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no NVML, no driver: the size stays unknown
-        return None
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    except Exception:
-        return None
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def num_classes_of(model: Any, num_classes: int | None, reservoir: Any) -> int | None:

@@ -140,7 +140,7 @@ class TrainConfig:
         "recipe, labels, size, channels, an empty pool nothing fills)",
         group="synthetic mixing"))
     doctor: bool = field(default=False, metadata=_opt(
-        "before training, run genaug.trainer.diagnose for 20 steps on the real pipeline and "
+        "before training, run genaug.trainer.checks.diagnose for 20 steps on the real pipeline and "
         "model (feeder running), print its table, and stop with exit status 4 if it finds a "
         "problem (nothing trained); with none, train as usual", group="checks"))
 

@@ -26,15 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from genaug import __version__
-from genaug.trainer.devices import (
-    DeviceError,
-    GpuInfo,
-    cuda_order,
-    match_service_gpu,
-    nvml_gpus,
-    service_device,
-    visible_after_hiding,
-)
+
+from . import nvml
+from .devices import DeviceError, visible_after_hiding
+from .gpus import cuda_order, match_service_gpu, service_device
+from .nvml import GpuInfo
 
 __all__ = [
     "LIBDEVICE",
@@ -114,11 +110,11 @@ class Host:
     @classmethod
     def this_machine(cls) -> Host:
         """Everything read from this machine, without importing TensorFlow."""
-        driver, driver_cuda = _nvml_driver()
+        driver, driver_cuda = nvml.driver()
         packages = {name: _version(name) for name in ("tensorflow", "keras")}
         environ = dict(os.environ)
         return cls(
-            environ=environ, gpu_table=nvml_gpus(), driver=driver, driver_cuda=driver_cuda,
+            environ=environ, gpu_table=nvml.gpus(), driver=driver, driver_cuda=driver_cuda,
             build_info=_tensorflow_build_info(), packages=packages,
             available_memory=_available_memory(), cuda_roots=_xla_cuda_roots(),
             cuda_hints=_cuda_hints(environ),
@@ -155,23 +151,6 @@ def _tensorflow_build_info() -> dict[str, Any] | None:
             except ValueError:
                 return {}
     return {}
-
-
-def _nvml_driver() -> tuple[str | None, int | None]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no nvidia-ml-py, no driver
-        return None, None
-    try:
-        raw = pynvml.nvmlSystemGetDriverVersion()
-        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
-        return (raw.decode() if isinstance(raw, bytes) else str(raw)), cuda
-    except Exception:
-        return None, None
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def _available_memory() -> int | None:

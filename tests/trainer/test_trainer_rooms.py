@@ -1,0 +1,81 @@
+"""trainer/'s rooms keep their shape: small files, one NVML session, relative imports, and
+the module paths from before the rooms still importing as the rooms' own modules."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import genaug.trainer
+
+TRAINER = Path(genaug.trainer.__file__).parent
+MAX_LINES = 450
+
+
+def _modules() -> list[Path]:
+    return sorted(TRAINER.rglob("*.py"))
+
+
+def test_no_trainer_file_is_over_the_limit() -> None:
+    long = {str(p.relative_to(TRAINER)): n for p in _modules()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these along a real seam (at most {MAX_LINES} lines): {long}"
+
+
+def test_nvml_is_opened_in_one_module() -> None:
+    users = sorted(str(p.relative_to(TRAINER)) for p in _modules()
+                   if "pynvml" in p.read_text())
+    assert users == ["hardware/nvml.py"], users
+
+
+EXPERIMENTS = {"demo.py", "fewshot.py"}  # the demo's and the benchmarks', leaving the library
+
+
+def test_the_package_imports_itself_relatively() -> None:
+    absolute = []
+    for path in _modules():
+        if path.parent == TRAINER and path.name in EXPERIMENTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (
+                    node.module or "").startswith("genaug.trainer"):
+                absolute.append(f"{path.relative_to(TRAINER)}:{node.lineno}")
+            elif isinstance(node, ast.Import) and any(
+                    a.name.startswith("genaug.trainer") for a in node.names):
+                absolute.append(f"{path.relative_to(TRAINER)}:{node.lineno}")
+    assert not absolute, absolute
+
+
+def test_every_room_says_what_lives_there() -> None:
+    rooms = [p for p in TRAINER.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    assert len(rooms) >= 3
+    for room in rooms:
+        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text()))
+        assert doc, f"{room.name}/__init__.py has no docstring"
+        for module in room.glob("*.py"):
+            if module.name != "__init__.py":
+                assert module.name in doc, f"{room.name}/__init__.py does not name {module.name}"
+
+
+def test_old_module_paths_import_the_rooms_modules() -> None:
+    # In a child: some of these import TensorFlow.
+    code = (
+        "import importlib, sys\n"
+        "from genaug.trainer import MOVED\n"
+        "for old, new in MOVED.items():\n"
+        "    a = importlib.import_module('genaug.trainer.' + old)\n"
+        "    b = importlib.import_module('genaug.trainer.' + new)\n"
+        "    assert a is b, (old, new)\n"
+        "    assert b.__spec__.name == b.__name__ == 'genaug.trainer.' + new, old\n"
+        "from genaug.trainer.need import NeedCallback\n"
+        "from genaug.trainer.feeding.need import NeedCallback as N\n"
+        "assert NeedCallback is N\n"
+        "print(len(MOVED))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == str(len(genaug.trainer.MOVED))
+    assert len(genaug.trainer.MOVED) == 17
