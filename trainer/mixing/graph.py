@@ -14,14 +14,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import tensorflow as tf
 
-if TYPE_CHECKING:
-    from .reservoir import SyntheticReservoir
+__all__ = ["MapFn", "MixOptions", "ReservoirVariables", "map_fn", "mix_tensor"]
 
-__all__ = ["MapFn", "MixOptions", "map_fn", "mix_tensor"]
+
+class ReservoirVariables(Protocol):
+    """What the graph ops read and count in a reservoir (a
+    :class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir` is one): named here so the
+    ops need not import the class that builds them, and the two modules make no circle."""
+
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    images: tf.Variable
+    fill: tf.Variable
+    mixed_counter: tf.Variable
+    seen_counter: tf.Variable
+    replaced_per_class: tf.Variable
 
 MapFn = Callable[..., tuple[Any, ...]]
 
@@ -38,7 +49,7 @@ class MixOptions:
 
 
 def map_fn(
-    reservoir: SyntheticReservoir,
+    reservoir: ReservoirVariables,
     options: MixOptions,
     *,
     key: str | None,
@@ -81,7 +92,7 @@ def map_fn(
     return cast(MapFn, tf.autograph.experimental.do_not_convert(mix_fn))
 
 
-def _labels(reservoir: SyntheticReservoir, label: Any, batched: bool) -> tuple[tf.Tensor, str]:
+def _labels(reservoir: ReservoirVariables, label: Any, batched: bool) -> tuple[tf.Tensor, str]:
     """(sparse int32 [n], kind) with kind in {"sparse", "column", "dense"}."""
     label = tf.convert_to_tensor(label)
     base = 1 if batched else 0
@@ -104,7 +115,7 @@ def _labels(reservoir: SyntheticReservoir, label: Any, batched: bool) -> tuple[t
 
 
 def _relabel(
-    reservoir: SyntheticReservoir, label: Any, kind: str, batched: bool, replaced: tf.Tensor,
+    reservoir: ReservoirVariables, label: Any, kind: str, batched: bool, replaced: tf.Tensor,
     new_class: tf.Tensor,
 ) -> tf.Tensor:
     """``label`` with the replaced examples set to ``new_class`` (shape and dtype kept)."""
@@ -120,7 +131,7 @@ def _relabel(
 
 
 def mix_tensor(
-    reservoir: SyntheticReservoir, image: tf.Tensor, label: Any, options: MixOptions
+    reservoir: ReservoirVariables, image: tf.Tensor, label: Any, options: MixOptions
 ) -> tuple[tf.Tensor, Any, tf.Tensor]:
     """(mixed images, labels, replaced bool [n])."""
     rank = image.shape.rank
