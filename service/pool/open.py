@@ -1,12 +1,13 @@
-"""Opening a pool: the one small factory, and the only module that knows both backends.
+"""Opening a pool: the one factory, and the only module that knows both backends.
 
-:func:`open_pool` opens the store at a target (a ``postgresql://``/``postgres://`` URL:
-:class:`~genaug.service.pool.postgres.PostgresPoolStore`; anything else is a SQLite file:
-:class:`~genaug.service.pool.sqlite.SqlitePoolStore`). :func:`open_pool_store` does it from
-the settings (``GENAUG_POOL_URL`` or ``GENAUG_POOL_PATH``, ``GENAUG_REPLICA``,
-``GENAUG_POOL_LEASE_S``); :func:`check_pool_settings` refuses settings that can never work
-before anything is opened, and :func:`replica_info` is the ``replica`` group of
-``/v1/info``. Everything else speaks to :class:`~genaug.service.pool.store.PoolStore`.
+:func:`open_pool` is the one place a store is built: it opens the store at a target (a
+``postgresql://``/``postgres://`` URL: :class:`~genaug.service.pool.postgres.PostgresPoolStore`;
+anything else is a SQLite file: :class:`~genaug.service.pool.sqlite.SqlitePoolStore`).
+:func:`open_pool_store` calls it with the settings (``GENAUG_POOL_URL`` or
+``GENAUG_POOL_PATH``, ``GENAUG_REPLICA``, ``GENAUG_POOL_LEASE_S``);
+:func:`check_pool_settings` refuses settings that can never work before anything is opened,
+and :func:`replica_info` is the ``replica`` group of ``/v1/info``. Everything else speaks
+to :class:`~genaug.service.pool.store.PoolStore`.
 
 Example::
 
@@ -92,15 +93,12 @@ def open_pool_store(settings: Settings, *, capacity_per_label: int | None = None
     Blocking (it connects, checks and upgrades the schema): call it from a thread.
     """
     check_pool_settings(settings)
-    capacity = capacity_per_label or settings.pool_capacity_per_label
-    partition = parse_partition(getattr(settings, "replica", None))
-    lease_s = float(getattr(settings, "pool_lease_s", DEFAULT_LEASE_S))
-    url = _pool_url(settings)
-    if url is not None:
-        return PostgresPoolStore(url, capacity_per_label=capacity, partition=partition,
-                                 lease_s=lease_s)
-    return SqlitePoolStore(settings.pool_path, capacity_per_label=capacity,
-                           partition=partition, lease_s=lease_s)
+    return open_pool(
+        _pool_url(settings) or settings.pool_path,
+        capacity_per_label=capacity_per_label or settings.pool_capacity_per_label,
+        partition=parse_partition(getattr(settings, "replica", None)),
+        lease_s=float(getattr(settings, "pool_lease_s", DEFAULT_LEASE_S)),
+    )
 
 
 def replica_info(settings: Settings) -> dict[str, str | bool | None]:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .draw import decode_rows, empty_sample
 from .store import PoolStore
 from .types import (
     DEFAULT_LEASE_S,
@@ -313,7 +314,7 @@ class PostgresPoolStore(PoolStore):
             raise ValueError(f"n must be >= 0, got {n}")
         wanted = list(dict.fromkeys(labels))
         if n == 0 or not wanted:
-            return PoolSample(np.empty((0, 0, 0, 3), np.uint8), [], np.empty((0,), np.int64))
+            return empty_sample()
         with self._tx(write=True) as conn:
             rows = conn.execute(
                 _SAMPLE, {"pool": pool_id, "labels": wanted, "n": n}, binary=True
@@ -332,24 +333,7 @@ class PostgresPoolStore(PoolStore):
                         (names, [served[name] for name in names], pool_id))
                     conn.execute("UPDATE images SET served = served + 1 WHERE id = ANY(%s)",
                                  ([int(row[0]) for row in rows],))
-        if not rows:
-            return PoolSample(np.empty((0, 0, 0, 3), np.uint8), [], np.empty((0,), np.int64))
-        h, w, c = (int(v) for v in rows[0][3:6])
-        out = np.empty((len(rows), h, w, c), np.uint8)
-        seeds = np.empty((len(rows),), np.int64)
-        sources: list[str | None] = []
-        for j, (_, _, seed, hh, ww, cc, source, data) in enumerate(rows):
-            if (hh, ww, cc) != (h, w, c):
-                raise PoolError(
-                    f"pool {pool_id} holds images of different shapes ({h}x{w}x{c} and "
-                    f"{hh}x{ww}x{cc}); a pool id must pin one output shape: run "
-                    f"`genaug pool drop {pool_id}` and let it be generated again"
-                )
-            out[j] = np.frombuffer(data, np.uint8).reshape(h, w, c)
-            seeds[j] = seed
-            sources.append(source)
-        return PoolSample(out, [str(row[1]) for row in rows], seeds,
-                          sources if any(sources) else None)
+        return decode_rows(pool_id, [row[2:] for row in rows], [str(row[1]) for row in rows])
 
     def _close_connections(self) -> None:
         pool = getattr(self, "_pool", None)

@@ -250,7 +250,7 @@ class PoolServing:
         }
 
 
-class _unavailable:  # noqa: N801 - used as `with _unavailable():`
+class _unavailable:
     """Turn a pool outage into the API's 503 with Retry-After."""
 
     def __enter__(self) -> None:

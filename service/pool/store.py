@@ -36,7 +36,8 @@ alive. A unique index on (pool, label, plan index) makes a retried ``add`` harml
 Sampling policy. Within a label, the least-served images go first, random among equals: every
 image is served once before any is served twice, so a consumer sees the whole pool, and together
 with evicting the most-served images first the pool keeps getting fresher. Across labels the
-``n`` images are spread as evenly as the labels' fills allow (water-filling, :func:`_spread`);
+``n`` images are spread as evenly as the labels' fills allow (water-filling,
+:func:`~genaug.service.pool.draw.spread`);
 one sample never contains the same image twice, so it may hold fewer than ``n`` when the pool
 is small.
 
@@ -76,6 +77,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .draw import decode_rows, empty_sample, spread
 from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Reservation
 
 __all__ = ["PoolStore"]
@@ -443,7 +445,7 @@ class PoolStore(ABC):
                     (pool_id, label),
                 ).fetchall()
                 candidates.append(np.array(meta, dtype=np.int64).reshape(-1, 2))
-            counts = _spread(n, [len(c) for c in candidates], rng)
+            counts = spread(n, [len(c) for c in candidates], rng)
             for label, cand, k in zip(wanted, candidates, counts, strict=True):
                 if k == 0:
                     continue
@@ -464,24 +466,9 @@ class PoolStore(ABC):
                     rows.extend(got)
                     names.extend([label] * len(got))
         if not rows:
-            return PoolSample(np.empty((0, 0, 0, 3), np.uint8), [], np.empty((0,), np.int64))
-
-        h, w, c = int(rows[0][2]), int(rows[0][3]), int(rows[0][4])
-        out = np.empty((len(rows), h, w, c), np.uint8)
-        seeds = np.empty((len(rows),), np.int64)
-        sources: list[str | None] = []
-        served_ids: list[int] = []
-        for j, (image_id, seed, hh, ww, cc, source, data) in enumerate(rows):
-            if (hh, ww, cc) != (h, w, c):
-                raise PoolError(
-                    f"pool {pool_id} holds images of different shapes ({h}x{w}x{c} and "
-                    f"{hh}x{ww}x{cc}); a pool id must pin one output shape: run "
-                    f"`genaug pool drop {pool_id}` and let it be generated again"
-                )
-            out[j] = np.frombuffer(bytes(data), np.uint8).reshape(h, w, c)
-            seeds[j] = seed
-            sources.append(source)
-            served_ids.append(int(image_id))
+            return empty_sample()
+        sample = decode_rows(pool_id, [row[1:] for row in rows], names)
+        served_ids = [int(row[0]) for row in rows]
 
         with self._tx(write=True) as conn:
             # Counter rows first, in label order, as every writer locks them: no deadlock.
@@ -498,7 +485,7 @@ class PoolStore(ABC):
                 marks = ",".join("?" * len(part))
                 self._exec(conn, f"UPDATE images SET served = served + 1 WHERE id IN ({marks})",
                            part)
-        return PoolSample(out, names, seeds, sources if any(sources) else None)
+        return sample
 
     def sample_now(self, pool_id: str, labels: Sequence[str], n: int) -> PoolSample | None:
         """:meth:`sample` on the calling thread without waiting for a lock, or ``None`` when
@@ -642,27 +629,3 @@ class PoolStore(ABC):
                 " image_data))",
             ).fetchone()
         return "ok" if int(orphans) == 0 else f"{int(orphans)} images without pixels or rows"
-
-
-def _spread(n: int, available: Sequence[int], rng: np.random.Generator) -> list[int]:
-    """Split ``n`` over bins holding ``available`` items as evenly as they allow.
-
-    Water-filling: equal shares, a bin that runs out gives its remainder to the others; the
-    last indivisible remainder goes to randomly chosen bins (so no label is always favoured).
-    """
-    alloc = [0] * len(available)
-    remaining = n
-    while remaining > 0:
-        open_bins = [i for i, a in enumerate(available) if alloc[i] < a]
-        if not open_bins:
-            break
-        share = remaining // len(open_bins)
-        if share == 0:
-            for i in rng.choice(open_bins, size=remaining, replace=False):
-                alloc[int(i)] += 1
-            break
-        for i in open_bins:
-            give = min(share, available[i] - alloc[i])
-            alloc[i] += give
-            remaining -= give
-    return alloc

@@ -17,8 +17,9 @@ import pytest
 from _postgres import shared_cluster
 
 from genaug.service.pool.choice import choose_label
+from genaug.service.pool.draw import spread
 from genaug.service.pool.open import check_pool_settings, open_pool, replica_info
-from genaug.service.pool.store import PoolStore, _spread
+from genaug.service.pool.store import PoolStore
 from genaug.service.pool.types import (
     LabelStats,
     PoolConfigError,
@@ -159,11 +160,11 @@ def test_sample_now_answers_on_this_thread_or_not_at_all(
 
 def test_spread_is_even_and_random_in_remainder() -> None:
     rng = np.random.default_rng(0)
-    assert _spread(9, [10, 10, 10], rng) == [3, 3, 3]
-    assert sorted(_spread(10, [1, 100, 100], rng)) == [1, 4, 5]
-    assert _spread(10, [2, 3, 0], rng) == [2, 3, 0]
-    assert _spread(0, [5], rng) == [0]
-    firsts = {tuple(_spread(1, [5, 5], np.random.default_rng(s))) for s in range(20)}
+    assert spread(9, [10, 10, 10], rng) == [3, 3, 3]
+    assert sorted(spread(10, [1, 100, 100], rng)) == [1, 4, 5]
+    assert spread(10, [2, 3, 0], rng) == [2, 3, 0]
+    assert spread(0, [5], rng) == [0]
+    firsts = {tuple(spread(1, [5, 5], np.random.default_rng(s))) for s in range(20)}
     assert firsts == {(1, 0), (0, 1)}
 
 
@@ -527,3 +528,28 @@ def test_choose_label() -> None:
         choose_label({"I": _stats(0)}, 0)
 
 
+
+
+def test_one_factory_builds_every_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """open_pool is the only place a backend is constructed: open_pool_store hands it the
+    settings' values (two factories once drifted: a timeout reached only one of them)."""
+    import ast
+
+    import genaug.service.pool.open as pool_open
+    from genaug.service.settings import Settings
+
+    service = Path(pool_open.__file__).resolve().parents[1]
+    builders = {"SqlitePoolStore", "PostgresPoolStore"}
+    built_in = {
+        str(path.relative_to(service))
+        for path in service.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in builders
+    }
+    assert built_in == {"pool/open.py"}
+    calls: list[tuple[object, dict[str, object]]] = []
+    monkeypatch.setattr(pool_open, "open_pool", lambda target, **kw: calls.append((target, kw)))
+    pool_open.open_pool_store(Settings(pool_path=tmp_path / "p.db", replica="1/3",
+                                       pool_lease_s=7, pool_capacity_per_label=9))
+    assert calls == [(tmp_path / "p.db", {"capacity_per_label": 9, "partition": (1, 3),
+                                          "lease_s": 7.0})]
