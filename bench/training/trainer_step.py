@@ -69,8 +69,10 @@ def child(args: argparse.Namespace) -> None:
             feeder_interval_s=args.feeder_interval,
         )
     )
-    plain.prepare()
+    # The mixing trainer first: it hides the service's GPU from TensorFlow, which only works
+    # before TensorFlow has initialised (the plain one's prepare would do that).
     mixed.prepare()
+    plain.prepare()
     mixed.fit()  # warm-up: fills the reservoir, and both steps are traced before timing
     plain.fit()
     rows: dict[str, dict[str, list[float]]] = {
