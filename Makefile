@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/mypy service client trainer genaug
 
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python -m bench all
 
 reliability: $(STAMP)
 	$(BIN)/python -m reliability --full

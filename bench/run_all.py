@@ -1,23 +1,21 @@
 """Run every service and pool benchmark in turn and print one summary table.
 
-    python bench/run_all.py            # default sizes, a few minutes
-    python bench/run_all.py --quick    # CI-size runs
-    python bench/run_all.py --only pool_latency --json results.json
+    python -m bench all                # = python -m bench.run_all: default sizes, minutes
+    python -m bench all --quick        # CI-size runs
+    python -m bench all --only pool_latency --json results.json
 
-``make bench`` runs the first form.
+``make bench`` runs the first form. The others (TensorFlow, a revision to compare against,
+a GPU) run alone: ``python -m bench --help`` lists them.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
-import sys
 import time
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.harness import find, finish, main, make_parser, table
 
 BENCHMARKS = (
     "service_throughput",
@@ -74,12 +72,9 @@ def summary_row(name: str, result: dict[str, Any]) -> list[Any]:
     return [name, "", "", ""]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="CI-size runs")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (all benches)")
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = make_parser(__doc__ or "")
     parser.add_argument("--only", nargs="*", choices=BENCHMARKS, default=None)
-    parser.add_argument("--json", type=Path, default=None, help="write all results here")
     args = parser.parse_args(argv)
     names = args.only or list(BENCHMARKS)
     results: dict[str, Any] = {}
@@ -87,19 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         print(f"\n== {name} ==", flush=True)
         started = time.monotonic()
-        module = importlib.import_module(name)
+        module = importlib.import_module(find(name).module)
         bench_argv = ["--threads", str(args.threads)] + (["--quick"] if args.quick else [])
         result = module.run(bench_argv)
         result["seconds"] = round(time.monotonic() - started, 1)
         results[name] = result
         rows.append([*summary_row(name, result), result["seconds"]])
-    from _common import table
-
     table("Summary", ["benchmark", "result", "goal", "met", "seconds"], rows)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2, default=float))
-    return 0
+    return finish(results, args.json)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(run)

@@ -1,4 +1,4 @@
-"""bench/augmentation_gain.py --quick and genaug demo run end to end (CI size).
+"""python -m bench.gain.augmentation_gain --quick and genaug demo run end to end (CI size).
 
 Both start ``genaug serve`` (the embedded tiny-digits generator) as a child process; the
 benchmark also starts the TensorFlow child that trains the few-shot CNN under
@@ -27,8 +27,8 @@ def test_quick_benchmark_runs_every_available_arm(tmp_path: Path) -> None:
     if not all(importlib.util.find_spec(m) for m in ("tensorflow", "sklearn")):
         pytest.skip("needs tensorflow and scikit-learn (pip install 'genaug[dev,trainer]')")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "augmentation_gain.py"), "--quick", "--out",
-         str(tmp_path)], capture_output=True, text=True, timeout=1500,
+        [sys.executable, "-m", "bench.gain.augmentation_gain", "--quick", "--out",
+         str(tmp_path)], capture_output=True, text=True, timeout=1500, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
@@ -77,15 +77,15 @@ def test_demo_without_training_writes_the_digit_grid(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(1800)  # a LoRA, a service, 11 pools and 14 TensorFlow runs; minutes
 def test_quick_honest_protocol_runs_every_arm_through_the_service(tmp_path: Path) -> None:
-    """bench/honest_gain.py --quick: the unseen-class protocol end to end (1 seed, a 60-step
-    LoRA). Checks the path and the bookkeeping, not the figures."""
+    """python -m bench.gain.honest_gain --quick: the unseen-class protocol end to end (1 seed,
+    a 60-step LoRA). Checks the path and the bookkeeping, not the figures."""
     if not all(importlib.util.find_spec(m) for m in ("tensorflow", "sklearn", "scipy")):
         pytest.skip("needs tensorflow, scikit-learn and scipy")
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "honest_gain.py"), "--quick", "--workdir",
+        [sys.executable, "-m", "bench.gain.honest_gain", "--quick", "--workdir",
          str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,
-        timeout=1500,
+        timeout=1500, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())

@@ -1,9 +1,9 @@
-"""bench/gpu_sdxl.py stays ready for a GPU: its SDXL configs build the published model, its
+"""bench.gpu.gpu_sdxl stays ready for a GPU: its SDXL configs build the published model, its
 FLOP count is the model's, and ``--tiny`` runs the whole measurement on the CPU."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "gpu_sdxl.py"
+MODULE = "bench.gpu.gpu_sdxl"  # run from the repository root, as the benchmarks are
 
 # stabilityai/stable-diffusion-xl-base-1.0, as published.
 SDXL_PARAMETERS = {
@@ -29,12 +29,7 @@ SDXL_UNET_FLOPS_1024 = 6_761_236_398_080
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_sdxl", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_sdxl"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(MODULE)
 
 
 def test_configs_build_sdxl_base_at_full_size_on_meta(bench: Any) -> None:
@@ -127,7 +122,7 @@ def test_drift_metrics_psnr_and_visible_change(bench: Any) -> None:
 def run_tiny(tmp_path: Path, *extra: str, timeout: float) -> tuple[dict[str, Any], str]:
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--quick", "--steps", "2", "--json", str(out),
+        [sys.executable, "-m", MODULE, "--tiny", "--quick", "--steps", "2", "--json", str(out),
          "--cache-dir", str(tmp_path / "inductor"), *extra],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
     )

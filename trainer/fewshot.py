@@ -7,7 +7,7 @@ there: a small CNN trained on a few real digits per class (:mod:`genaug.digits`)
 ``MirroredStrategy`` over logical CPUs, optionally mixing pool images in through a
 :class:`~genaug.trainer.reservoir.SyntheticReservoir` fed by a
 :class:`~genaug.trainer.feeder.ReservoirFeeder`, scored on the 500 held-out test digits.
-``genaug demo`` (:mod:`genaug.trainer.demo`) runs two of them, ``bench/augmentation_gain.py``
+``genaug demo`` (:mod:`genaug.trainer.demo`) runs two of them, ``bench/gain/augmentation_gain.py``
 more seeds and arms.
 
 This module imports neither TensorFlow nor torch at import time: TensorFlow lives in the

@@ -171,7 +171,7 @@ class PoolServing:
             if wait_s > 0 and n > 0:
                 await self._wait_for(pid, labels, share, now + wait_s)
             # Small samples from a local pool are answered on the loop when no writer holds
-            # the lock: the hop to a thread costs more than the read (bench/pool_latency.py).
+            # the lock: the hop to a thread costs more than the read (bench/pool/pool_latency.py).
             height, width = recipe.output_size
             small = n * height * width * recipe.output_channels <= _SAMPLE_NOW_MAX_BYTES
             sample = self.store.sample_now(pid, labels, n) if small else None

@@ -1,7 +1,7 @@
 """Reproductions of the seed reports for ``genaug.trainer.checks.diagnose``, in one interpreter.
 
 Usage: ``python tests/trainer/_diagnose_child.py WORKDIR [SCENARIO ...]`` (default: all but
-``cost``, which ``bench/diagnose_cost.py`` runs); the
+``cost``, which ``bench/training/diagnose_cost.py`` runs); the
 last stdout line is ``GENAUG_RESULT {json}`` with one report (``as_dict()``) per scenario.
 TensorFlow starts once for all of them (it costs seconds here): 4 logical CPU devices are
 configured first, for the MirroredStrategy scenarios. Each reproduction is the smallest
@@ -31,7 +31,7 @@ from genaug.trainer.hardware.devices import GpuInfo, configure_devices
 
 REPLICAS = 4
 CLEAN_RUNS = int(os.environ.get("GENAUG_DIAGNOSE_CLEAN_RUNS", "1"))
-"""Diagnoses of the clean pipeline (bench/diagnose_cost.py measures the false-alarm goal
+"""Diagnoses of the clean pipeline (bench/training/diagnose_cost.py measures the false-alarm goal
 with 20)."""
 COST_ROUNDS = int(os.environ.get("GENAUG_DIAGNOSE_COST_ROUNDS", "3"))
 """Rounds of (20 plain steps, diagnose) for the cost figures (their medians)."""

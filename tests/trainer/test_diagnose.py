@@ -5,7 +5,7 @@ started once for this module (TensorFlow's start and the reference trainer's pre
 most of the time). Each test reads its scenario's report: the code caught, the message naming
 what was found, and the fix line naming what to change. ``clean`` is the reference trainer
 with mixing: no problem at all. The cost goal and the false-alarm rate over 20 clean runs are
-measured by ``bench/diagnose_cost.py`` (speed is measured in benchmarks, not asserted).
+measured by ``bench/training/diagnose_cost.py`` (speed is measured in benchmarks, not asserted).
 """
 
 from __future__ import annotations

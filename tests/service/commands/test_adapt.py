@@ -11,7 +11,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -197,7 +197,7 @@ def test_bad_arguments_give_one_line_and_exit_2(
 
 @pytest.mark.gpu
 def test_a_few_steps_on_the_sdxl_size_random_model(tmp_path: Path) -> None:
-    """SDXL base 1.0's architecture (bench/sdxl configs, random weights) in bfloat16 at 1024²:
+    """SDXL base 1.0's architecture (bench/gpu/sdxl configs, random weights) in bfloat16 at 1024²:
     gradient checkpointing, float32 adapters, the file loads back into the same pipeline."""
     import time
 
@@ -205,12 +205,7 @@ def test_a_few_steps_on_the_sdxl_size_random_model(tmp_path: Path) -> None:
 
     from genaug.service.pipeline.adapt import AdaptConfig, AdaptData, adapt
 
-    spec = importlib.util.spec_from_file_location(
-        "gpu_sdxl", Path(__file__).resolve().parents[3] / "bench" / "gpu_sdxl.py")
-    assert spec is not None and spec.loader is not None
-    bench: Any = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_sdxl"] = bench
-    spec.loader.exec_module(bench)
+    bench: Any = importlib.import_module("bench.gpu.gpu_sdxl")  # from the repository root
     device = torch.device("cuda:0")
     model = bench.build_sdxl(device, torch.bfloat16)
     images = np.random.default_rng(0).integers(0, 256, (2, 1024, 1024, 3), dtype=np.uint8)

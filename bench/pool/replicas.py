@@ -15,7 +15,7 @@ size, interleaved, ``--samples`` calls each.
 The PostgreSQL server is a throwaway cluster (``initdb``/``pg_ctl``, as the tests use) unless
 ``--pool-url`` names a database to use (its tables are created; pools are per recipe spec).
 
-    python bench/replicas.py [--quick] [--json out.json]
+    python -m bench.pool.replicas [--quick] [--json out.json]
 
 Goals: two replicas >= 1.6x one replica's distinct images/s (2 cores, one torch thread per
 replica, quiet machine), 0 duplicate seeds; PostgreSQL sample p50 < 10 ms.
@@ -31,30 +31,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import (  # noqa: E402
-    ROOT,
-    finish,
-    goal_text,
-    median,
-    parse_args,
-    percentile,
-    services,
-    table,
-    write_recipe,
-)
+from bench.harness import ROOT, finish, goal_text, main, median, parse_args, percentile, table
+from bench.services import services, write_recipe
 
 GOAL_SPEEDUP = 1.6
 GOAL_PG_P50_MS = 10.0
 
 
 def _cluster() -> Any:
-    sys.path.insert(0, str(ROOT / "tests" / "service"))
-    from _postgres import PgCluster  # the tests' throwaway server
+    """The tests' throwaway PostgreSQL server, loaded from its file (tests/ is no package)."""
+    import importlib.util
 
-    cluster = PgCluster()
+    path = ROOT / "tests" / "service" / "pool" / "_postgres.py"
+    spec = importlib.util.spec_from_file_location("_postgres", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cluster = module.PgCluster()
     cluster.start()
     return cluster
 
@@ -176,4 +170,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

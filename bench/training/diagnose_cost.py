@@ -10,12 +10,11 @@ TensorFlow interpreter, 4 logical CPU devices, the reference trainer with mixing
 * clean: ``diagnose`` ``--clean-runs`` times on the clean pipeline. Goal: no problem in any
   run (run it beside a CPU hog, ``python3 -c 'while True: pass' &``, for the issue's figure).
 
-    python bench/diagnose_cost.py [--quick] [--rounds N] [--clean-runs N] [--json FILE]
+    python -m bench.training.diagnose_cost [--quick] [--rounds N] [--clean-runs N] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,24 +22,18 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import ROOT, finish, goal_text, table  # noqa: E402
+from bench.harness import ROOT, finish, goal_text, main, make_parser, table
 
 CHILD = ROOT / "tests" / "trainer" / "_diagnose_child.py"
 MARK = "GENAUG_RESULT "
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--clean-runs", type=int, default=None)
-    parser.add_argument("--json", type=Path)
+    parser = make_parser(__doc__ or "", threads=False)
+    parser.add_argument("--rounds", type=int, default=None, help="default 7 (quick 3)")
+    parser.add_argument("--clean-runs", type=int, default=None, help="default 20 (quick 3)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 7)
     clean_runs = args.clean_runs or (3 if args.quick else 20)
@@ -80,4 +73,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -15,7 +15,7 @@ alternate two phases against that one service:
   and guidance until the same number of images came back (saturated: a full batch always
   waits). The pool's generated count is checked to stay constant, i.e. no idle work ran.
 
-    python bench/pool_fill_rate.py [--quick]
+    python -m bench.pool.pool_fill_rate [--quick]
 
 Goal: fill rate / direct >= 0.95.
 """
@@ -23,28 +23,14 @@ Goal: fill rate / direct >= 0.95.
 from __future__ import annotations
 
 import asyncio
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import (  # noqa: E402
-    finish,
-    goal_text,
-    interleave,
-    median,
-    parse_args,
-    saturate,
-    service,
-    table,
-    wait_generated,
-    write_recipe,
-)
+from bench.harness import finish, goal_text, interleave, main, median, parse_args, table
+from bench.services import saturate, service, wait_generated, write_recipe
 
 GOAL = 0.95
 BATCH = 8
@@ -166,4 +152,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -16,16 +16,13 @@ B's within 0.8-1.25 (the same total share).
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import finish, goal_text, parse_args, service, table  # noqa: E402
+from bench.harness import finish, goal_text, main, parse_args, table
+from bench.services import service
 
 DEPTH = 12
 KEY_A, KEY_B = "bench-key-a", "bench-key-b"
@@ -111,4 +108,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

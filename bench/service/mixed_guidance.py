@@ -17,38 +17,18 @@ per image and cannot show batching gains), and rounds visit them in alternating 
 
 The table reports images/s of both and their ratio (median of the per-round ratios).
 
-    python bench/mixed_guidance.py [--quick] [--threads N] [--json FILE]
+    python -m bench.service.mixed_guidance [--quick] [--threads N] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import (  # noqa: E402
-    _wait_ready,
-    child_env,
-    finish,
-    goal_text,
-    interleave,
-    median,
-    parse_args,
-    settings_args,
-    table,
-    tiny_model,
-)
+from bench.harness import finish, goal_text, interleave, main, median, parse_args, table
+from bench.services import services
 
 CLIENTS = 8
 GUIDANCES = [1.5 + i for i in range(CLIENTS)]
@@ -99,51 +79,13 @@ def per_guidance(worker: Any) -> Any:
 
 # -- services -------------------------------------------------------------------------------
 
-
-@contextlib.contextmanager
-def two_services(threads: int, settings: dict[str, Any]) -> Iterator[dict[str, str]]:
-    """Both services as children of this process (this file with ``--serve MODE``)."""
-    from genaug.local_service import free_port, running_service
-
-    with contextlib.ExitStack() as stack:
-        started: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
-        for mode in MODES:
-            port = free_port()
-            proc = stack.enter_context(
-                running_service(
-                    port,
-                    extra_args=settings_args(settings),
-                    env=child_env(threads),
-                    entry=(str(Path(__file__).resolve()), "--serve", mode),
-                )
-            )
-            started[mode] = (f"http://127.0.0.1:{port}", proc)
-        for url, proc in started.values():
-            _wait_ready(url, proc)
-        yield {mode: url for mode, (url, _) in started.items()}
-
-
-def _serve_main(argv: Sequence[str]) -> int:
-    """Serve one mode in this process until SIGTERM or SIGINT."""
-    from genaug.service.commands.serve import configure_logging
-    from genaug.service.settings import Settings
-    from genaug.service.testing import start_service
-
-    parser = argparse.ArgumentParser(description="mixed-guidance bench service")
-    parser.add_argument("--serve", choices=MODES, required=True)
-    known, rest = parser.parse_known_args(argv)
-    it = iter(rest)
-    overrides = {flag.removeprefix("--").replace("-", "_"): next(it) for flag in it}
-    settings = Settings(**overrides)
-    configure_logging(settings.log_level)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    wrap = per_guidance if known.serve == "per guidance" else None
-    model = tiny_model(batch_invariant=False)
-    with start_service(model, wrap=wrap, record=False, settings=settings, ready_timeout=180.0):
-        stop.wait()
-    return 0
+# Both on the truly batched tiny pipeline; "per guidance" with the old denoising swapped in
+# (bench.serve imports this module in its child for that).
+SPECS = {
+    "mixed": {"batch_invariant": False},
+    "per guidance": {"batch_invariant": False,
+                     "wrap": "bench.service.mixed_guidance:per_guidance"},
+}
 
 
 # -- load -------------------------------------------------------------------------------------
@@ -185,7 +127,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     loop = asyncio.new_event_loop()
     counter = iter(range(10**6))
-    with two_services(args.threads, settings) as urls:
+    specs = {mode: {**SPECS[mode], **settings} for mode in MODES}
+    with services(specs, threads=args.threads) as urls:
         clients = {mode: AsyncClient(url, timeout=300) for mode, url in urls.items()}
         try:
             for mode in MODES:  # open the connections, run first batches
@@ -245,6 +188,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--serve" in sys.argv:
-        sys.exit(_serve_main(sys.argv[1:]))
-    run()
+    main(run)

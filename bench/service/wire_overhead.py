@@ -11,19 +11,16 @@ Two measurements per cell:
 Goal: body <= 1.01 x raw + fixed header (the header does not grow with n beyond a few bytes of
 JSON per tensor shape digit). Per image the payload adds only the int64 seed.
 
-    python bench/wire_overhead.py [--quick]
+    python -m bench.service.wire_overhead [--quick]
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import finish, goal_text, parse_args, service, table  # noqa: E402
+from bench.harness import finish, goal_text, main, parse_args, table
+from bench.services import service
 
 GOAL = 1.01
 
@@ -148,4 +145,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

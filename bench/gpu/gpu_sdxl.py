@@ -74,10 +74,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import median, table  # noqa: E402
+from bench.harness import main, median, table
 
 CONFIG_DIR = Path(__file__).resolve().parent / "sdxl"
 PROMPT = "a photograph of an astronaut riding a horse on the moon, detailed, 8k"
@@ -954,4 +951,4 @@ def parameter_counts_sdxl() -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -1,4 +1,4 @@
-"""Issue 19's honest protocol: does genaug help when the generator never saw the classes?
+"""The honest protocol: does genaug help when the generator never saw the classes?
 
 The task is digits **5-9**, which the ``tiny-digits-base`` generator never saw (the stand-in
 for SDXL facing a user's wound phases). A classifier gets k = 5 real shots per class from the
@@ -11,7 +11,7 @@ the real path: ``genaug serve`` (``GENAUG_MODEL=tiny-digits-base``, one LoRA per
 ``SyntheticReservoir`` and ``reservoir.mix`` replaces real examples with p = 0.5.
 
 Per seed, ``genaug adapt`` trains a LoRA on the seed's 25 shots only (the CLI, 6,000 steps at
-rank 32: the settings ``bench/tiny_digits_base.py`` found to reach the fidelity goal). Rows:
+rank 32: the settings ``bench.gain.tiny_digits_base`` found to reach the fidelity goal). Rows:
 
 * **1** real only, k = 5 (the baseline every row is paired with);
 * **references**: real only at k = 10 and 20; the ceiling, all ~500 real 5-9 of the
@@ -37,8 +37,8 @@ the test digits; the table marks the chosen rows. Each row's difference to arm 1
 seed; the table gives its mean and 95 % confidence interval (Student t over the seeds), and
 the summary the fraction of the gap recovered, (best - arm 1) / (ceiling - arm 1).
 
-    python bench/honest_gain.py --workdir artifacts/honest --json artifacts/honest/result.json
-    python bench/honest_gain.py --quick      # 1 seed, short everything: the path, not figures
+    python -m bench.gain.honest_gain --workdir artifacts/honest --json artifacts/honest/result.json
+    python -m bench.gain.honest_gain --quick      # 1 seed, short everything: the path, not figures
 
 ``--workdir`` keeps the shots, the LoRAs (``lora-s<seed>.safetensors``, reused when there),
 the pool and the service log; a second run reuses what is there (the filled pools, and arm
@@ -58,11 +58,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import yaml
 
-import yaml  # noqa: E402
-from _common import finish, table  # noqa: E402
+from bench.harness import finish, main, make_parser, table
 
 TASK = [5, 6, 7, 8, 9]
 WORDS = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
@@ -179,9 +177,8 @@ def need_weights(need: dict[str, float] | None) -> list[float]:
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="1 seed, 120 steps, a 60-step LoRA, 2 variants per shot")
+    parser = make_parser(__doc__ or "", threads=False,
+                         quick="1 seed, 120 steps, a 60-step LoRA, 2 variants per shot")
     parser.add_argument("--seeds", type=int, default=None, help="default 5 (quick 1)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (600; quick 120)")
     parser.add_argument("--adapt-steps", type=int, default=None, help="6000 (quick 60)")
@@ -195,7 +192,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="arm 5's images as a share of arm 3/4's (default 0.6)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     seeds = list(range(args.seeds or (1 if args.quick else 5)))
     steps = args.steps or (120 if args.quick else 600)
@@ -348,4 +344,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -1,4 +1,4 @@
-"""Feedback steers the pool: how much faster a needed label fills (issue 19, part 3).
+"""Feedback steers the pool: how much faster a needed label fills than the others.
 
 One service in this process (:func:`genaug.service.testing.start_service`, the tiny
 random-weight pipeline on the CPU, uvicorn on 127.0.0.1), ``pregenerate=false`` so a pool
@@ -16,7 +16,7 @@ each label over time is exact and independent of polling. Reported, at the momen
 label holds ``per_label`` images: its fill rate (images/s) over the mean rate of the other
 labels (= its fill over theirs), and how much sooner it was full than in the control.
 
-    python bench/need_fill_rate.py [--quick]
+    python -m bench.pool.need_fill_rate [--quick]
 
 Goal: fill-rate ratio >= 3 ("a trainer that reports need for one label sees that label
 filled at least 3 times faster than the others while the pool fills").
@@ -24,7 +24,6 @@ filled at least 3 times faster than the others while the pool fills").
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import threading
 import time
@@ -32,10 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import finish, goal_text, median, parse_args, table  # noqa: E402
+from bench.harness import finish, goal_text, main, median, parse_args, table
 
 GOAL = 3.0
 BATCH = 8
@@ -195,4 +191,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -13,36 +13,27 @@ it, and then answers, in interleaved rounds (old, new, new, old, ...):
 
 The table gives each side's p50 and the ratio new / old (for latency, under 1 is faster).
 
-    python bench/compare_trees.py --old REV [--new REV] [--quick]
+    python -m bench.service.compare_trees --old REV [--new REV] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import (  # noqa: E402
-    ROOT,
-    _wait_ready,
+from bench.harness import ROOT, finish, interleave, main, make_parser, percentile, table
+from bench.services import (
     child_env,
-    finish,
-    interleave,
-    percentile,
     saturate,
     settings_args,
-    table,
     wait_generated,
+    wait_ready,
     write_recipe,
 )
 
@@ -83,23 +74,20 @@ def child(python_path: Path, threads: int, settings: dict[str, Any]) -> Iterator
     env = child_env(threads)
     env["PYTHONPATH"] = str(python_path)
     port = free_port()
-    # -P: no current directory on sys.path. Run from a checkout, it would put that checkout's
-    # genaug/ first and the editable install would map genaug.service to it: both sides
-    # would then run the same code.
+    # -P: the current directory stays off the import path. Run from a checkout, it would put
+    # that checkout's genaug/ first and the editable install would map genaug.service to it:
+    # both sides would then run the same code.
     with running_service(port, extra_args=settings_args(settings), env=env,
                          entry=("-P", "-m", "genaug.service")) as proc:
         url = f"http://127.0.0.1:{port}"
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         yield url
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = make_parser(__doc__ or "")
     parser.add_argument("--old", required=True, help="the git revision to compare against")
     parser.add_argument("--new", help="a git revision instead of this working tree")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     import httpx
 
@@ -187,4 +175,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

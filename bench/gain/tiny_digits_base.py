@@ -17,20 +17,20 @@ The ``test`` split is never read. Figures in docs/benchmarks.md ("Generator:
 tiny-digits-base"). Example, the settings that reach the goal (>= 80 % on 5-9; about 7
 minutes on 2 shared CPU cores)::
 
-    nice -n 10 python bench/tiny_digits_base.py --steps 6000 --rank 32 --out /tmp/base-adapt
+    nice -n 10 python -m bench.gain.tiny_digits_base --steps 6000 --rank 32 --out /tmp/base-adapt
     # the same LoRA judged on other seeds, digits 5-9 only:
-    nice -n 10 python bench/tiny_digits_base.py --skip-base --digits 5-9 --first-seed 20000 \\
+    nice -n 10 python -m bench.gain.tiny_digits_base --skip-base --digits 5-9 --first-seed 20000 \\
         --lora /tmp/base-adapt/five-to-nine.safetensors --out /tmp/base-adapt-fresh
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
+
+from bench.harness import finish, main, make_parser
 
 _WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 UNSEEN = (5, 6, 7, 8, 9)
@@ -101,13 +103,14 @@ def write_recipe(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = make_parser(__doc__ or "", threads=False)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--per-digit", type=int, default=20)
+    parser.add_argument("--per-digit", type=int, default=None, help="default 20 (quick 4)")
     parser.add_argument("--shots", type=int, default=5)
     parser.add_argument("--data-seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="genaug adapt's steps (default 200; quick 20)")
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=4)
@@ -126,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora", type=Path, default=None,
                         help="judge this LoRA instead of running genaug adapt")
     args = parser.parse_args(argv)
+    args.per_digit = args.per_digit or (4 if args.quick else 20)
+    args.steps = args.steps or (20 if args.quick else 200)
 
     import torch
 
@@ -148,13 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         result["base"] = judge(sample(model.pipeline, all_digits, per, steps, guidance,
                                       args.first_seed), all_digits, per)
         result["base"]["sample_s"] = round(time.monotonic() - t0, 1)
-        print("base:", json.dumps(result["base"]), flush=True)  # noqa: T201
+        print("base:", json.dumps(result["base"]), flush=True)
     if args.no_adapt:
         (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-        return 0
+        return finish(result, args.json)
 
     if args.lora is not None:
-        return judge_lora(model, args.lora, args.out, result, judged)
+        return finish(judge_lora(model, args.lora, args.out, result, judged), args.json)
     data = write_split_folders(args.out / "data", ["fewshot"], per_class=args.shots,
                                seed=args.data_seed)["fewshot"]
     recipe = args.out / "digits_5_9.yaml"
@@ -172,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     cpu1 = os.times()
     if proc.returncode != 0:
-        sys.stderr.write(proc.stdout + proc.stderr)
-        return proc.returncode
+        raise SystemExit(f"genaug adapt failed (exit {proc.returncode}):\n"
+                         f"{proc.stdout}{proc.stderr}")
     adapt_s = time.monotonic() - t0
     result["adapt"] = {
         "command": " ".join(cmd[1:]), "steps": args.steps, "rank": args.rank, "lr": args.lr,
@@ -183,11 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                        - (cpu0.children_user + cpu0.children_system), 1),
         "stdout": proc.stdout.strip(),
     }
-    return judge_lora(model, lora, args.out, result, judged)
+    return finish(judge_lora(model, lora, args.out, result, judged), args.json)
 
 
 def judge_lora(model: Any, lora: Path, out: Path, result: dict[str, Any],
-               digits: list[int]) -> int:
+               digits: list[int]) -> dict[str, Any]:
     from genaug.service.pipeline.adapters import Adapters
 
     # As the service loads GENAUG_LORAS: the header must name this base.
@@ -199,10 +204,10 @@ def judge_lora(model: Any, lora: Path, out: Path, result: dict[str, Any],
     _grid(adapted, per, out / "adapted.png")
     result["lora"] = str(lora)
     result["adapted"] = judge(adapted, digits, per)
-    print("adapted:", json.dumps(result["adapted"]), flush=True)  # noqa: T201
+    print("adapted:", json.dumps(result["adapted"]), flush=True)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return result
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main(run)

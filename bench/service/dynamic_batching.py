@@ -9,33 +9,22 @@ count, and rounds visit them in alternating order:
   per-call pipeline overhead (scheduler set-up, prompt handling, latents, one HTTP batch).
 - ``batched pipeline``: the same weights built with ``batch_invariant=False`` (true batched
   tensors), which is how a real SDXL pipeline on a GPU behaves. The service has no setting for
-  it, so ``bench/_common.py`` serves ``create_app(settings, loader=...)`` with that model.
+  it, so ``bench.serve`` serves ``create_app`` with that model.
 
 Each service is tried with ``max_batch_images=16, max_wait_ms=10`` and with
 ``max_batch_images=1``; the table reports images/s and the batching gain (16 / 1).
 
-    python bench/dynamic_batching.py [--quick]
+    python -m bench.service.dynamic_batching [--quick]
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import (  # noqa: E402
-    finish,
-    interleave,
-    median,
-    parse_args,
-    saturate,
-    services,
-    table,
-)
+from bench.harness import finish, interleave, main, median, parse_args, table
+from bench.services import saturate, services
 
 CLIENTS = 16
 WAIT_MS = 10
@@ -115,4 +104,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The one command for a lent GPU machine (the device tool), from the repository root:
 #
-#   python bench/gpu_wheels.py                       # here, once: the wheels it lacks -> .whl/
-#   device run: command "bash bench/gpu_run.sh", carry [".whl"]
-#   device run: command "bash bench/gpu_run.sh --plan sizes", carry [".whl"]
-#   device run: command "bash bench/gpu_run.sh --plan options", carry [".whl"]
+#   python -m bench.gpu.gpu_wheels                   # here, once: the wheels it lacks -> .whl/
+#   device run: command "bash bench/gpu/gpu_run.sh", carry [".whl"]
+#   device run: command "bash bench/gpu/gpu_run.sh --plan sizes", carry [".whl"]
+#   device run: command "bash bench/gpu/gpu_run.sh --plan options", carry [".whl"]
 #
-# Arguments go to bench/gpu_sdxl.py. GPU_TESTS=1 first runs the gpu-marked tests (device
-# pinning, bf16 and fp16, the NaN guard with an fp16 VAE, FP8 quantizing). What comes back under $OUT:
+# Arguments go to bench.gpu.gpu_sdxl. GPU_TESTS=1 first runs the gpu-marked tests (device
+# pinning, bf16 and fp16, the NaN guard with an fp16 VAE, FP8 quantizing). What comes back
+# under $OUT:
 # env.txt (GPU, driver, versions), gpu_sdxl.log (the tables), gpu_sdxl.json (every figure,
 # written after each cell, so a run cut short keeps what it measured), gpu_tests.log.
 set -uo pipefail
@@ -47,4 +48,6 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then
         tests/service/pipeline/test_model_load.py tests/service/pipeline/test_adapters.py \
         tests/service/pipeline/test_quantize.py 2>&1 | tee "$OUT/gpu_tests.log"
 fi
-python3 bench/gpu_sdxl.py --json "$OUT/gpu_sdxl.json" "$@" 2>&1 | tee "$OUT/gpu_sdxl.log"
+# -P and the checkout last on the path: bench from the working tree, genaug from $SITE.
+PYTHONPATH="$SITE:$PWD" python3 -P -m bench.gpu.gpu_sdxl --json "$OUT/gpu_sdxl.json" "$@" 2>&1 \
+    | tee "$OUT/gpu_sdxl.log"

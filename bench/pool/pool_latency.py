@@ -10,7 +10,7 @@ call apart from moving the 786 KB of pixels). A second client runs on httpx's ow
 (httpcore) instead of the ``http.client`` transport the sync client mounts for ``http://``,
 interleaved in the same rounds, so the table shows what that transport saves.
 
-    python bench/pool_latency.py [--quick]
+    python -m bench.pool.pool_latency [--quick]
 
 Goals: what HTTP adds to the in-process sample, p50 minus p50 measured in the same run,
 under 0.7 ms for n=1 and under 1.5 ms for n=64; and HTTP p50 < 5 ms, p99 < 20 ms for n=64.
@@ -18,28 +18,14 @@ under 0.7 ms for n=1 and under 1.5 ms for n=64; and HTTP p50 < 5 ms, p99 < 20 ms
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import (  # noqa: E402
-    finish,
-    goal_text,
-    interleave,
-    median,
-    parse_args,
-    percentile,
-    service,
-    table,
-    wait_generated,
-    write_recipe,
-)
+from bench.harness import finish, goal_text, interleave, main, median, parse_args, percentile, table
+from bench.services import service, wait_generated, write_recipe
 
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 20.0
@@ -195,4 +181,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

@@ -34,17 +34,15 @@ The text-to-image pool holds :data:`POOL_PER_LABEL` images per digit drawn at
 Run (full: 5 seeds, about 60-75 minutes on a shared 2-core machine; ``--workdir`` keeps the
 filled pools for a second run)::
 
-    python bench/augmentation_gain.py --out artifacts/augmentation_gain
-    python bench/augmentation_gain.py --quick      # CI: 1 seed, short training, small pools
+    python -m bench.gain.augmentation_gain --out artifacts/augmentation_gain
+    python -m bench.gain.augmentation_gain --quick      # CI: 1 seed, short training, small pools
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -54,7 +52,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, finish, main, make_parser
+
 RECIPES = ROOT / "recipes" / "digits.yaml"
 TEXT_RECIPE = "digits"
 POOL_PER_LABEL = 300
@@ -127,8 +126,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CI size: 1 seed, short runs")
+    parser = make_parser(__doc__ or "", threads=False)
     parser.add_argument("--seeds", type=int, default=None, help="seeds (default 5; quick 1)")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per run (default 600; quick 120)")
@@ -272,8 +270,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{result['wall_s']:.0f} s, load average {load[0]} -> {load[1]}")
     if tmp is not None:
         tmp.cleanup()
-    return result
+    return finish(result, args.json)
 
 
 if __name__ == "__main__":
-    run(sys.argv[1:])
+    main(run)

@@ -3,7 +3,7 @@
 Two services run at once as ``python -m genaug.service`` children with the same settings
 (the default tiny-digits model, a two-label recipe at 64x64 and 20 steps, batches of 8, one
 torch thread each), one importing this working tree, the other ``--old`` (checked out into a
-temporary git worktree, as ``compare_trees.py`` does). Every window below runs on both
+temporary git worktree, as ``bench.service.compare_trees`` does). Every window below runs on both
 services at the same time, so both see the same machine:
 
 1. **idle**: a notebook sends ``n=1`` (interactive) every ``--every-s`` seconds (open loop:
@@ -19,17 +19,15 @@ services at the same time, so both see the same machine:
    request's median latency just before, is how long the worker stayed busy with work nobody
    waited for (compared with one denoising step of that batch, measured too).
 
-Goals (issue 20): busy p50 / idle p50 <= 1.3 on this tree; fill rate with the notebook at
+Goals: busy p50 / idle p50 <= 1.3 on this tree; fill rate with the notebook at
 most 10 % below the old tree's; the abandoned batch frees the worker within one step.
 
-    python bench/preemption.py --old REV [--quick] [--json out.json]
+    python -m bench.service.preemption --old REV [--quick] [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import sys
 import tempfile
 import threading
 import time
@@ -38,11 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import ROOT, finish, goal_text, percentile, table, write_recipe  # noqa: E402
-from compare_trees import checkout, child, importable  # noqa: E402
+from bench.harness import ROOT, finish, goal_text, main, make_parser, percentile, table
+from bench.service.compare_trees import checkout, child, importable
+from bench.services import write_recipe
 
 SIDES = ("old", "new")
 CAPACITY = 100_000
@@ -165,14 +161,12 @@ def _step_s(url: str, steps: int) -> float:
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = make_parser(__doc__ or "", threads=False)
     parser.add_argument("--old", required=True, help="the git revision to compare against")
-    parser.add_argument("--quick", action="store_true")
     parser.add_argument("--window-s", type=float, help="seconds per window (default 30; 12)")
     parser.add_argument("--every-s", type=float, default=1.0,
                         help="the notebook sends one n=1 request this often")
     parser.add_argument("--abandon-steps", type=int, default=150)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     import httpx
 
@@ -239,4 +233,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

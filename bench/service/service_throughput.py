@@ -3,10 +3,10 @@
 Service: ``python -m genaug.service`` in a child process, ``max_batch_images=B``; ``clients``
 coroutines of one AsyncClient each ask for ``n=B`` images back to back, so a full batch always
 waits. Direct: ``PipelineWorker(load_model(...)).run(key, items)`` in this process at batch size B.
-Both use the same torch thread count (``--threads``, default 1; see ``_common``). Rounds
+Both use the same torch thread count (``--threads``, default 1; see ``bench.services``). Rounds
 alternate direct / service; the ratio is taken per round, then the median.
 
-    python bench/service_throughput.py [--quick]
+    python -m bench.service.service_throughput [--quick]
 
 Goal: service / direct >= 0.95.
 """
@@ -14,26 +14,12 @@ Goal: service / direct >= 0.95.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-
-from _common import (  # noqa: E402
-    finish,
-    goal_text,
-    interleave,
-    median,
-    parse_args,
-    pin_threads,
-    saturate,
-    service,
-    table,
-    tiny_model,
-)
+from bench.harness import finish, goal_text, interleave, main, median, parse_args, table
+from bench.services import pin_threads, saturate, service, tiny_model
 
 GOAL = 0.95
 
@@ -130,4 +116,4 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    main(run)

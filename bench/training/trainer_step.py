@@ -1,4 +1,4 @@
-"""Benchmark: training step time with mixing and a live feeder vs. without mixing.
+"""Training step time with mixing and a live feeder vs. without mixing.
 
 Same model, same data (the generated I/P/R demo set written as PNGs), same process and devices;
 the genaug service (tiny pipeline, CPU) runs in a separate process with the wound-phase recipe.
@@ -9,8 +9,9 @@ machine's load hits both alike. Step and input-wait times come from the referenc
 :class:`~genaug.trainer.checks.instruments.StepTimer` (``next()`` on the distributed iterator, timed
 in Python; the first step of each fit, which traces, is excluded).
 
-    python bench/trainer_step.py                       # 1 replica (the CPU)
-    python bench/trainer_step.py --cpu-replicas 2      # MirroredStrategy over 2 logical CPUs
+    python -m bench.training.trainer_step                   # 1 replica (the CPU)
+    python -m bench.training.trainer_step --cpu-replicas 2  # MirroredStrategy, 2 logical CPUs
+    python -m bench.training.trainer_step --quick           # 1 round of 1 epoch, 64 per class
 
 Goal: median(mixed) / median(plain) <= 1.05.
 """
@@ -26,10 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, finish, main, make_parser
+
+GOAL = 1.05
 RECIPE = "wound-phases"
 MARK = "GENAUG_BENCH "
 
@@ -65,8 +69,10 @@ def child(args: argparse.Namespace) -> None:
             feeder_interval_s=args.feeder_interval,
         )
     )
-    plain.prepare()
+    # The mixing trainer first: it hides the service's GPU from TensorFlow, which only works
+    # before TensorFlow has initialised (the plain one's prepare would do that).
     mixed.prepare()
+    plain.prepare()
     mixed.fit()  # warm-up: fills the reservoir, and both steps are traced before timing
     plain.fit()
     rows: dict[str, dict[str, list[float]]] = {
@@ -105,7 +111,7 @@ def child(args: argparse.Namespace) -> None:
     sys.stdout.write(MARK + json.dumps(out) + "\n")
 
 
-def parent(args: argparse.Namespace) -> int:
+def parent(args: argparse.Namespace) -> dict[str, Any]:
     """Start the service, run the TensorFlow child, print the table."""
     from genaug.local_service import free_port, running_service
     from genaug.trainer.demo import wait_for_pool
@@ -147,7 +153,8 @@ def parent(args: argparse.Namespace) -> int:
             }
             cmd = [
                 sys.executable,
-                __file__,
+                "-m",
+                "bench.training.trainer_step",
                 "--child",
                 "--url",
                 url,
@@ -166,11 +173,13 @@ def parent(args: argparse.Namespace) -> int:
             ]
             if args.cpu_replicas:
                 cmd += ["--cpu-replicas", str(args.cpu_replicas)]
-            proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=900)
+            proc = subprocess.run(
+                cmd, env=child_env, capture_output=True, text=True, timeout=900, cwd=ROOT
+            )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     if proc.returncode or not lines:
-        print(proc.stdout[-3000:], proc.stderr[-6000:], file=sys.stderr)
-        return 1
+        raise SystemExit(f"the training child failed (exit {proc.returncode}):\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     r = json.loads(lines[-1][len(MARK) :])
     p, m = r["plain"], r["mixed"]
     ratio = m["median_ms"] / p["median_ms"]
@@ -187,31 +196,36 @@ def parent(args: argparse.Namespace) -> int:
             f"{name:<22}{row['steps']:>6}{row['median_ms']:>11.2f}{row['p90_ms']:>9.2f}"
             f"{100 * row['wait_share']:>11.1f}%{row['median_wait_ms']:>16.2f}"
         )
-    print(f"ratio mixed/plain (median step): {ratio:.3f}  (goal <= 1.05)")
+    print(f"ratio mixed/plain (median step): {ratio:.3f}  (goal <= {GOAL})")
     print(
         f"mixed fraction {m['mixed_fraction']:.3f}; feeder {m['feeder_images']} images, "
         f"{m['feeder_errors']} errors; tracing plain {p['tracing']} mixed {m['tracing']}"
     )
-    return 0
+    return {"benchmark": "trainer_step", "replicas": r["replicas"],
+            "batch_size": args.batch_size, "rounds": args.rounds, "epochs": args.epochs,
+            "plain": p, "mixed": m, "ratio": ratio, "goal": GOAL, "met": ratio <= GOAL}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = make_parser(__doc__ or "", threads=False)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--per-class", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=None, help="default 3 (quick 1)")
+    parser.add_argument("--epochs", type=int, default=None, help="default 3 (quick 1)")
+    parser.add_argument("--per-class", type=int, default=None, help="default 128 (quick 64)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--cpu-replicas", type=int, default=None)
     parser.add_argument("--feeder-interval", type=float, default=0.5)
-    args = parser.parse_args()
-    if args.child:
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.epochs = args.epochs or (1 if args.quick else 3)
+    args.per_class = args.per_class or (64 if args.quick else 128)
+    if args.child:  # the TensorFlow side, in a process of its own: prints one MARK line
         child(args)
-        return 0
-    return parent(args)
+        return {}
+    return finish(parent(args), args.json)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(run)

@@ -15,34 +15,36 @@ index. This script works out what to carry and downloads it here:
 
 Usage, from the repository root::
 
-    python bench/gpu_wheels.py              # -> .whl/*.whl, and /.whl/ in .git/info/exclude
-    python bench/gpu_wheels.py --dry-run    # list what would be fetched
+    python -m bench.gpu.gpu_wheels              # -> .whl/*.whl, and /.whl/ in .git/info/exclude
+    python -m bench.gpu.gpu_wheels --dry-run    # list what would be fetched
 
 Then one device call runs the benchmark (``carry: [".whl"]``)::
 
-    bash bench/gpu_run.sh                   # first plan: baseline and best at batch 1 and 8
-    bash bench/gpu_run.sh --plan sizes      # then batch 4 and 16
-    bash bench/gpu_run.sh --plan options    # then each option alone at batch 8
+    bash bench/gpu/gpu_run.sh                   # first plan: baseline and best at batch 1 and 8
+    bash bench/gpu/gpu_run.sh --plan sizes      # then batch 4 and 16
+    bash bench/gpu/gpu_run.sh --plan options    # then each option alone at batch 8
 
-``bench/gpu_run.sh`` installs the wheels into ``/tmp/site`` and puts genaug on the path from the
+``bench/gpu/gpu_run.sh`` installs the wheels into ``/tmp/site`` and puts genaug on the path from the
 working tree (no build). genaug itself is never a wheel here: the tree travels with each call.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata as metadata
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT, finish, main, make_parser
+
 WHEELS = ROOT / ".whl"
 PYTHON = "3.12"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35, 39)]
@@ -162,15 +164,16 @@ def download(carry: dict[str, str]) -> list[Path]:
     return sorted(WHEELS.glob("*.whl"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = make_parser((__doc__ or "").split("\n\n")[0], quick=False, threads=False)
     parser.add_argument("--dry-run", action="store_true", help="only list what to fetch")
     args = parser.parse_args(argv)
     carry = to_carry()
     for name, version in carry.items():
         print(f"{name}=={version}")
+    result: dict[str, Any] = {"benchmark": "gpu_wheels", "carry": carry}
     if args.dry_run:
-        return 0
+        return finish(result, args.json)
     exclude_wheels_from_git()
     wheels = download(carry)
     total = sum(w.stat().st_size for w in wheels)
@@ -178,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     if total > LIMIT_BYTES:
         print(f"warning: over {LIMIT_BYTES / 2**20:.0f} MiB; the device call carries 64 MiB "
               "with the working tree", file=sys.stderr)
-    print('device run: command "bash bench/gpu_run.sh", carry [".whl"]')
-    return 0
+    print('device run: command "bash bench/gpu/gpu_run.sh", carry [".whl"]')
+    result.update(wheels=[w.name for w in wheels], bytes=total)
+    return finish(result, args.json)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(run)

@@ -1,0 +1,1 @@
+"""The service under load: throughput, batching, guidance, the wire, fairness, revisions."""
