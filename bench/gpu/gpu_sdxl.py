@@ -1,6 +1,6 @@
 """SDXL at full size, random weights: images/s, MFU, memory and warm-up for each speed option.
 
-Builds Stable Diffusion XL base 1.0 from its published configs (``bench/sdxl/*.json``,
+Builds Stable Diffusion XL base 1.0 from its published configs (``bench/gpu/sdxl/*.json``,
 transcribed: nothing is downloaded) with seeded random weights: the UNet (2,567,463,684
 parameters), both text encoders (CLIP ViT-L/14 and OpenCLIP ViT-bigG/14 text towers), the
 VAE, the Euler scheduler; the repo's byte-level tiny tokenizer stands in for CLIP's BPE (random
@@ -35,20 +35,21 @@ options (compile, fused projections) stay near-identical; FP8 is where a user de
 Plans (a lent H100 gives 10-minute commands and 30 minutes in all: the first command
 measures what matters most, two more the rest)::
 
-    python bench/gpu_sdxl.py                 # --plan first: baseline and best at batch 1, 8,
-                                             # then warm-up with a warm compile cache
-    python bench/gpu_sdxl.py --plan sizes    # baseline and best at batch 4 and 16
-    python bench/gpu_sdxl.py --plan options  # baseline and each option alone at batch 8
-    python bench/gpu_sdxl.py --plan hopper   # today's best, then FP8, CUDA graphs and the
-                                             # attention kernel each added to it, and all
-                                             # (--new-best), at batch 1, 8 and 16
-    python bench/gpu_sdxl.py --tiny --quick  # the same code, tiny model, CPU (CI keeps it working)
-    python bench/gpu_sdxl.py --configs baseline,compile=unet+channels_last --batches 8
+    python -m bench.gpu.gpu_sdxl                 # --plan first: baseline and best at batch
+                                                 # 1, 8, then warm-up with a warm cache
+    python -m bench.gpu.gpu_sdxl --plan sizes    # baseline and best at batch 4 and 16
+    python -m bench.gpu.gpu_sdxl --plan options  # baseline, each option alone at batch 8
+    python -m bench.gpu.gpu_sdxl --plan hopper   # today's best, then FP8, CUDA graphs and
+                                                 # the attention kernel each added to it,
+                                                 # and all (--new-best), at batch 1, 8, 16
+    python -m bench.gpu.gpu_sdxl --tiny --quick  # the same code, tiny model, CPU (in CI)
+    python -m bench.gpu.gpu_sdxl --configs baseline,compile=unet+channels_last --batches 8
 
-On the GPU machine, with the wheels it lacks (``python bench/gpu_wheels.py`` here first):
-``bash bench/gpu_run.sh [--plan sizes|options]`` (docs/benchmarks.md, "GPU"). ``--budget-s``
-stops before a cell that would not fit (default 530 s on CUDA) and every cell is written to
-``--json`` as soon as it is measured, so a command cut short keeps what it measured.
+On the GPU machine, with the wheels it lacks (``python -m bench.gpu.gpu_wheels`` here first):
+``bash bench/gpu/gpu_run.sh [--plan sizes|options|hopper]`` (docs/benchmarks.md, "GPU").
+``--budget-s`` stops before a cell that would not fit (default 530 s on CUDA) and every cell
+is written to ``--json`` as soon as it is measured, so a command cut short keeps what it
+measured.
 
 Goals (on an H100): the best combination at >= 0.70 images/s through HTTP (about 36 % MFU
 against ~790 TFLOP/s), service >= 0.95 of in-process; with FP8, CUDA graphs and the fastest
@@ -227,7 +228,7 @@ def clip_config(name: str) -> Any:
 
 
 def build_sdxl(device: Any, dtype: Any, seed: int = 0) -> Any:
-    """SDXL base 1.0 from ``bench/sdxl/*.json`` with random weights, on ``device``.
+    """SDXL base 1.0 from ``bench/gpu/sdxl/*.json`` with random weights, on ``device``.
 
     Modules are constructed directly on the device (``with torch.device(...)``: PyTorch's
     default initialisation runs there, seconds on a GPU), in float32, then cast.
@@ -738,7 +739,7 @@ def warm_cache_check(bench: Bench, batches: list[int], cache_dir: Path) -> dict[
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "warm.json"
         cmd = [
-            sys.executable, str(Path(__file__).resolve()), "--warmup-only",
+            sys.executable, "-m", "bench.gpu.gpu_sdxl", "--warmup-only",
             "--configs", "best", "--best", bench.args.best, "--new-best", bench.args.new_best,
             "--batches", ",".join(str(b) for b in batches),
             "--size", str(bench.args.size), "--steps", str(bench.args.steps),
