@@ -27,6 +27,7 @@ from .requests import client_identity, state_of
 from .responses import (
     RECIPE_ERRORS,
     FeedbackResponse,
+    FillBudget,
     RecipeDetail,
     RecipeList,
     RecipeSummary,
@@ -118,19 +119,22 @@ async def sample(name: str, request: Request) -> Response:
 async def fill(name: str, request: Request) -> RecipeDetail:
     """Fill every label of the recipe to at least ``per_label`` images, or generate
     ``images`` more split over the labels by the trainers' combined need and recent demand
-    (``{"images": B}``: each label's target rises from what it holds or is filling to by its
-    share of B; 409 when the labels have less room than B left below the pool capacity).
-    One of the two. Generation runs in the background, when no request waits;
-    answers at once with the current counts and the new targets (``target_per_label``)."""
+    (``{"images": B}``: each label's ask rises from what it holds, is making or was asked
+    for by its share of B, and asked-for images go before background pre-generation, so on a
+    pre-generating service B images of the remaining work move forward; ``budget`` says
+    how many were asked where, fewer than B when less room is left; 409 only when no label
+    has room left below the pool capacity). One of the two. Generation runs in the
+    background, when no request waits; answers at once with the current counts."""
     state = state_of(request)
     pools = _pools_for(state, name)
     body = await read_body(request, state.api.fill[name], state.api.hints["fill"])
+    budget = None
     if body.images is not None:
-        await asyncio.to_thread(pools.spend, name, body.images)
+        budget = FillBudget(**await asyncio.to_thread(pools.spend, name, body.images))
     else:
         assert body.per_label is not None  # the model requires one of the two
         await asyncio.to_thread(pools.raise_target, name, body.per_label)
-    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
+    return RecipeDetail(**await asyncio.to_thread(pools.detail, name), budget=budget)
 
 
 @router.post(
