@@ -262,9 +262,24 @@ async def _load_and_warm(state: AppState) -> None:
         )
     except Exception as exc:  # surfaced on /readyz and to on_fatal
         state.load_error = f"{type(exc).__name__}: {exc}"
-        log.exception("loading the model failed")
+        if is_refusal(exc):
+            # A refusal's message says what is wrong and the fix: one line, no traceback;
+            # `genaug serve` (on_fatal) says it itself.
+            if startup.on_fatal is None:
+                log.error("start-up refused: %s", exc)
+        else:
+            log.exception("loading the model failed")
         if startup.on_fatal is not None:
             startup.on_fatal(exc)
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """True for the start-up errors whose one-line message names the fix (a model, an
+    adapter or a device that cannot be served); anything else is a bug worth a traceback."""
+    from .pipeline.adapters import AdapterLoadError
+    from .pipeline.device import ModelLoadError
+
+    return isinstance(exc, ModelLoadError | AdapterLoadError)
 
 
 def _sample_device_memory(state: AppState) -> None:

@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -194,9 +195,24 @@ def _adapt(args: argparse.Namespace) -> int:
     name = args.out.stem
     print(f"genaug adapt: wrote {args.out} ({record['steps']} steps, rank {record['rank']}, "  # noqa: T201
           f"final loss {record['final_loss']}, {record['train_s']} s"
-          f"{', interrupted' if record['interrupted'] else ''}); serve it with "
-          f"GENAUG_LORAS={name}={args.out} and adapter: {{name: {name}}} in the recipe")
+          f"{', interrupted' if record['interrupted'] else ''}); serve it on the model it "
+          f"was made for with\n  {serve_command(settings, model.source, args.out)}\n"
+          f"and name it in the recipe: adapter: {{name: {name}}}")
     return 130 if record["interrupted"] else 0
+
+
+def serve_command(settings: Any, model: str, out: Path) -> str:
+    """The ``genaug serve`` line that loads the LoRA at ``out`` on ``model`` (the base it was
+    adapted on) with the same recipes, UNet weights and device: it works as printed."""
+    name = out.stem
+    parts = [f"GENAUG_LORAS={shlex.quote(f'{name}={out}')}", "genaug", "serve",
+             "--model", shlex.quote(str(model))]
+    if settings.unet_weights is not None:
+        parts += ["--unet-weights", shlex.quote(str(settings.unet_weights))]
+    if settings.device != "cpu":
+        parts += ["--device", shlex.quote(str(settings.device))]
+    parts += ["--recipes", shlex.quote(str(settings.recipes))]
+    return " ".join(parts)
 
 
 def _check(args: argparse.Namespace) -> int:

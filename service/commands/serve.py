@@ -44,8 +44,13 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     failures: list[BaseException] = []
 
     def fatal(exc: BaseException) -> None:
+        from ..app import is_refusal
+
         failures.append(exc)
-        log.error("stopping: the model could not be loaded (%s)", exc)
+        if is_refusal(exc):  # one line that names the fix, as the refusals before listening
+            print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
+        else:
+            log.error("stopping: the model could not be loaded (%s)", exc)
         os.kill(os.getpid(), signal.SIGTERM)
 
     try:
