@@ -48,7 +48,7 @@ from .pipeline.speed import Speed
 from .pool.open import open_pool_store, replica_info
 from .pool.planner import PoolPlanner, pool_model_hash
 from .pool.serving import PoolServing
-from .recipes.load import check_recipes, load_recipes
+from .recipes.load import check_recipes, load_recipes, long_prompts
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -207,6 +207,7 @@ async def _load_and_warm(state: AppState) -> None:
             "torch_threads": threads,
         }
         state.model = model
+        await asyncio.to_thread(_report_long_prompts, state, model)
         speed = await asyncio.to_thread(Speed.setup, model, settings, state.metrics,
                                         lambda info: state.speed_info.update(info))
         pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
@@ -271,6 +272,17 @@ async def _load_and_warm(state: AppState) -> None:
             log.exception("loading the model failed")
         if startup.on_fatal is not None:
             startup.on_fatal(exc)
+
+
+def _report_long_prompts(state: AppState, model: LoadedModel) -> None:
+    """Once, at start-up: each recipe prompt the text encoders would cut, with the fix."""
+    from .pipeline.sampler import prompt_tokens
+
+    if not state.recipes:
+        return
+    count, limit = prompt_tokens(model.pipeline)
+    for line in long_prompts(state.recipes, count, limit, path=state.settings.recipes):
+        log.warning("%s", line)
 
 
 def is_refusal(exc: BaseException) -> bool:

@@ -19,9 +19,6 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if level.lower() != "debug":
-        # diffusers warns on every batch whose prompt exceeds CLIP's 77 tokens.
-        logging.getLogger("diffusers").setLevel(logging.ERROR)
 
 
 def serve(overrides: dict[str, Any] | None = None) -> int:
