@@ -239,7 +239,11 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
         )
         deadline = time.monotonic() + run.prefill_timeout_s
         if run.pool_per_label > 0:
+            waited = time.monotonic()
             _wait_for_full_pool(run, deadline)
+            print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: the pool holds "  # noqa: T201
+                  f"{run.pool_per_label} images per label (waited "
+                  f"{time.monotonic() - waited:.0f} s)", flush=True)
         feeder.start()
         want = min(run.prefill_per_class, run.slots_per_class)
         while reservoir.fill_counts().min() < want and time.monotonic() < deadline:

@@ -19,11 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from genaug import __version__
-from genaug.wire import SAFETENSORS_MEDIA_TYPE, encode_batch
+from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, encode_png_grid
 
 from ..intake.parse import read_body
 from ..pool.serving import PoolServing, empty_images, unknown_recipe
-from .requests import client_identity, state_of
+from .requests import client_identity, state_of, wants_png
 from .responses import (
     RECIPE_ERRORS,
     FeedbackResponse,
@@ -51,6 +51,12 @@ async def list_recipes(request: Request) -> RecipeList:
         lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
     )
     return RecipeList(recipes=summaries)
+
+
+def _hints(state: AppState, route: str, name: str) -> dict[str, str]:
+    """The route's fix hints with this recipe's name in its URLs."""
+    return {field: hint.replace("{name}", name)
+            for field, hint in state.api.hints[route].items()}
 
 
 def _pools_for(state: AppState, name: str) -> PoolServing:
@@ -83,21 +89,39 @@ async def recipe_detail(name: str, request: Request) -> RecipeDetail:
 )
 async def sample(name: str, request: Request) -> Response:
     """Up to ``n`` pre-generated images spread over ``labels``, at once (or after up to
-    ``wait_s`` of generation). The count returned is explicit; none is not an error."""
+    ``wait_s`` of generation). The count returned is explicit; none is not an error. Labels
+    with no image in the answer (a pool still filling) are listed (metadata
+    ``empty_labels``, header ``X-Genaug-Empty-Labels``). ``Accept: image/png``: one PNG grid
+    (``X-Genaug-Labels``: each image's label, in grid order; 204 when none)."""
     started = time.monotonic()
     state = state_of(request)
     pools = _pools_for(state, name)
-    body = await read_body(request, state.api.sample[name], state.api.hints["sample"])
+    body = await read_body(request, state.api.sample[name],
+                           _hints(state, "sample", name))
     recipe = pools.recipe(name)
     labels = pools.resolve_labels(recipe, body.labels)
     result, recipe = await pools.sample(name, labels, body.n, body.wait_s)
     images = result.images if len(result) else empty_images(recipe)
+    # Labels asked for that none of the images has (a pool still filling): said, not hidden.
+    returned = set(result.labels)
+    empty = [label for label in labels if label not in returned] if body.n > 0 else []
+    headers = {"X-Genaug-Count": str(len(result))}
+    if empty:
+        headers["X-Genaug-Empty-Labels"] = ",".join(empty)
+    if wants_png(request):  # one grid, as /v1/generate answers a browser or a notebook
+        state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
+        if not len(result):
+            return Response(status_code=204, headers=headers)
+        payload = await asyncio.to_thread(encode_png_grid, images)
+        headers["X-Genaug-Labels"] = ",".join(result.labels)
+        return Response(payload, media_type=PNG_MEDIA_TYPE, headers=headers)
     metadata = {
         "recipe": name,
         "label_names": recipe.label_names,
         "pool_id": pools.pool_ids[name],
         "requested": body.n,
         "returned": len(result),
+        "empty_labels": empty,
         "genaug_version": __version__,
     }
     if result.sources is not None and any(result.sources):
@@ -108,8 +132,7 @@ async def sample(name: str, request: Request) -> Response:
         images, result.seeds, labels=result.label_indices(recipe.label_names), metadata=metadata
     ))
     state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
-    return Response(payload, media_type=SAFETENSORS_MEDIA_TYPE,
-                    headers={"X-Genaug-Count": str(len(result))})
+    return Response(payload, media_type=SAFETENSORS_MEDIA_TYPE, headers=headers)
 
 
 @router.post(
@@ -127,7 +150,8 @@ async def fill(name: str, request: Request) -> RecipeDetail:
     background, when no request waits; answers at once with the current counts."""
     state = state_of(request)
     pools = _pools_for(state, name)
-    body = await read_body(request, state.api.fill[name], state.api.hints["fill"])
+    body = await read_body(request, state.api.fill[name],
+                           _hints(state, "fill", name))
     budget = None
     if body.images is not None:
         budget = FillBudget(**await asyncio.to_thread(pools.spend, name, body.images))
@@ -148,5 +172,6 @@ async def feedback(name: str, request: Request) -> FeedbackResponse:
     state = state_of(request)
     pools = _pools_for(state, name)
     client = client_identity(request)
-    body = await read_body(request, state.api.feedback[name], state.api.hints["feedback"])
+    body = await read_body(request, state.api.feedback[name],
+                           _hints(state, "feedback", name))
     return FeedbackResponse(**pools.report_need(name, client, dict(body.need)))
