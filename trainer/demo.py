@@ -59,8 +59,8 @@ DEMO_RECIPE = "digits"
 """The recipe in ``recipes/digits.yaml``; its labels ``0``..``9`` are the digit classes."""
 
 PROTOCOL_LINE = (
-    "protocol: today's, not issue 19's honest one: the generator learned all 10 digit classes "
-    "from 997 other real digits; bench/augmentation_gain.py measures it over seeds, "
+    "protocol: today's, not the honest unseen-class one: the generator learned all 10 digit "
+    "classes from 997 other real digits; bench/augmentation_gain.py measures it over seeds, "
     "bench/honest_gain.py the honest one (docs/benchmarks.md)"
 )
 """The one line the demo prints about what its two accuracies show."""

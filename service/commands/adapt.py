@@ -158,7 +158,8 @@ def _load(settings: Any) -> Any:
 
 def _adapt(args: argparse.Namespace) -> int:
     from ..pipeline.adapt import AdaptConfig, AdaptData, adapt
-    from ..recipes.load import load_recipes
+    from ..pipeline.sampler import prompt_tokens
+    from ..recipes.load import load_recipes, long_prompts
 
     if args.data is None or args.out is None or args.recipe is None:
         raise AdaptInputError("give DATA, --recipe NAME and --out OUT.safetensors (and "
@@ -188,6 +189,9 @@ def _adapt(args: argparse.Namespace) -> int:
     model = _load(settings)
     log.info("base model %s (%s), weights hash %s, on %s", model.source, model.kind,
              model.weights_hash, model.device)
+    count, limit = prompt_tokens(model.pipeline)  # said once here, as the service does
+    for line in long_prompts({args.recipe: recipe}, count, limit, path=settings.recipes):
+        log.warning("%s", line)
     config = AdaptConfig(steps=args.steps, rank=args.rank, seed=args.seed, lr=args.lr,
                          batch_size=args.batch_size, accumulation=args.accumulation,
                          text_encoder=args.text_encoder, progress=not args.no_progress)
