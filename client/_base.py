@@ -67,7 +67,9 @@ class SampleResult:
 
     ``source_hashes``: for pools with img2img labels, the hash of the real image each image
     is a variant of (``None`` for a text-to-image one, the hash ``/v1/variants`` answers);
-    ``None`` when no image of the sample is a variant.
+    ``None`` when no image of the sample is a variant. ``empty_labels``: labels asked for
+    that the sample holds no image of (their pool is still filling; ``[]`` from a service
+    that does not say).
     """
 
     images: np.ndarray
@@ -77,6 +79,7 @@ class SampleResult:
     recipe: str
     metadata: dict[str, Any] = field(default_factory=dict)
     source_hashes: list[str | None] | None = None
+    empty_labels: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -423,6 +426,7 @@ def decode_sample(payload: bytes, recipe: str) -> SampleResult:
     return SampleResult(
         images=batch.images, labels=labels, seeds=batch.seeds, label_names=list(names),
         recipe=recipe, metadata=batch.metadata, source_hashes=hashes,
+        empty_labels=[str(x) for x in batch.metadata.get("empty_labels") or []],
     )
 
 

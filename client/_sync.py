@@ -247,7 +247,11 @@ class Client:
         - ``per_label``: fill every label to at least that many images;
         - ``images``: generate that many more, split over the labels by the trainers'
           combined need (:meth:`feedback`) and recent demand, each label within the pool
-          capacity (a fixed generation budget spent where it is needed).
+          capacity (a fixed generation budget spent where it is needed). Asked-for images
+          go before background pre-generation, so on a pre-generating service, whose labels
+          are already headed for the capacity, this moves that much of the remaining work
+          forward. The answer's ``budget`` says what happens (``asked`` is less than
+          ``images`` when less room is left; a full pool is 409).
 
         Example::
 

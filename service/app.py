@@ -48,7 +48,7 @@ from .pipeline.speed import Speed, SpeedError, check_speed_settings
 from .pool.open import open_pool_store, replica_info
 from .pool.planner import PoolPlanner, pool_model_hash
 from .pool.serving import PoolServing
-from .recipes.load import check_recipes, load_recipes
+from .recipes.load import check_recipes, load_recipes, long_prompts
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -211,6 +211,7 @@ async def _load_and_warm(state: AppState) -> None:
             "torch_threads": threads,
         }
         state.model = model
+        await asyncio.to_thread(_report_long_prompts, state, model)
         speed = await asyncio.to_thread(Speed.setup, model, settings, state.metrics,
                                         lambda info: state.speed_info.update(info))
         pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
@@ -266,9 +267,35 @@ async def _load_and_warm(state: AppState) -> None:
         )
     except Exception as exc:  # surfaced on /readyz and to on_fatal
         state.load_error = f"{type(exc).__name__}: {exc}"
-        log.exception("loading the model failed")
+        if is_refusal(exc):
+            # A refusal's message says what is wrong and the fix: one line, no traceback;
+            # `genaug serve` (on_fatal) says it itself.
+            if startup.on_fatal is None:
+                log.error("start-up refused: %s", exc)
+        else:
+            log.exception("loading the model failed")
         if startup.on_fatal is not None:
             startup.on_fatal(exc)
+
+
+def _report_long_prompts(state: AppState, model: LoadedModel) -> None:
+    """Once, at start-up: each recipe prompt the text encoders would cut, with the fix."""
+    from .pipeline.sampler import prompt_tokens
+
+    if not state.recipes:
+        return
+    count, limit = prompt_tokens(model.pipeline)
+    for line in long_prompts(state.recipes, count, limit, path=state.settings.recipes):
+        log.warning("%s", line)
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """True for the start-up errors whose one-line message names the fix (a model, an
+    adapter or a device that cannot be served); anything else is a bug worth a traceback."""
+    from .pipeline.adapters import AdapterLoadError
+    from .pipeline.device import ModelLoadError
+
+    return isinstance(exc, ModelLoadError | AdapterLoadError)
 
 
 def _sample_device_memory(state: AppState) -> None:

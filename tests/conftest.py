@@ -55,6 +55,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_pool_file_in_the_checkout() -> Iterator[None]:
+    """The suite leaves no ``genaug-pool.db`` (the default GENAUG_POOL_PATH) in the
+    repository root: a test that starts a service or a command with recipes gives it a pool
+    path (and a cwd) under its tmp_path."""
+    leftover = Path(__file__).resolve().parents[1] / "genaug-pool.db"
+    before = leftover.exists()
+    yield
+    if not before and leftover.exists():
+        pytest.fail(f"a test left {leftover}: give its service or command a pool path (or "
+                    "cwd) under tmp_path")
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> LoadedModel:
     """The tiny SDXL pipeline, built once per session and shared by every test server."""

@@ -12,6 +12,7 @@ because CI installs it.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,6 +172,36 @@ def test_status_page_before_any_image(make_service: Any, browser: Any) -> None:
     assert state["ready"] == "ready" and state["clients"] == {} and state["pools"] == {}
     assert state["recent_width"] == 0 and empty
     assert console.errors == []
+
+
+def test_status_page_first_paint_says_what_is_true(
+    make_service: Any, tmp_path: Path, browser: Any
+) -> None:
+    # Before its first poll answers (here: never), the page already says what exists: no
+    # "nothing generated yet" beside a broken image while a pool holds images.
+    live = make_service(recipes=RECIPES, pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=3, max_batch_images=8)
+    wait_pool(live.url, {})
+    html = httpx.get(live.url + "/").text
+    recent = re.search(r'<div id="recent-empty"[^>]*>([^<]*)</div>', html)
+    pools = re.search(r'<div id="pools-body"[^>]*>([^<]*)</div>', html)
+    assert recent is not None and pools is not None
+    assert re.fullmatch(r"loading the \d+ most recent images…", recent.group(1)), recent
+    assert pools.group(1) == "loading the pools of 1 recipe(s)…", pools
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.route("**/v1/status", lambda route: route.abort())
+        page.goto(live.url + "/")
+        page.wait_for_selector("#error:not(:empty)", timeout=20_000)  # the poll failed
+        assert not page.is_visible("#recent-img")  # no empty (broken) image
+        said = page.text_content("#recent-empty") or ""
+        assert "most recent images" in said, said
+    finally:
+        page.close()
+    # the same page with no image anywhere says so
+    empty = make_service(max_batch_images=8)
+    assert '<div id="recent-empty" class="muted">nothing generated yet</div>' in httpx.get(
+        empty.url + "/").text
 
 
 def test_status_page_asks_for_the_key(make_service: Any, browser: Any) -> None:

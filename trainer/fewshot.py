@@ -63,6 +63,9 @@ class FewShotRun:
             images only; ``p == 1``: synthetic only (every real image replaced).
         slots_per_class: reservoir size; training starts when every class holds
             ``prefill_per_class`` images (or after ``prefill_timeout_s``).
+        pool_per_label: before mixing starts, wait (up to ``prefill_timeout_s``) until the
+            recipe's pool holds this many images of every label: with a pool capacity of
+            the same number, mixing always starts from the same full pool (the demo).
         synthetic_weight: sample weight of a replaced (synthetic) example
             (``reservoir.mix(synthetic_weight=...)``); ``None``: the same as a real one.
         rebalance: class weights of the replacements (``reservoir.mix(rebalance=...)``, one
@@ -91,10 +94,25 @@ class FewShotRun:
     slots_per_class: int = 64
     prefill_per_class: int = 32
     prefill_timeout_s: float = 300.0
+    pool_per_label: int = 0
     synthetic_weight: float | None = None
     rebalance: list[float] | None = None
     need_recipes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _wait_for_full_pool(run: FewShotRun, deadline: float) -> None:
+    """Until every label of ``run.recipe``'s pool holds ``run.pool_per_label`` images (or
+    the deadline): mixing then starts from the same pool whatever the timing."""
+    from genaug.client import Client
+
+    assert run.service is not None and run.recipe is not None
+    with Client(run.service, client_id=f"genaug-fewshot-{run.arm}", timeout=30.0) as client:
+        while time.monotonic() < deadline:
+            fill = client.recipe(run.recipe)["fill"]
+            if fill and min(fill.values()) >= run.pool_per_label:
+                return
+            time.sleep(0.5)
 
 
 def tf_child_env(threads: int = 2) -> dict[str, str]:
@@ -219,8 +237,14 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
             label_map={str(d): index[d] for d in classes}, batch=32, interval_s=0.2,
             client_kwargs={"client_id": f"genaug-fewshot-{run.arm}", "timeout": 30.0},
         )
-        feeder.start()
         deadline = time.monotonic() + run.prefill_timeout_s
+        if run.pool_per_label > 0:
+            waited = time.monotonic()
+            _wait_for_full_pool(run, deadline)
+            print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: the pool holds "  # noqa: T201
+                  f"{run.pool_per_label} images per label (waited "
+                  f"{time.monotonic() - waited:.0f} s)", flush=True)
+        feeder.start()
         want = min(run.prefill_per_class, run.slots_per_class)
         while reservoir.fill_counts().min() < want and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -19,15 +19,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from genaug import __version__
-from genaug.wire import SAFETENSORS_MEDIA_TYPE, encode_batch
+from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, encode_png_grid
 
 from ..intake.parse import read_body
 from ..pool.serving import PoolServing, empty_images, unknown_recipe
-from .requests import client_identity, state_of
+from .requests import client_identity, state_of, wants_png
 from .responses import (
     RECIPE_ERRORS,
     SAFETENSORS_LAYOUT,
     FeedbackResponse,
+    FillBudget,
     RecipeDetail,
     RecipeList,
     RecipeSummary,
@@ -52,6 +53,12 @@ async def list_recipes(request: Request) -> RecipeList:
         lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
     )
     return RecipeList(recipes=summaries)
+
+
+def _hints(state: AppState, route: str, name: str) -> dict[str, str]:
+    """The route's fix hints with this recipe's name in its URLs."""
+    return {field: hint.replace("{name}", name)
+            for field, hint in state.api.hints[route].items()}
 
 
 def _pools_for(state: AppState, name: str) -> PoolServing:
@@ -88,21 +95,39 @@ async def recipe_detail(name: str, request: Request) -> RecipeDetail:
 )
 async def sample(name: str, request: Request) -> Response:
     """Up to ``n`` pre-generated images spread over ``labels``, at once (or after up to
-    ``wait_s`` of generation). The count returned is explicit; none is not an error."""
+    ``wait_s`` of generation). The count returned is explicit; none is not an error. Labels
+    with no image in the answer (a pool still filling) are listed (metadata
+    ``empty_labels``, header ``X-Genaug-Empty-Labels``). ``Accept: image/png``: one PNG grid
+    (``X-Genaug-Labels``: each image's label, in grid order; 204 when none)."""
     started = time.monotonic()
     state = state_of(request)
     pools = _pools_for(state, name)
-    body = await read_body(request, state.api.sample[name], state.api.hints["sample"])
+    body = await read_body(request, state.api.sample[name],
+                           _hints(state, "sample", name))
     recipe = pools.recipe(name)
     labels = pools.resolve_labels(recipe, body.labels)
     result, recipe = await pools.sample(name, labels, body.n, body.wait_s)
     images = result.images if len(result) else empty_images(recipe)
+    # Labels asked for that none of the images has (a pool still filling): said, not hidden.
+    returned = set(result.labels)
+    empty = [label for label in labels if label not in returned] if body.n > 0 else []
+    headers = {"X-Genaug-Count": str(len(result))}
+    if empty:
+        headers["X-Genaug-Empty-Labels"] = ",".join(empty)
+    if wants_png(request):  # one grid, as /v1/generate answers a browser or a notebook
+        state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
+        if not len(result):
+            return Response(status_code=204, headers=headers)
+        payload = await asyncio.to_thread(encode_png_grid, images)
+        headers["X-Genaug-Labels"] = ",".join(result.labels)
+        return Response(payload, media_type=PNG_MEDIA_TYPE, headers=headers)
     metadata = {
         "recipe": name,
         "label_names": recipe.label_names,
         "pool_id": pools.pool_ids[name],
         "requested": body.n,
         "returned": len(result),
+        "empty_labels": empty,
         "genaug_version": __version__,
     }
     if result.sources is not None and any(result.sources):
@@ -113,8 +138,7 @@ async def sample(name: str, request: Request) -> Response:
         images, result.seeds, labels=result.label_indices(recipe.label_names), metadata=metadata
     ))
     state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
-    return Response(payload, media_type=SAFETENSORS_MEDIA_TYPE,
-                    headers={"X-Genaug-Count": str(len(result))})
+    return Response(payload, media_type=SAFETENSORS_MEDIA_TYPE, headers=headers)
 
 
 @router.post(
@@ -124,19 +148,23 @@ async def sample(name: str, request: Request) -> Response:
 async def fill(name: str, request: Request) -> RecipeDetail:
     """Fill every label of the recipe to at least ``per_label`` images, or generate
     ``images`` more split over the labels by the trainers' combined need and recent demand
-    (``{"images": B}``: each label's target rises from what it holds or is filling to by its
-    share of B; 409 when the labels have less room than B left below the pool capacity).
-    One of the two. Generation runs in the background, when no request waits;
-    answers at once with the current counts and the new targets (``target_per_label``)."""
+    (``{"images": B}``: each label's ask rises from what it holds, is making or was asked
+    for by its share of B, and asked-for images go before background pre-generation, so on a
+    pre-generating service B images of the remaining work move forward; ``budget`` says
+    how many were asked where, fewer than B when less room is left; 409 only when no label
+    has room left below the pool capacity). One of the two. Generation runs in the
+    background, when no request waits; answers at once with the current counts."""
     state = state_of(request)
     pools = _pools_for(state, name)
-    body = await read_body(request, state.api.fill[name], state.api.hints["fill"])
+    body = await read_body(request, state.api.fill[name],
+                           _hints(state, "fill", name))
+    budget = None
     if body.images is not None:
-        await asyncio.to_thread(pools.spend, name, body.images)
+        budget = FillBudget(**await asyncio.to_thread(pools.spend, name, body.images))
     else:
         assert body.per_label is not None  # the model requires one of the two
         await asyncio.to_thread(pools.raise_target, name, body.per_label)
-    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
+    return RecipeDetail(**await asyncio.to_thread(pools.detail, name), budget=budget)
 
 
 @router.post(
@@ -150,5 +178,6 @@ async def feedback(name: str, request: Request) -> FeedbackResponse:
     state = state_of(request)
     pools = _pools_for(state, name)
     client = client_identity(request)
-    body = await read_body(request, state.api.feedback[name], state.api.hints["feedback"])
+    body = await read_body(request, state.api.feedback[name],
+                           _hints(state, "feedback", name))
     return FeedbackResponse(**pools.report_need(name, client, dict(body.need)))

@@ -186,7 +186,9 @@ class RecipeSummary(BaseModel):
     labels: list[str]
     pool_id: str
     capacity_per_label: int
-    target_per_label: dict[str, int]
+    target_per_label: dict[str, int] = Field(
+        description="The one target per label: the fill it is generated up to (the capacity "
+        "on a pre-generating service; else what fill requests and waiting samples asked).")
     fill: dict[str, int]
     need: dict[str, float] = Field(
         default_factory=dict,
@@ -199,13 +201,30 @@ class RecipeList(BaseModel):
     recipes: list[RecipeSummary]
 
 
+class FillBudget(BaseModel):
+    """What ``POST /v1/recipes/{name}/fill`` with ``images`` does: ``requested`` images,
+    ``asked`` of them planned (less when the labels have less room left), split as
+    ``per_label`` by need and demand; they go before background pre-generation."""
+
+    requested: int
+    asked: int
+    per_label: dict[str, int]
+    note: str
+
+
 class RecipeDetail(RecipeSummary):
     spec: dict[str, Any]
     spec_hash: str
     model_hash: str
-    per_label: dict[str, dict[str, int]]
+    per_label: dict[str, dict[str, int]] = Field(
+        description="Counts per label: fill, generated, served, next_index, fill_served, "
+        "reserved (in flight) and asked (the fill asked for by fill requests and waiting "
+        "samples, generated before background pre-generation; the target is "
+        "target_per_label).")
     totals: dict[str, int]
     generation_rate: float
+    budget: FillBudget | None = Field(
+        default=None, description="POST .../fill with images: what the budget does.")
 
 
 class FeedbackResponse(BaseModel):

@@ -203,7 +203,43 @@ async def recent_png(request: Request) -> Response:
     return Response(payload, media_type=PNG_MEDIA_TYPE, headers={"Cache-Control": "no-store"})
 
 
+# What the page says before its first poll, replaced by what is true now (first_paint).
+_POOLS_EMPTY = ('<div id="pools-body" class="muted">no recipes configured (GENAUG_RECIPES)'
+                '</div>')
+_RECENT_EMPTY = '<div id="recent-empty" class="muted">nothing generated yet</div>'
+
+
+def first_paint(html: str, state: AppState) -> str:
+    """The page as it should look before its first poll: the pools and the recent images
+    said as they are now (from memory: no pool read), never "nothing generated yet" while
+    images exist. The poll, at once, fills in the rest. The page is open (no key): with
+    API keys set it says only that it is loading, no counts."""
+    if state.settings.api_keys:
+        loading = "loading (enter the API key if asked)…"
+        return html.replace(_RECENT_EMPTY, _RECENT_EMPTY.replace("nothing generated yet",
+                                                                 loading))
+    if state.recipes:
+        html = html.replace(_POOLS_EMPTY, _POOLS_EMPTY.replace(
+            "no recipes configured (GENAUG_RECIPES)",
+            f"loading the pools of {len(state.recipes)} recipe(s)…"))
+    recent = len(state.batcher.activity.recent) if state.batcher is not None else 0
+    stored = 0
+    if state.pools is not None:
+        stored = sum(s.fill for stats in state.pools.planner.last_stats.values()
+                     for s in stats.values())
+    if recent:
+        said = f"loading the {recent} most recent images…"
+    elif stored:
+        said = (f"nothing generated since the service started; the pools hold {stored} "
+                "images")
+    else:
+        said = "nothing generated yet"
+    return html.replace(_RECENT_EMPTY, _RECENT_EMPTY.replace("nothing generated yet", said))
+
+
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
-async def status_page() -> HTMLResponse:
-    """The self-contained status page (no CDN; refreshes itself)."""
-    return HTMLResponse(STATUS_PAGE.read_text(encoding="utf-8"))
+async def status_page(request: Request) -> HTMLResponse:
+    """The self-contained status page (no CDN; refreshes itself, first at once), rendered
+    with what is true now (:func:`first_paint`)."""
+    html = STATUS_PAGE.read_text(encoding="utf-8")
+    return HTMLResponse(first_paint(html, state_of(request)))

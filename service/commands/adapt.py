@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,8 @@ def _load(settings: Any) -> Any:
 
 def _adapt(args: argparse.Namespace) -> int:
     from ..pipeline.adapt import AdaptConfig, AdaptData, adapt
-    from ..recipes.load import load_recipes
+    from ..pipeline.sampler import prompt_tokens
+    from ..recipes.load import load_recipes, long_prompts
 
     if args.data is None or args.out is None or args.recipe is None:
         raise AdaptInputError("give DATA, --recipe NAME and --out OUT.safetensors (and "
@@ -187,6 +189,9 @@ def _adapt(args: argparse.Namespace) -> int:
     model = _load(settings)
     log.info("base model %s (%s), weights hash %s, on %s", model.source, model.kind,
              model.weights_hash, model.device)
+    count, limit = prompt_tokens(model.pipeline)  # said once here, as the service does
+    for line in long_prompts({args.recipe: recipe}, count, limit, path=settings.recipes):
+        log.warning("%s", line)
     config = AdaptConfig(steps=args.steps, rank=args.rank, seed=args.seed, lr=args.lr,
                          batch_size=args.batch_size, accumulation=args.accumulation,
                          text_encoder=args.text_encoder, progress=not args.no_progress)
@@ -194,9 +199,24 @@ def _adapt(args: argparse.Namespace) -> int:
     name = args.out.stem
     print(f"genaug adapt: wrote {args.out} ({record['steps']} steps, rank {record['rank']}, "  # noqa: T201
           f"final loss {record['final_loss']}, {record['train_s']} s"
-          f"{', interrupted' if record['interrupted'] else ''}); serve it with "
-          f"GENAUG_LORAS={name}={args.out} and adapter: {{name: {name}}} in the recipe")
+          f"{', interrupted' if record['interrupted'] else ''}); serve it on the model it "
+          f"was made for with\n  {serve_command(settings, model.source, args.out)}\n"
+          f"and name it in the recipe: adapter: {{name: {name}}}")
     return 130 if record["interrupted"] else 0
+
+
+def serve_command(settings: Any, model: str, out: Path) -> str:
+    """The ``genaug serve`` line that loads the LoRA at ``out`` on ``model`` (the base it was
+    adapted on) with the same recipes, UNet weights and device: it works as printed."""
+    name = out.stem
+    parts = [f"GENAUG_LORAS={shlex.quote(f'{name}={out}')}", "genaug", "serve",
+             "--model", shlex.quote(str(model))]
+    if settings.unet_weights is not None:
+        parts += ["--unet-weights", shlex.quote(str(settings.unet_weights))]
+    if settings.device != "cpu":
+        parts += ["--device", shlex.quote(str(settings.device))]
+    parts += ["--recipes", shlex.quote(str(settings.recipes))]
+    return " ".join(parts)
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -74,8 +74,13 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
         except GenaugError as exc:
             print(f"genaug pregenerate: {exc}", file=sys.stderr)  # noqa: T201
             return 1
-        targets = ({label: args.per_label for label in detail["labels"]}
-                   if args.images is None else dict(detail["target_per_label"]))
+        if args.images is None:
+            targets = {label: args.per_label for label in detail["labels"]}
+        else:  # the labels the budget went to, each to the fill it was asked up to
+            budget = detail["budget"]
+            print(f"genaug pregenerate: {budget['note']}", file=sys.stderr)  # noqa: T201
+            targets = {label: detail["per_label"][label]["asked"]
+                       for label, share in budget["per_label"].items() if share > 0}
         bars = _bars(targets)
         try:
             while True:

@@ -6,6 +6,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,9 +21,6 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if level.lower() != "debug":
-        # diffusers warns on every batch whose prompt exceeds CLIP's 77 tokens.
-        logging.getLogger("diffusers").setLevel(logging.ERROR)
 
 
 def serve(overrides: dict[str, Any] | None = None) -> int:
@@ -30,9 +29,6 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     Start-up problems (a wrong device, a missing model path, an invalid setting) print one
     clear line and exit 2 before anything listens.
     """
-    from ..pool.open import open_pool_store
-    from ..pool.types import PoolError
-    from ..recipes.spec import RecipeError
     from ..settings import Settings
 
     try:
@@ -44,9 +40,36 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     failures: list[BaseException] = []
 
     def fatal(exc: BaseException) -> None:
+        from ..app import is_refusal
+
         failures.append(exc)
-        log.error("stopping: the model could not be loaded (%s)", exc)
+        if is_refusal(exc):  # one line that names the fix, as the refusals before listening
+            print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
+        else:
+            log.error("stopping: the model could not be loaded (%s)", exc)
         os.kill(os.getpid(), signal.SIGTERM)
+
+    # A SQLite pool file this start creates is removed again if the start fails (nothing
+    # can have been stored before the model loaded): a failed start leaves nothing behind.
+    new_file = (settings.pool_url is None and settings.recipes is not None
+                and not Path(settings.pool_path).exists())
+    code: object = 1
+    try:
+        code = _serve(settings, failures, fatal)
+    except SystemExit as exc:  # the signal handler's exit, after uvicorn's shutdown
+        code = exc.code
+        raise
+    finally:
+        if code != 0 and new_file:
+            _remove_empty_pool(Path(settings.pool_path))
+    return int(code) if isinstance(code, int) else 1
+
+
+def _serve(settings: Any, failures: list[BaseException],
+           fatal: Callable[[BaseException], None]) -> int:
+    from ..pool.open import open_pool_store
+    from ..pool.types import PoolError
+    from ..recipes.spec import RecipeError
 
     try:
         if settings.recipes is not None:
@@ -83,3 +106,17 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
         signal.signal(sig, lambda *_: sys.exit(1 if failures else 0))
     server.run()
     return 1 if failures or not server.started else 0
+
+
+def _remove_empty_pool(path: Path) -> None:
+    """Remove the SQLite pool at ``path`` (and its WAL files) if it holds no image."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+            (count,) = conn.execute("SELECT COUNT(*) FROM images").fetchone()
+    except sqlite3.Error:
+        return  # not a pool this start made: leave it
+    if count == 0:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)

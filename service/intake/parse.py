@@ -110,6 +110,46 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _is_union_tag(part: Any) -> bool:
+    """pydantic's name of a union member in an error's location (``literal['I','P']``,
+    ``list[literal['I','P']]``): internals, never a field of the body."""
+    return isinstance(part, str) and "[" in part and part != "[key]"
+
+
+def one_per_union(errors: list[Any]) -> list[Any]:
+    """A value that fits no member of a union (a label: one name or a list of names) gets one
+    error per member from pydantic, each located under the member's internal name; keep the
+    one that says most (an element's error over the whole value's, a wrong value over a
+    wrong shape), with the member names taken out of its location."""
+    out: list[Any] = []
+    union: dict[tuple[str, ...], list[Any]] = {}
+    for error in errors:
+        loc = tuple(error.get("loc", ()))
+        if not any(_is_union_tag(part) for part in loc):
+            out.append(error)
+            continue
+        clean = tuple(part for part in loc if not _is_union_tag(part))
+        head = tuple(str(p) for p in clean if p != "body")[:1]  # one group per field
+        group = union.setdefault(head, [])
+        if not group:
+            out.append(head)  # placeholder, keeps the order
+        group.append({**error, "loc": clean})
+    for i, item in enumerate(out):
+        if isinstance(item, tuple):
+            group = union[item]
+            shaped = [e for e in group if not str(e.get("type", "")).endswith("_type")]
+            out[i] = max(shaped or group, key=_says_most)
+    return out
+
+
+def _says_most(error: Any) -> tuple[int, bool]:
+    """Deeper first (an element's error); then not a choice among strings made of a value
+    that is no string (an empty list's "too short" over "should be 'I' or 'P'")."""
+    wrong_choice = error.get("type") == "literal_error" and not isinstance(error.get("input"),
+                                                                           str)
+    return len(error["loc"]), not wrong_choice
+
+
 def describe_validation(
     errors: list[Any], allowed: list[str], hints: Mapping[str, str]
 ) -> InvalidRequestError:
@@ -120,6 +160,7 @@ def describe_validation(
     """
     messages: list[str] = []
     first_field: str | None = None
+    errors = one_per_union(errors)
     for error in errors[:5]:
         loc = [str(part) for part in error.get("loc", ()) if part != "body"]
         name = loc[0] if loc else ""

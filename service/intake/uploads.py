@@ -122,6 +122,17 @@ async def _sources(pngs: list[Any], batches: list[Any], max_sources: int) -> lis
         )
     if batches:
         payload = await _bytes(batches[0])
+        kind = _picture_kind(payload)
+        if kind is not None:  # a picture in the batch's part: the safetensors reader would
+            # read its first bytes as a header length ("header too large") and never say why
+            name = getattr(batches[0], "filename", None) or "the upload"
+            fix = ("send PNG files as 'image' parts (curl -F image=@file.png)" if kind == "PNG"
+                   else "send images as PNG files in 'image' parts (convert the JPEG first)")
+            raise InvalidRequestError(
+                f"images part {name!r} is a {kind} file; the 'images' part takes one genaug "
+                f"safetensors batch; {fix}",
+                field="images",
+            )
         try:
             stacked = await asyncio.to_thread(decode_image_upload, payload)
         except WireError as exc:
@@ -140,6 +151,15 @@ async def _sources(pngs: list[Any], batches: list[Any], max_sources: int) -> lis
             field="images" if batches else "image",
         )
     return sources
+
+
+def _picture_kind(data: bytes) -> str | None:
+    """``"PNG"`` or ``"JPEG"`` when ``data`` starts like one, else None."""
+    if data.startswith(_PNG_SIGNATURE):
+        return "PNG"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    return None
 
 
 async def _png(part: Any, index: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .adapt import BASE_HASH_KEY
+from .adapt import read_record
 from .quiet import quiet_diffusers
 from .weights import hash_files
 
@@ -80,11 +80,14 @@ class Adapters:
     """
 
     def __init__(
-        self, pipeline: Any, loras: Mapping[str, Path], *, base_hash: str | None = None
+        self, pipeline: Any, loras: Mapping[str, Path], *, base_hash: str | None = None,
+        base_name: str | None = None,
     ) -> None:
         self.pipe: Any = pipeline
         # The served model's weights_hash: a file made by `genaug adapt` for another is refused.
+        # Its name (`tiny-digits`, a folder) makes the refusal readable.
         self._base_hash = base_hash
+        self._base_name = base_name
         self._infos: dict[str, AdapterInfo] = {}
         self._active: tuple[str, float] | None = None
         for name, path in loras.items():
@@ -172,18 +175,24 @@ class Adapters:
         return info
 
     def _check_base(self, where: str, path: Path) -> None:
-        """Refuse a file whose header names another base model (``genaug adapt`` records it)."""
-        from safetensors import safe_open
-
+        """Refuse a file whose header names another base model (``genaug adapt`` records it),
+        in one line naming both models and the two ways to fix it."""
         if self._base_hash is None:
             return
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                made_for = (handle.metadata() or {}).get(BASE_HASH_KEY)
+            record = read_record(path)
         except Exception:  # unreadable: the load below says so with the full detail
             return
-        if made_for is not None and made_for != self._base_hash:
-            raise AdapterLoadError(
-                f"{where} was adapted on base model {made_for}, not on the served model "
-                f"{self._base_hash}; serve the model it was made for or run genaug adapt again"
-            )
+        made_for = record.get("base_hash")
+        if made_for is None or made_for == self._base_hash:
+            return
+        made_on = record.get("base_model")
+        made_on_text = f"{made_on} (weights {made_for})" if made_on else f"weights {made_for}"
+        served = self._base_name or "this model"
+        fix = (f"serve it with --model {made_on} (GENAUG_MODEL={made_on})" if made_on
+               else "serve the model it was made for")
+        raise AdapterLoadError(
+            f"{where} was adapted on base model {made_on_text}, not on the served model "
+            f"{served} (weights {self._base_hash}); {fix}, or adapt it again for this one "
+            f"(genaug adapt ... --model {served})"
+        )

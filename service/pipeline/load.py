@@ -47,7 +47,7 @@ import torch
 
 from ..settings import builtin_model
 from .device import ModelLoadError, resolve_device, resolve_dtype
-from .quiet import quiet_dtype_deprecation
+from .quiet import quiet_dtype_deprecation, quiet_third_party
 from .weights import (
     WRAPPER_KEYS,
     CheckpointError,
@@ -141,6 +141,7 @@ def load_model(
     Raises:
         ModelLoadError: with what was wrong and how to fix it.
     """
+    quiet_third_party()  # before diffusers is imported: see quiet.py
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     hasher = hashlib.blake2b(digest_size=8)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,7 +62,7 @@ from .quiet import quiet_diffusers
 from .schedulers import Schedulers
 from .vae import Vae
 
-__all__ = ["Sampler", "img2img_pipeline"]
+__all__ = ["Sampler", "img2img_pipeline", "prompt_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,19 @@ def img2img_pipeline(pipeline: Any) -> Any:
         img2img = StableDiffusionXLImg2ImgPipeline.from_pipe(pipeline, dtype=pipeline.dtype)
     img2img.set_progress_bar_config(disable=True)
     return img2img
+
+
+def prompt_tokens(pipeline: Any) -> tuple[Callable[[str], int], int]:
+    """How many tokens the pipeline's text encoders see of a text (the most over its
+    tokenizers, start and end tokens included), and the fewest they read (CLIP's 77)."""
+    tokenizers = [t for t in (getattr(pipeline, "tokenizer", None),
+                              getattr(pipeline, "tokenizer_2", None)) if t is not None]
+
+    def count(text: str) -> int:
+        return max((len(t(text, truncation=False).input_ids) for t in tokenizers), default=0)
+
+    limit = min((int(t.model_max_length) for t in tokenizers), default=77)
+    return count, limit
 
 
 class Sampler:

@@ -43,6 +43,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .quiet import quiet_third_party
+
 if TYPE_CHECKING:
     import torch
     from diffusers import StableDiffusionXLPipeline
@@ -199,6 +201,7 @@ def build_tiny_pipeline(
     Returns:
         A ``StableDiffusionXLPipeline`` whose default generation size is 64x64.
     """
+    quiet_third_party()  # before diffusers is imported: see quiet.py
     import torch
     from diffusers import (
         AutoencoderKL,

@@ -136,7 +136,8 @@ class PipelineWorker:
         self.pipe: Any = model.pipeline
         self.metrics = metrics
         self.schedulers = Schedulers(self.pipe, default=scheduler)
-        self.adapters = Adapters(self.pipe, loras or {}, base_hash=model.weights_hash)
+        self.adapters = Adapters(self.pipe, loras or {}, base_hash=model.weights_hash,
+                                base_name=model.source)
         self.vae = Vae(self.pipe, device=model.device)
         self.sampler = Sampler(
             self.pipe, device=model.device, schedulers=self.schedulers, vae=self.vae

@@ -21,10 +21,13 @@ wires it to the batcher's poke) to call, from any thread, when there is work aga
 ``stored`` callback for samples waiting for images. Sampling, waiting and the routes' reports
 live in :mod:`genaug.service.pool.serving`.
 
-Targets. A label's target is the larger of this process's own (the pool capacity when
-``pregenerate`` is on; what ``genaug pregenerate`` asks in process) and the shared one in the
-database (raised by ``POST /v1/recipes/{name}/fill`` and by samples that wait), capped at the
-capacity, and for a label of real images at ``images x variants_per_image``.
+Targets. A label's target (what it is generated up to) is the larger of what was *asked*
+and, when ``pregenerate`` is on, the pool capacity, capped at the capacity (and for a label of
+real images at ``images x variants_per_image``). What was asked is the larger of this
+process's own (``genaug pregenerate`` in process) and the shared one in the database (raised
+by ``POST /v1/recipes/{name}/fill`` and by samples that wait). Asked-for images go first: a
+label below what was asked is planned before any label that is only below the capacity, so on
+a pre-generating service a fill moves its images ahead of the background work.
 
 Variants. A label with ``images: <folder>`` is filled with img2img variants of the folder's
 images (read under ``GENAUG_DATA_ROOT`` once, at the recipe's generation size): plan index k
@@ -151,10 +154,11 @@ class PoolPlanner:
             name: pool_id(r, model_hash, sources=sources_digest(self.sources[name]))
             for name, r in recipes.items()
         }
-        # This process's own target per recipe and label: capacity when pre-generating, else
-        # raised in process (`genaug pregenerate`). Shared targets live in the pool.
-        start = store.capacity_per_label if pregenerate else 0
-        self._targets = {name: dict.fromkeys(r.label_names, start) for name, r in recipes.items()}
+        # Background work fills every label to the capacity when pre-generating; what is
+        # asked in process (`genaug pregenerate`) is this process's own; shared asks live in
+        # the pool.
+        self.pregenerate = pregenerate
+        self._targets = {name: dict.fromkeys(r.label_names, 0) for name, r in recipes.items()}
         self._demand: dict[tuple[str, str], _Demand] = {}
         #: What trainers report they need (``POST /v1/recipes/{name}/feedback``).
         self.need = NeedBoard(need_half_life_s)
@@ -179,6 +183,12 @@ class PoolPlanner:
 
     def target(self, name: str, label: str, shared: int = 0) -> int:
         """The fill ``label`` of recipe ``name`` is generated up to (see the module doc)."""
+        background = self.store.capacity_per_label if self.pregenerate else 0
+        return min(max(self.asked(name, label, shared), background), self._limit(name, label))
+
+    def asked(self, name: str, label: str, shared: int = 0) -> int:
+        """The fill asked for ``label`` (in process, or ``shared`` through the pool): planned
+        before background pre-generation (see the module doc)."""
         return min(max(self._targets[name][label], shared), self._limit(name, label))
 
     def _limit(self, name: str, label: str) -> int:
@@ -221,25 +231,29 @@ class PoolPlanner:
         self._wake(0.0)
 
     def spend(self, name: str, images: int) -> dict[str, int]:
-        """Generate ``images`` more images for ``name``, split over its labels by their
-        weights (:func:`label_weight`: recent demand and the trainers' combined need) with
-        :func:`allocate`, each within its room below its limit (see :meth:`target`). Each
-        label's shared target is raised from the larger of its planned fill (stored and in
-        flight) and its target now by its share. Returns the shares. Raises
+        """Ask for ``images`` more images of ``name`` than are asked for now, split over its
+        labels by their weights (:func:`label_weight`: recent demand and the trainers'
+        combined need) with :func:`allocate`, each within its room: its limit (see
+        :meth:`target`) less the larger of its planned fill (stored and in flight) and what
+        was asked before. Each label's shared ask rises by its share, and asked-for images go
+        before background pre-generation: on a pre-generating service, whose every label is
+        already headed for the capacity, the budget moves that many images of the remaining
+        work forward, by need. When the room is less than ``images``, the room is asked for
+        (the answer says how many). Returns the shares. Raises
         :class:`~genaug.service.errors.PoolFullError` (409: it depends on the pool, not on the
-        body) when the labels have less room than ``images``. Blocking: call it from a thread."""
+        body) only when no label has room left. Blocking: call it from a thread."""
         recipe = self.recipes[name]
         pid = self.pool_ids[name]
         stats = self.store.stats(pid, recipe.label_names)  # one snapshot
-        base = {label: max(s.fill + s.reserved, self.target(name, label, s.target))
+        base = {label: max(s.fill + s.reserved, self.asked(name, label, s.target))
                 for label, s in stats.items()}
         room = {label: max(0, self._limit(name, label) - base[label]) for label in stats}
-        if sum(room.values()) < images:
+        if sum(room.values()) == 0:
             raise PoolFullError(
-                f"images {images} exceeds the room left below the pool capacity: "
-                f"{sum(room.values())} images (capacity per label "
-                f"{self.store.capacity_per_label}); ask for fewer or set "
-                "GENAUG_POOL_CAPACITY_PER_LABEL",
+                f"images {images}: no room left in recipe {name!r}'s pool: every label holds, "
+                f"is generating or was already asked for its capacity "
+                f"({self.store.capacity_per_label} per label); sample from it, or set "
+                "GENAUG_POOL_CAPACITY_PER_LABEL higher for a larger pool",
                 field="images",
             )
         now = time.monotonic()
@@ -284,35 +298,43 @@ class PoolPlanner:
 
     def _plan(self, max_images: int) -> IdleWork | None:
         now = time.monotonic()
-        candidates: list[tuple[float, str, str, int]] = []  # (score, recipe, label, missing)
+        # (tier, score, recipe, label, missing, target): tier 0 is what was asked for (fill
+        # requests, waiting samples), tier 1 the background work up to the capacity.
+        candidates: list[tuple[int, float, str, str, int, int]] = []
         for name, recipe in self.recipes.items():
             stats = self.store.stats(self.pool_ids[name], recipe.label_names)
             self.last_stats[name] = stats
-            targets = {label: self.target(name, label, s.target) for label, s in stats.items()}
-            if not any(targets.values()):
-                continue
+            tiers = (
+                {label: self.asked(name, label, s.target) for label, s in stats.items()},
+                {label: self.target(name, label, s.target) for label, s in stats.items()},
+            )
             # Stored and in flight, every replica's, read in one snapshot.
             planned = {label: replace(s, fill=s.fill + s.reserved) for label, s in stats.items()}
             demand = self._demand_now(name, recipe.label_names, now)
             need = self.need.combined(name, recipe.label_names, now=now)
-            while True:
-                label = choose_label(planned, targets, demand, need=need, batch=max_images)
-                if label is None:
-                    break
-                score = label_score(planned, label, targets[label], demand, need,
-                                    batch=max_images)
-                candidates.append((score, name, label, targets[label] - planned[label].fill))
-                planned[label] = replace(planned[label], fill=targets[label])  # next best
-        # Best score first; the reservation re-checks under the label's lock and may refuse.
-        candidates.sort(key=lambda c: -c[0])
-        for _, name, label, missing in candidates:
+            for tier, targets in enumerate(tiers):
+                if not any(targets.values()):
+                    continue
+                tier_planned = dict(planned)
+                while True:
+                    label = choose_label(tier_planned, targets, demand, need=need,
+                                         batch=max_images)
+                    if label is None:
+                        break
+                    score = label_score(tier_planned, label, targets[label], demand, need,
+                                        batch=max_images)
+                    candidates.append((tier, score, name, label,
+                                       targets[label] - tier_planned[label].fill,
+                                       targets[label]))
+                    tier_planned[label] = replace(tier_planned[label], fill=targets[label])
+        # Asked-for work first, then the best score; the reservation re-checks under the
+        # label's lock and may refuse.
+        candidates.sort(key=lambda c: (c[0], -c[1]))
+        for _, _, name, label, missing, target in candidates:
             if self.before_reserve is not None:
                 self.before_reserve(name, label)
-            shared = self.last_stats[name][label].target
             count = max(1, min(max_images, missing))
-            reservation = self.store.reserve(
-                self.pool_ids[name], label, count, target=self.target(name, label, shared)
-            )
+            reservation = self.store.reserve(self.pool_ids[name], label, count, target=target)
             if reservation is not None:
                 return self._work(name, label, reservation)
         return None

@@ -147,12 +147,20 @@ class PoolServing:
         with _unavailable():
             self.planner.raise_target(name, per_label, shared=shared)
 
-    def spend(self, name: str, images: int) -> dict[str, int]:
+    def spend(self, name: str, images: int) -> dict[str, Any]:
         """:meth:`PoolPlanner.spend` for a known recipe (``images`` more, split by need),
-        503 during an outage. Blocking: call it from a thread."""
+        503 during an outage; answers what happens (``requested``, ``asked``, ``per_label``
+        and a sentence). Blocking: call it from a thread."""
         self.recipe(name)
         with _unavailable():
-            return self.planner.spend(name, images)
+            alloc = self.planner.spend(name, images)
+        asked = sum(alloc.values())
+        note = (f"{asked} images asked for, split by need and demand; they are generated "
+                "before background pre-generation")
+        if asked < images:
+            note += (f" ({images - asked} fewer than requested: that is all the room left "
+                     f"below the capacity of {self.store.capacity_per_label} per label)")
+        return {"requested": images, "asked": asked, "per_label": alloc, "note": note}
 
     async def sample(
         self, name: str, labels: list[str], n: int, wait_s: float
@@ -240,7 +248,8 @@ class PoolServing:
             "spec": recipe.spec(),
             "spec_hash": recipe.spec_hash(),
             "model_hash": self.planner.model_hash,
-            "per_label": {label: s.as_dict() for label, s in stats.items()},
+            "per_label": {label: _counts(self.planner.asked(name, label, s.target), s)
+                          for label, s in stats.items()},
             "totals": {
                 "fill": sum(s.fill for s in stats.values()),
                 "generated": sum(s.generated for s in stats.values()),
@@ -250,7 +259,16 @@ class PoolServing:
         }
 
 
-class _unavailable:
+def _counts(asked: int, stats: LabelStats) -> dict[str, int]:
+    """One label's counts for the detail: ``asked`` replaces the pool's raw shared target,
+    so the detail shows one target per label (``target_per_label``)."""
+    counts = stats.as_dict()
+    del counts["target"]
+    counts["asked"] = asked
+    return counts
+
+
+class _unavailable:  # lower case: it reads as `with _unavailable():`
     """Turn a pool outage into the API's 503 with Retry-After."""
 
     def __enter__(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .sources import resolve_images_folder
 from .spec import LABEL_CHARS, Recipe, RecipeError
 
-__all__ = ["check_recipes", "load_recipes", "parse_recipes"]
+__all__ = ["check_recipes", "load_recipes", "long_prompts", "parse_recipes"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,42 @@ def check_recipes(
                     problems.append(f"{where}: recipe {name!r} labels.{label}.{exc}")
     if problems:
         raise RecipeError(path or Path("recipes"), list(dict.fromkeys(problems)))
+
+
+def long_prompts(
+    recipes: Mapping[str, Recipe],
+    count_tokens: Callable[[str], int],
+    limit: int,
+    *,
+    path: Path | None = None,
+) -> list[str]:
+    """One line per distinct prompt or negative prompt of ``recipes`` longer than the text
+    encoders' ``limit`` tokens (``count_tokens`` counts a text's tokens with the start and end
+    tokens, as the model's tokenizer does): its token count, where it is, and the fix. The
+    model reads only the first ``limit`` tokens of such a prompt. The service logs them once,
+    when the model and the recipes are loaded (diffusers' per-batch warning is dropped)::
+
+        long_prompts(recipes, lambda t: len(tokenizer(t).input_ids), 77)
+    """
+    where = str(path) if path is not None else "recipes"
+    lines: dict[str, str] = {}
+    for name, recipe in recipes.items():
+        for label in recipe.label_names:
+            spec = recipe.labels[label]
+            texts = [(f"labels.{label}.prompts[{i}]", text)
+                     for i, text in enumerate(spec.prompts)]
+            if spec.negative_prompt:
+                texts.append((f"labels.{label}.negative_prompt", spec.negative_prompt))
+            for loc, text in texts:
+                if text in lines:
+                    continue
+                tokens = count_tokens(text)
+                if tokens > limit:
+                    lines[text] = (
+                        f"{where}: recipe {name!r} {loc} is {tokens} tokens, over the text "
+                        f"encoders' {limit}: the model reads only its start "
+                        f"({_short(text)}); shorten it to {limit} tokens or fewer")
+    return list(lines.values())
 
 
 class _RecipesFile(BaseModel):

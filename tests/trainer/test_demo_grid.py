@@ -34,3 +34,23 @@ def test_the_protocol_line_is_one_line_pointing_to_the_benchmark() -> None:
     assert "\n" not in PROTOCOL_LINE and "augmentation_gain" in PROTOCOL_LINE
     find("augmentation_gain")  # the benchmark it names exists (python -m bench lists it)
     assert "all 10 digit classes" in PROTOCOL_LINE
+
+
+def test_the_verdict_says_plainly_whether_mixing_won_beside_the_benchmark() -> None:
+    import re
+    from pathlib import Path
+
+    from genaug.trainer.demo import BENCHMARK, verdict
+
+    # the figures shown beside the run are the ones docs/benchmarks.md records
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    for arm, row in (("real only", "| 1 real only (5 per class, shifts/rotations) |"),
+                     ("with mixing", "| 2 + text-to-image pool mixing, p = 0.5 |")):
+        line = next(x for x in doc.splitlines() if x.startswith(row))
+        mean, std = re.search(r"\*\*(\d\.\d+) ± (\d\.\d+)\*\*", line).groups()  # type: ignore[union-attr]
+        assert BENCHMARK[arm] == (float(mean), float(std)), (arm, line)
+    won = verdict(0.888, 0.932, seed=0, pool_per_label=16)
+    assert won.startswith("mixing gained +4.4 points in this run") and "\n" not in won
+    assert "0.897 ± 0.023" in won and "0.954 ± 0.011" in won and "16 images per digit" in won
+    lost = verdict(0.888, 0.860, seed=0, pool_per_label=16)
+    assert lost.startswith("mixing did not beat real only in this run (-2.8 points)"), lost

@@ -175,3 +175,22 @@ def test_the_readme_curl_line_works(service: LiveService, tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr
     written = [p for p in tmp_path.iterdir() if p.suffix == ".png" and p.name != "three.png"]
     assert written and Image.open(written[0]).size[0] >= 64
+
+
+def test_a_picture_sent_as_the_images_part_is_named_with_the_fix(service: Any) -> None:
+    from PIL import Image
+
+    buffers = {}
+    for fmt in ("PNG", "JPEG"):
+        out = io.BytesIO()
+        Image.new("RGB", (16, 16), "white").save(out, format=fmt)
+        buffers[fmt] = out.getvalue()
+    for fmt, data in buffers.items():
+        r = httpx.post(f"{service.url}/v1/variants", timeout=60,
+                       files={"images": ("three." + fmt.lower(), data),
+                              "params": (None, '{"prompt": "a three", "strength": 0.5}')})
+        error = r.json()["error"]
+        assert r.status_code == 422 and error["field"] == "images", r.text
+        assert f"is a {fmt} file" in error["message"], error
+        assert "the 'images' part takes one genaug safetensors batch" in error["message"]
+        assert "'image' parts" in error["message"] and "header" not in error["message"]

@@ -126,10 +126,14 @@ def test_a_lora_for_another_base_is_refused_in_one_line(
 ) -> None:
     model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
     with pytest.raises(AdapterLoadError) as info:
-        Adapters(model.pipeline, {"shapes": lora}, base_hash="0123456789abcdef")
+        Adapters(model.pipeline, {"shapes": lora}, base_hash="0123456789abcdef",
+                 base_name="tiny-digits")
     message = str(info.value)
     assert "\n" not in message
-    assert "adapted on base model" in message and "0123456789abcdef" in message
+    # both bases by name and by hash, and the fix
+    assert f"adapted on base model tiny-random (weights {model.weights_hash})" in message
+    assert "served model tiny-digits (weights 0123456789abcdef)" in message, message
+    assert "serve it with --model tiny-random" in message, message
     assert not any(model.pipeline.get_list_adapters().values())  # refused before loading
     Adapters(model.pipeline, {"shapes": lora}, base_hash=model.weights_hash)  # its own: fine
 
@@ -225,3 +229,55 @@ def test_a_few_steps_on_the_sdxl_size_random_model(tmp_path: Path) -> None:
     Adapters(fresh.pipeline, {"sdxl": tmp_path / "sdxl.safetensors"},
              base_hash=fresh.weights_hash)
     assert fresh.pipeline.get_list_adapters()["unet"] == ["sdxl"]
+
+
+def test_the_printed_serve_line_works_and_another_base_is_refused_in_one_line(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import time
+
+    import httpx
+
+    from genaug.local_service import free_port
+
+    out = tmp_path / "mine.safetensors"
+    assert main(adapt_args(files["data"], files["recipes"], out)) == 0
+    printed = capsys.readouterr().out
+    line = next(x.strip() for x in printed.splitlines() if "genaug serve" in x)
+    assert "--model tiny-random" in line and f"--recipes {files['recipes']}" in line, printed
+    assert "adapter: {name: mine}" in printed, printed
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+           "GENAUG_POOL_PATH": str(tmp_path / "pool.db"), "GENAUG_PREGENERATE": "false",
+           "GENAUG_TORCH_THREADS": "1"}
+    # as printed (the shell line: the LoRA variable, then genaug serve), on a free port
+    port = free_port()
+    server = subprocess.Popen(["bash", "-c", f"{line} --port {port}"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.communicate()[0]
+            assert time.monotonic() < deadline, "the printed serve line never became ready"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        info = httpx.get(f"http://127.0.0.1:{port}/v1/info", timeout=5).json()
+        assert [a["name"] for a in info["adapters"]] == ["mine"], info["adapters"]
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+    # the same line on another base: refused at start-up in one line, no traceback
+    wrong = line.replace("--model tiny-random", "--model tiny-digits")
+    run = subprocess.run(["bash", "-c", f"{wrong} --port {free_port()}"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "Traceback" not in run.stderr, run.stderr
+    said = [x for x in run.stderr.splitlines() if "adapted on base model" in x]
+    assert len(said) == 1, run.stderr
+    assert "tiny-random (weights" in said[0] and "served model tiny-digits (weights" in said[0]
+    assert "serve it with --model tiny-random" in said[0], said[0]

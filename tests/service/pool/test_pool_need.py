@@ -96,6 +96,14 @@ def _planner(tmp_path: Path, capacity: int, **kwargs: Any) -> Iterator[PoolPlann
         store.close()
 
 
+def _outcome(n: int) -> Any:
+    import numpy as np
+
+    from genaug.service.batching.items import Outcome
+
+    return Outcome(images=[np.zeros((8, 8, 3), np.uint8)] * n)
+
+
 def test_the_planner_plans_the_needed_label_first(tmp_path: Path) -> None:
     with _planner(tmp_path, 16, pregenerate=True, need_half_life_s=30.0) as planner:
         first = planner.next_idle_batch(4)
@@ -181,11 +189,40 @@ def test_the_planner_spends_a_budget_by_need(tmp_path: Path) -> None:
         stats = planner.store.stats(planner.pool_ids["r"], LABELS)
         assert {k: s.target for k, s in stats.items()} == {
             "circle": 8, "square": 7, "triangle": 12}
-        with pytest.raises(PoolFullError, match="9 images") as info:
-            planner.spend("r", 10)  # room left: 4 + 5 + 0
+        # more than the room left (4 + 5 + 0): the room is asked for, and the caller says so
+        assert planner.spend("r", 10) == {"circle": 4, "square": 5, "triangle": 0}
+        # no room at all: 409, naming the field and the fix
+        with pytest.raises(PoolFullError, match="no room left") as info:
+            planner.spend("r", 1)
         assert info.value.field == "images" and "GENAUG_POOL_CAPACITY_PER_LABEL" in str(
             info.value)
-        assert planner.spend("r", 9) == {"circle": 4, "square": 5, "triangle": 0}
+
+
+def test_a_budget_on_a_pre_generating_planner_moves_work_forward(tmp_path: Path) -> None:
+    # Pre-generating: every label is already headed for the capacity, so a budget cannot
+    # add work; it asks for images of the remaining work, which go before the background.
+    with _planner(tmp_path, 12, pregenerate=True, need_half_life_s=3600.0) as planner:
+        pid = planner.pool_ids["r"]
+        work = planner.next_idle_batch(4)  # background: the emptiest first
+        assert work is not None and work.items[0].prompt == "circle"
+        work.on_done(_outcome(len(work.items)))
+        planner.report_need("r", "trainer-a", {"triangle": 1.0})
+        # circle holds 4: room 8, 12, 12; weights 1, 1, 4 split 6 as 1, 1, 4
+        assert planner.spend("r", 6) == {"circle": 1, "square": 1, "triangle": 4}
+        asked = {k: planner.asked("r", k, s.target)
+                 for k, s in planner.store.stats(pid, LABELS).items()}
+        assert asked == {"circle": 5, "square": 1, "triangle": 4}
+        # the asked-for images come first, whatever the background's own order says
+        made: list[str] = []
+        for _ in range(3):
+            work = planner.next_idle_batch(4)
+            assert work is not None
+            made += [item.prompt for item in work.items]
+            work.on_done(_outcome(len(work.items)))
+        assert made[:6].count("triangle") == 4 and sorted(made[:6]) == sorted(
+            ["triangle"] * 4 + ["circle", "square"]), made
+        # then the background carries on to the capacity: nothing is full yet, no 409
+        assert sum(planner.spend("r", 100).values()) == 12 * 3 - 10  # all the room left
 
 
 # -- the route ---------------------------------------------------------------------------------
@@ -302,8 +339,11 @@ def test_fill_with_images_spends_the_budget_by_need(
         assert expected == {"circle": 5, "square": 4, "triangle": 12}
         answer = client.fill("shapes", images=budget)
         assert answer["target_per_label"] == expected
+        assert answer["budget"]["per_label"] == expected and answer["budget"]["asked"] == budget
         detail = client.recipe("shapes")
-        assert {k: v["target"] for k, v in detail["per_label"].items()} == expected
+        # one target per label: what was asked is the target when nothing pre-generates
+        assert {k: v["asked"] for k, v in detail["per_label"].items()} == expected
+        assert all("target" not in v for v in detail["per_label"].values()), detail
         deadline = time.monotonic() + 60
         while (fill := client.recipe("shapes")["fill"]) != expected:
             assert time.monotonic() < deadline, fill
@@ -311,15 +351,25 @@ def test_fill_with_images_spends_the_budget_by_need(
         per_label = client.recipe("shapes")["per_label"]
         assert sum(v["generated"] for v in per_label.values()) == budget
         assert all(v["reserved"] == 0 for v in per_label.values()), per_label
-        # too many for the room left (15 = 7 + 8 + 0 < 16), too many for the schema (3 x 12),
-        # both fields, neither: naming the field, the bound and the fix (409 for the room: it
-        # depends on the pool, not on the body; 422 for the rest)
+        # more than the room left (15 = 7 + 8 + 0 < 16): the room is asked for, and said;
+        # then no room at all: 409 (it depends on the pool, not on the body); too many for
+        # the schema (3 x 12), both fields, neither: 422 naming the field, bound and fix
         r = httpx.post(url, json={"images": 16}, timeout=30)
+        assert r.status_code == 200, r.text
+        said = r.json()["budget"]
+        assert said["asked"] == 15 and said["requested"] == 16, said
+        assert "1 fewer than requested" in said["note"], said
+        assert r.json()["target_per_label"] == dict.fromkeys(LABELS, capacity)
+        r = httpx.post(url, json={"images": 1}, timeout=30)
         error = r.json()["error"]
         assert r.status_code == 409 and error["field"] == "images", error
         assert error["type"] == "pool_full", error
-        assert "15 images" in error["message"] and "GENAUG_POOL_CAPACITY_PER_LABEL" in (
+        assert "no room left" in error["message"] and "GENAUG_POOL_CAPACITY_PER_LABEL" in (
             error["message"])
+        deadline = time.monotonic() + 60
+        while (fill := client.recipe("shapes")["fill"]) != dict.fromkeys(LABELS, capacity):
+            assert time.monotonic() < deadline, fill
+            time.sleep(0.05)
         r = httpx.post(url, json={"images": 3 * capacity + 1}, timeout=30)
         error = r.json()["error"]
         assert r.status_code == 422 and error["field"] == "images", error
@@ -345,4 +395,45 @@ def test_fill_with_images_spends_the_budget_by_need(
             "description": schema["properties"]["images"]["description"]}
         with pytest.raises(InvalidRequestError, match="not both"):
             client.fill("shapes", per_label=2, images=2)
-        assert client.recipe("shapes")["fill"] == expected  # refused: nothing more planned
+        assert client.recipe("shapes")["fill"] == dict.fromkeys(LABELS, capacity)
+
+
+def test_a_budget_works_on_a_default_pre_generating_service(
+    make_service: Any, tmp_path: Path
+) -> None:
+    # The README's recipe and fill call, on a service with default pool settings: it
+    # pre-generates, so every label is already headed for the capacity. A budget moves images
+    # of that work forward; it is never refused while the pool has room.
+    import os
+    import subprocess
+    import sys
+
+    recipes = Path(__file__).resolve().parents[3] / "recipes" / "wound_phases.yaml"
+    live = make_service(recipes=recipes, pool_path=tmp_path / "pool.db")
+    assert live.settings.pregenerate and live.settings.pool_capacity_per_label == 1000
+    with Client(live.url) as client:
+        live.wait_until(lambda: sum(client.recipe("wound-phases")["fill"].values()) > 0)
+        client.feedback("wound-phases", {"R": 1.0})
+        # `genaug pregenerate --images 30 --url ...`: 200, and watched until done
+        run = subprocess.run(
+            [sys.executable, "-m", "genaug.cli", "pregenerate", "--url", live.url,
+             "--recipe", "wound-phases", "--images", "30"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "GENAUG_POOL_PATH": str(tmp_path / "other.db")},
+        )
+        assert run.returncode == 0, run.stderr
+        assert "30 images asked for" in run.stderr, run.stderr
+        detail = client.recipe("wound-phases")
+        asked = {k: v["asked"] for k, v in detail["per_label"].items()}
+        assert all(detail["fill"][k] >= asked[k] for k in asked), (detail["fill"], asked)
+        assert detail["target_per_label"] == dict.fromkeys(["I", "P", "R"], 1000)
+        # the README's call: more than the room left is all the room left, said so
+        answer = client.fill("wound-phases", images=3000)
+        budget = answer["budget"]
+        left = 3000 - sum(detail["fill"].values())
+        assert 0 < budget["asked"] <= left and budget["requested"] == 3000, budget
+        assert "fewer than requested" in budget["note"], budget
+        # now truly everything is asked for: 409, saying so
+        r = httpx.post(f"{live.url}/v1/recipes/wound-phases/fill", json={"images": 1},
+                       timeout=30)
+        assert r.status_code == 409 and "no room left" in r.json()["error"]["message"], r.text

@@ -273,12 +273,15 @@ def test_pregenerate_and_export_cli(
 
 def test_bad_recipe_file_fails_startup_clearly(tmp_path: Path, shapes_recipe: str) -> None:
     bad = write_recipe(tmp_path, shapes_recipe.replace("steps: 2", "steps: 0"), "bad.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENAUG_")}
     run = subprocess.run(
         [sys.executable, "-m", "genaug.service", "--recipes", str(bad), "--port", "1"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
     )
     assert run.returncode == 2
     assert "bad.yaml" in run.stderr and "steps" in run.stderr and "recipes[0]" in run.stderr
+    # the pool check ran first, at the default path (in cwd): the failed start removed it
+    assert not list(tmp_path.glob("genaug-pool.db*")), run.stderr
 
 
 @pytest.mark.parametrize("path", ["/v1/recipes/shapes/sample", "/v1/recipes/shapes/fill"])
@@ -396,3 +399,63 @@ def test_variant_pool_from_real_images_with_the_real_pipeline(
     assert {h for h, name in zip(hashes, names, strict=True) if name == "circle"} <= set(sources)
     assert all(h is None for h, name in zip(hashes, names, strict=True) if name != "circle")
     assert "circle" in names
+
+
+def test_a_sample_says_which_labels_it_has_none_of_and_answers_png_when_asked(
+    make_service: Any, tmp_path: Path, shapes_recipes_file: Path
+) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                        pregenerate=False)
+    assert sample(live, {"labels": ["circle"], "n": 2, "wait_s": 30}).status_code == 200
+    # only circle holds images: the answer says the other two have none (metadata and
+    # header), and the client exposes it
+    r = sample(live, {"n": 6})
+    batch = decode_batch(r.content)
+    assert r.headers["X-Genaug-Count"] == "2" and len(batch) == 2
+    assert r.headers["X-Genaug-Empty-Labels"] == "square,triangle"
+    assert batch.metadata["empty_labels"] == ["square", "triangle"]
+    with Client(live.url) as client:
+        result = client.sample("shapes", n=6)
+        assert result.empty_labels == ["square", "triangle"] and len(result) == 2
+        assert client.sample("shapes", labels=["circle"], n=2).empty_labels == []
+    # Accept: image/png: one PNG grid, as /v1/generate answers (the fast path serves it)
+    r = httpx.post(f"{live.url}/v1/recipes/shapes/sample", json={"n": 6},
+                   headers={"Accept": "image/png"}, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png", r.headers
+    assert r.content.startswith(b"\x89PNG\r\n\x1a\n")
+    assert r.headers["X-Genaug-Labels"] == "circle,circle"
+    assert r.headers["X-Genaug-Empty-Labels"] == "square,triangle"
+    import io
+
+    from PIL import Image
+
+    assert Image.open(io.BytesIO(r.content)).size[0] >= 32
+    none = httpx.post(f"{live.url}/v1/recipes/shapes/sample", json={"labels": ["square"]},
+                      headers={"Accept": "image/png"}, timeout=60)
+    assert none.status_code == 204 and none.headers["X-Genaug-Count"] == "0"
+    # an unknown label: one sentence with the field, the value, the labels and the fix
+    for labels, bad in ((["circle", "hexagon"], "'hexagon'"), ("hexagon", "'hexagon'")):
+        error = sample(live, {"labels": labels}).json()["error"]
+        message = error["message"]
+        assert error["field"] == "labels" and bad in message, message
+        assert "'circle', 'square' or 'triangle'" in message, message
+        assert "GET /v1/recipes/shapes" in message and "leave labels out" in message, message
+        assert "literal[" not in message and "list[" not in message, message
+        assert message.count("Input should be") == 1, message
+
+
+@pytest.mark.parametrize("failure", [
+    ["--model", "/no/such/model"],  # refused before listening
+    ["--model", "tiny-random", "--lora", "x=/no/such/lora.safetensors"],  # while loading
+])
+def test_a_failed_start_leaves_no_pool_file(
+    tmp_path: Path, shapes_recipes_file: Path, failure: list[str]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENAUG_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "genaug.cli", "serve", "--recipes", str(shapes_recipes_file),
+         "--port", "0", *failure], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=180,
+    )
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
+    assert not list(tmp_path.glob("genaug-pool.db*")), run.stderr  # the default path, here
