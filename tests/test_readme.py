@@ -69,7 +69,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def run(code: str, url: str, **names: Any) -> dict[str, Any]:
     namespace: dict[str, Any] = dict(names)
-    exec(compile(code.replace(URL_IN_README, url), "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(code.replace(URL_IN_README, url), "README.md", "exec"), namespace)
     return namespace
 
 

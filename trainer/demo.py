@@ -12,9 +12,9 @@ mixing pool images in through :class:`~genaug.trainer.reservoir.SyntheticReservo
 held-out test digits and stops everything. About two minutes on 2 CPU cores.
 
 The few-shot runs live in :mod:`genaug.trainer.fewshot`, which also backs
-``bench/augmentation_gain.py`` (more seeds, more steps, more arms). The gain comes from the
-generator: it was trained on the 997 images of the ``generator`` split, which the few-shot
-classifier never sees (as SDXL saw far more images than any user's data set holds).
+``python -m bench.gain.augmentation_gain`` (more seeds, more steps, more arms). The gain
+comes from the generator: it was trained on the 997 images of the ``generator`` split, which
+the few-shot classifier never sees (as SDXL saw far more images than any user's data set holds).
 
 This module imports neither TensorFlow nor torch at import time: both live in the child
 processes.
@@ -60,14 +60,14 @@ DEMO_RECIPE = "digits"
 
 PROTOCOL_LINE = (
     "protocol: today's, not the honest unseen-class one: the generator learned all 10 digit "
-    "classes from 997 other real digits; bench/augmentation_gain.py measures it over seeds, "
-    "bench/honest_gain.py the honest one (docs/benchmarks.md)"
+    "classes from 997 other real digits; python -m bench.gain.augmentation_gain measures it "
+    "over seeds, python -m bench.gain.honest_gain the honest one (docs/benchmarks.md)"
 )
 """The one line the demo prints about what its two accuracies show."""
 
 BENCHMARK = {"real only": (0.897, 0.023), "with mixing": (0.954, 0.011)}
-"""``bench/augmentation_gain.py``'s 5-seed figures (mean, std) of arms 1 and 2, recorded in
-docs/benchmarks.md: the measurement the demo's one run is shown beside."""
+"""``python -m bench.gain.augmentation_gain``'s 5-seed figures (mean, std) of arms 1 and 2,
+recorded in docs/benchmarks.md: the measurement the demo's one run is shown beside."""
 
 
 def verdict(real: float, mixed: float, *, pool_per_label: int, seed: int) -> str:
@@ -79,7 +79,7 @@ def verdict(real: float, mixed: float, *, pool_per_label: int, seed: int) -> str
     return (f"{said} (one seed, {seed}; a fixed pool of {pool_per_label} images per digit). "
             f"The measurement is the benchmark's, over 5 seeds, 600 steps and 300 images per "
             f"digit: real only {r_mean:.3f} ± {r_std:.3f}, with mixing {m_mean:.3f} ± "
-            f"{m_std:.3f} (bench/augmentation_gain.py, docs/benchmarks.md)")
+            f"{m_std:.3f} (python -m bench.gain.augmentation_gain, docs/benchmarks.md)")
 
 
 def default_recipes_path() -> Path:

@@ -304,15 +304,15 @@ def run_convert(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         return 2
     how = ("unpickled with weights_only=False" if result.unpickled
            else "read without unpickling code")
-    print(f"{args.src}: {result.tensors} tensors at {result.location} ({how})", file=out)  # noqa: T201
+    print(f"{args.src}: {result.tensors} tensors at {result.location} ({how})", file=out)
     if result.ignored:
-        print(f"ignored {len(result.ignored)} non-tensor entries there: "  # noqa: T201
+        print(f"ignored {len(result.ignored)} non-tensor entries there: "
               f"{', '.join(result.ignored[:_SHOWN])}", file=out)
     if result.others:
-        print(f"also found a UNet at: {', '.join(result.others)} (choose with --key)",  # noqa: T201
+        print(f"also found a UNet at: {', '.join(result.others)} (choose with --key)",
               file=out)
     if not result.ok:
-        print(result.diff(), file=out)  # noqa: T201
+        print(result.diff(), file=out)
         hint = ""
         if any(k.startswith("model.diffusion_model.") for k in result.unexpected):
             hint = (" The keys look like an original (LDM) Stable Diffusion checkpoint, not a "
@@ -321,6 +321,6 @@ def run_convert(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
               f"written.{hint} Check --base (the model it was fine-tuned from) and --key.",
               file=sys.stderr)
         return 1
-    print(f"wrote {result.written}: all {result.tensors} keys and shapes match the base UNet. "  # noqa: T201
+    print(f"wrote {result.written}: all {result.tensors} keys and shapes match the base UNet. "
           f"Serve it with GENAUG_UNET_WEIGHTS={result.written} (or --unet-weights).", file=out)
     return 0

@@ -31,7 +31,8 @@ def test_grid_rows_and_columns_make_one_rectangle() -> None:
 def test_the_protocol_line_is_one_line_pointing_to_the_benchmark() -> None:
     from bench.harness import find
 
-    assert "\n" not in PROTOCOL_LINE and "augmentation_gain" in PROTOCOL_LINE
+    assert "\n" not in PROTOCOL_LINE
+    assert "python -m bench.gain.augmentation_gain" in PROTOCOL_LINE
     find("augmentation_gain")  # the benchmark it names exists (python -m bench lists it)
     assert "all 10 digit classes" in PROTOCOL_LINE
 
