@@ -87,9 +87,13 @@ async def recipe_detail(name: str, request: Request) -> RecipeDetail:
             "none is not an error). " + SAFETENSORS_LAYOUT + "Tensors: images uint8 "
             "[k, h, w, c] (c 3, or 1 for a recipe with output_channels 1), labels int32 [k] "
             "(indices into label_names), seeds int64 [k]. Metadata: recipe, "
-            "label_names_json, pool_id, requested_json, returned_json, genaug_version and, "
-            "for variants of real images, source_hashes_json.",
-            SAFETENSORS_MEDIA_TYPE),
+            "label_names_json, pool_id, requested_json, returned_json, genaug_version, "
+            "empty_labels_json (labels asked for that no image of the answer has: a pool "
+            "still filling) and, for variants of real images, source_hashes_json. With "
+            "Accept: image/png, one PNG grid instead (each image's label in X-Genaug-Labels).",
+            SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE),
+        204: {"description": "With Accept: image/png and no image to return: no body "
+                             "(X-Genaug-Empty-Labels names the labels with none yet)."},
         **RECIPE_ERRORS,
     },
 )
