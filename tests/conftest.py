@@ -11,11 +11,19 @@ pool, replica and hot-path tests.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+# Tests import the benchmarks (bench/ runs from the checkout, it is not installed). The root
+# goes LAST on the path: first, its genaug/ folder (which has no service/ inside: the
+# package-dir mapping lives in the install) would hide an installed genaug.
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.append(_ROOT)
 
 from genaug.service.testing import LiveService, load_tiny, start_service
 

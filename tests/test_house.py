@@ -13,6 +13,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 #: Top-level folders and the import names pyproject.toml maps them to.
 PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.client",
@@ -25,6 +27,14 @@ PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.c
 #: settings, batching (``items.py``, the queue, the batcher), errors and metrics.
 ORDER = ("testing", "__main__", "commands", "app", "api", "pool", "intake", "pipeline",
          "recipes", "settings", "batching", "errors", "metrics")
+
+#: trainer/'s rooms from the top down, the same way: the experiments the demo and the
+#: benchmarks run, the reference trainer, the checks, feeding, and at the bottom the hardware
+#: and the reservoir's mixing (the package's ``__init__`` re-exports them all and is left out).
+TRAINER_ORDER = ("demo", "fewshot", "reference", "checks", "feeding", "hardware", "mixing")
+
+#: The packages whose rooms keep an order, and that order.
+ORDERS = {"genaug.service": ORDER, "genaug.trainer": TRAINER_ORDER}
 
 #: What the packages beside service/ may import of genaug (prefixes).
 FENCES = {
@@ -69,25 +79,28 @@ def _resolve(target: str, modules: dict[str, Path]) -> str | None:
     return target or None
 
 
-def _room(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[2] if parts[:2] == ["genaug", "service"] and len(parts) > 2 else None
+def _room(module: str, package: str) -> str | None:
+    """The room (first folder or module below ``package``) that ``module`` lives in."""
+    parts, top = module.split("."), package.split(".")
+    return parts[len(top)] if parts[: len(top)] == top and len(parts) > len(top) else None
 
 
-def test_service_imports_point_down_the_rooms() -> None:
+@pytest.mark.parametrize("package", sorted(ORDERS))
+def test_imports_point_down_the_rooms(package: str) -> None:
+    order = ORDERS[package]
     modules = _modules()
-    rooms = {r for m in modules if (r := _room(m))}
-    assert rooms <= set(ORDER), f"rooms missing from ORDER (place them): {rooms - set(ORDER)}"
+    rooms = {r for m in modules if (r := _room(m, package))}
+    assert rooms <= set(order), f"rooms missing from the order (place them): {rooms - set(order)}"
     wrong = []
     for module, path in modules.items():
-        here = _room(module)
+        here = _room(module, package)
         if here is None:
             continue
         for target, line in _imports(module, path):
-            there = _room(_resolve(target, modules) or "")
+            there = _room(_resolve(target, modules) or "", package)
             if there is None or there == here:
                 continue
-            if ORDER.index(there) < ORDER.index(here):
+            if order.index(there) < order.index(here):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} ({here}) imports {target} "
                              f"({there}, above it)")
     assert wrong == [], "imports that point up the rooms:\n" + "\n".join(wrong)

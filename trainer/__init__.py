@@ -174,6 +174,12 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'genaug.trainer' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
+    if name in MOVED:
+        # A public name that is also an old module path (``diagnose``): register the module
+        # under the old path now, so a later ``import genaug.trainer.diagnose`` finds it loaded
+        # and does not rebind the package's ``diagnose`` from the function to the module.
+        sys.modules.setdefault(f"{__name__}.{name}",
+                               importlib.import_module(f"{__name__}.{MOVED[name]}"))
     return value
 
 

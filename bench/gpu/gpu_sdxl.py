@@ -739,7 +739,8 @@ def warm_cache_check(bench: Bench, batches: list[int], cache_dir: Path) -> dict[
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "warm.json"
         cmd = [
-            sys.executable, "-m", "bench.gpu.gpu_sdxl", "--warmup-only",
+            sys.executable, *(["-P"] if sys.flags.safe_path else []),  # as this process: gpu_run.sh
+            "-m", "bench.gpu.gpu_sdxl", "--warmup-only",
             "--configs", "best", "--best", bench.args.best, "--new-best", bench.args.new_best,
             "--batches", ",".join(str(b) for b in batches),
             "--size", str(bench.args.size), "--steps", str(bench.args.steps),

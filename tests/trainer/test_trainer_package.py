@@ -88,3 +88,16 @@ def test_every_train_config_field_is_a_flag_named_after_it() -> None:
         rebalance=[1.0, 1.0, 4.0], cache=False, feeder_wait_s=2.5, feeder_interval_s=0.1,
         strict=False, steps_per_epoch=3,
     )
+
+
+def test_the_old_diagnose_path_leaves_the_public_function_alone() -> None:
+    """``diagnose`` is a public function and an old module path: importing the path after
+    the function must not rebind the package's name to the module (checked in a child, so
+    no earlier import in this process decides the order)."""
+    code = (
+        "from genaug.trainer import diagnose\n"
+        "import genaug.trainer.diagnose\n"
+        "from genaug.trainer import diagnose as again\n"
+        "assert callable(again) and again is diagnose, again\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

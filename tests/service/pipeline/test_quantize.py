@@ -30,7 +30,7 @@ from genaug.service.pipeline.speed import Speed, SpeedError
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.settings import Settings
 
-SDXL_UNET_CONFIG = Path(__file__).resolve().parents[3] / "bench" / "sdxl" / "unet.json"
+SDXL_UNET_CONFIG = Path(__file__).resolve().parents[3] / "bench" / "gpu" / "sdxl" / "unet.json"
 
 
 def one_line(text: str) -> str:
