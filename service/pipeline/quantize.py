@@ -52,7 +52,7 @@ FP8_MIN_CAPABILITY = (8, 9)
 #: auto-filter (measured by torchao on an H100 for training, where N <= 2048 or K <= 1024 is
 #: skipped); for SDXL it keeps the 640-wide level in bf16 and quantizes the 1280-wide one,
 #: where most of the UNet's linear FLOPs are. It has not been measured for genaug's inference
-#: on a GPU yet: bench/gpu_sdxl.py's fp8 rows are the place to tune it.
+#: on a GPU yet: bench/gpu/gpu_sdxl.py's fp8 rows are the place to tune it.
 FP8_MIN_FEATURES = 1024
 
 #: Layers whose input is a few rows per image, not one per latent pixel: the time and added

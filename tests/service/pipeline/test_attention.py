@@ -3,7 +3,7 @@ resolves to on each kind of device, refusals in one line, applying and undoing t
 process-wide choice, and what /v1/info reports.
 
 The Hopper decisions are checked with torch's device queries replaced (there is no GPU here);
-the kernels themselves run in bench/gpu_sdxl.py's attention rows.
+the kernels themselves run in bench/gpu/gpu_sdxl.py's attention rows.
 """
 
 from __future__ import annotations
