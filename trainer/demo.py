@@ -7,8 +7,8 @@ from the full pool, so its figure does not depend on how fast the pool filled) w
 *separate* TensorFlow process
 (torch is never imported there) trains a small CNN twice on a 5-shot subset of scikit-learn's
 digits (5 real images per class, :mod:`genaug.digits`): once on the real images alone, once
-mixing pool images in through :class:`~genaug.trainer.reservoir.SyntheticReservoir` fed by a
-:class:`~genaug.trainer.feeder.ReservoirFeeder`. It prints both test accuracies on the 500
+mixing pool images in through :class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir` fed by a
+:class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`. It prints both test accuracies on the 500
 held-out test digits and stops everything. About two minutes on 2 CPU cores.
 
 The few-shot runs live in :mod:`genaug.trainer.fewshot`, which also backs

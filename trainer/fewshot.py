@@ -5,8 +5,8 @@ augmentation benchmark's runs.
 :class:`FewShotRun` and reads one result line per run back; :func:`fewshot_child` is what runs
 there: a small CNN trained on a few real digits per class (:mod:`genaug.digits`) under
 ``MirroredStrategy`` over logical CPUs, optionally mixing pool images in through a
-:class:`~genaug.trainer.reservoir.SyntheticReservoir` fed by a
-:class:`~genaug.trainer.feeder.ReservoirFeeder`, scored on the 500 held-out test digits.
+:class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir` fed by a
+:class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`, scored on the 500 held-out test digits.
 ``genaug demo`` (:mod:`genaug.trainer.demo`) runs two of them, ``bench/gain/augmentation_gain.py``
 more seeds and arms.
 
@@ -71,7 +71,7 @@ class FewShotRun:
         rebalance: class weights of the replacements (``reservoir.mix(rebalance=...)``, one
             per task class); ``None``: each example is replaced by its own class.
         need_recipes: report per-class need (error on the validation images, after every
-            epoch, :class:`~genaug.trainer.need.NeedCallback`) to these recipes of
+            epoch, :class:`~genaug.trainer.feeding.need.NeedCallback`) to these recipes of
             ``service`` (``POST /v1/recipes/{name}/feedback``, client id from ``arm``).
 
     Every run is also scored on **validation** images: the ``fewshot`` split's images of the
@@ -305,8 +305,8 @@ def _validation(images: Any, labels: Any, index: dict[int, int],
 
 def _need_callbacks(run: FewShotRun, index: dict[int, int],
                     validation: tuple[Any, Any]) -> tuple[list[Any], Any]:
-    """A :class:`~genaug.trainer.need.NeedCallback` reporting to ``run.need_recipes`` (and the
-    client it reports through), or nothing."""
+    """A :class:`~genaug.trainer.feeding.need.NeedCallback` reporting to ``run.need_recipes``
+    (and the client it reports through), or nothing."""
     if not run.need_recipes or run.service is None:
         return [], None
     from genaug.client import Client
