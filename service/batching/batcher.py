@@ -345,11 +345,14 @@ class Batcher:
 
         Highest priority first (a paused pool batch counts as bulk, ahead of every bulk
         group: it holds a pool reservation); within it the least-served group; a group's
-        oldest paused batch before its new work."""
+        oldest paused batch before its new work. A paused batch whose requests are all gone
+        goes first: it only frees its place."""
         head = self.queue.head()
         best: Batch | None = None
         best_rank: tuple[int, float] | None = None
         for batch in self._paused:  # oldest first: ties keep the oldest
+            if batch.idle is None and all(part.job.finished for part in batch.parts):
+                return batch  # nobody waits for it: it ends at its first step boundary
             served = -math.inf if batch.idle is not None else self.queue.served(batch.opener)
             rank = (_RANK[batch.priority], served)
             if best_rank is None or rank < best_rank:
