@@ -189,7 +189,7 @@ class Settings(BaseSettings):
         default=512, ge=1, description="Images waiting before new requests get 429."
     )
     slice_ms: float = Field(
-        default=100.0, ge=0, le=60_000,
+        default=1000.0, ge=0, le=60_000,
         description="Time slice: a batch yields at the next denoising step to a client served "
         "this much less (0: at every step; larger: fewer switches, coarser sharing).",
     )

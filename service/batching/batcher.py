@@ -51,7 +51,7 @@ Scheduling (the order itself is :mod:`~genaug.service.batching.queue`'s):
 Example::
 
     batcher = Batcher(worker, max_batch_images=8, max_wait_ms=10, max_queue_images=512,
-                      metrics=Metrics(), slice_ms=100)
+                      metrics=Metrics(), slice_ms=1000)
     await batcher.start()
     job = batcher.submit(key, items, client="trainer-a", priority="interactive",
                          timeout_s=60)
@@ -119,7 +119,7 @@ class Batcher:
         max_queue_images: int,
         metrics: Metrics,
         idle_source: IdleSource | None = None,
-        slice_ms: float = 100.0,
+        slice_ms: float = 1000.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.worker = worker
