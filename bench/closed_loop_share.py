@@ -23,7 +23,7 @@ window below runs on both at the same time, so both see the same machine. Window
 One step of the costly batch is its batch time alone (window 2: 8 images over its images
 per second) over its steps.
 
-Goals (issue 32): the costly client's share 0.4-0.6 (about 0.85 before); notebook busy p50
+Goals: the costly client's share 0.4-0.6 (about 0.85 before); notebook busy p50
 at most 1.5 x idle p50 + one costly step; costly alone and the pair's work rate at least
 0.95 of the old tree's (with ``--old``).
 
