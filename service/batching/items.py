@@ -12,8 +12,9 @@ the pipeline worker all speak about work in the same terms without importing eac
   negative prompt are applied per image inside one UNet call (``service/pipeline/sampler.py``).
 - A :class:`Worker` turns ``(key, items)`` into an :class:`Outcome`, in one thread. While it
   runs, the batcher speaks to the batch through its :class:`Flight` (read between denoising
-  steps): drop the images of requests that are gone, or pause so a person's request goes
-  first. A paused batch comes back as :class:`Paused`, which goes on where it stopped.
+  steps): drop the images of requests that are gone, or pause so a person's request, or a
+  client served less, goes first. A paused batch comes back as :class:`Paused`, which goes
+  on where it stopped.
 
 Example::
 
