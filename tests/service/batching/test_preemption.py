@@ -389,3 +389,15 @@ def test_a_request_gone_while_its_batch_is_paused_is_cut_on_resume() -> None:
         assert worker.events[-1] == "resume bulk x4"
 
     run(test)
+
+
+def test_the_slice_setting_is_a_bounded_number_of_milliseconds() -> None:
+    from pydantic import ValidationError
+
+    from genaug.service.settings import Settings
+
+    assert Settings(device="cpu").slice_ms == 1000.0
+    assert Settings(device="cpu", slice_ms=0).slice_ms == 0.0
+    for bad in (-1, 60_001):
+        with pytest.raises(ValidationError, match="slice_ms"):
+            Settings(device="cpu", slice_ms=bad)
