@@ -241,6 +241,7 @@ async def _load_and_warm(state: AppState) -> None:
             max_wait_ms=settings.max_wait_ms,
             max_queue_images=settings.max_queue_images,
             metrics=state.metrics,
+            slice_ms=settings.slice_ms,
         )
         await batcher.start()
         state.batcher = batcher

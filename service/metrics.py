@@ -78,7 +78,13 @@ class Metrics:
         )
         self.preemptions = Counter(
             "genaug_preemptions",
-            "Bulk batches paused at a denoising step boundary for interactive work",
+            "Batches paused at a denoising step boundary for other work (interactive work "
+            "over bulk, or a less-served client once the time slice was used)",
+            registry=r,
+        )
+        self.paused_batches = Gauge(
+            "genaug_paused_batches",
+            "Batches paused at a denoising step boundary now, waiting to resume",
             registry=r,
         )
         self.batch_failures = Counter(

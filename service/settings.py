@@ -188,6 +188,11 @@ class Settings(BaseSettings):
     max_queue_images: int = Field(
         default=512, ge=1, description="Images waiting before new requests get 429."
     )
+    slice_ms: float = Field(
+        default=1000.0, ge=0, le=60_000,
+        description="Time slice: a batch yields at the next denoising step to a client served "
+        "this much less (0: at every step; larger: fewer switches, coarser sharing).",
+    )
     max_n: int = Field(default=64, ge=1, description="Most images one request may ask for.")
     max_variant_sources: int = Field(
         default=16, ge=1, description="Most source images one /v1/variants request may send."

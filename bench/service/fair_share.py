@@ -8,9 +8,9 @@ One child-process service with two API keys. Two experiments run side by side in
 - **Identities.** Key A sends its requests under ten client ids, key B under one, same load,
   same size; the share of each key is summed over its ids.
 
-    python bench/fair_share.py [--quick]
+    python -m bench fair_share [--quick]
 
-Goals (issue 20): each cost client gets 0.4-0.6 of generator time; key A's share over key
+Goals: each cost client gets 0.4-0.6 of generator time; key A's share over key
 B's within 0.8-1.25 (the same total share).
 """
 

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from ..batching.batcher import MAX_PAUSED
+
 # Encode in the event loop below this many bytes of pixels (a thread hop costs more).
 _INLINE_ENCODE_BYTES = 1 << 20
 
@@ -263,6 +265,10 @@ class StatusResponse(BaseModel):
 
     info: InfoResponse
     queue_images: int
+    paused_batches: int = Field(
+        description="Batches stopped at a denoising step boundary for other work, waiting to "
+        f"resume (at most {MAX_PAUSED})"
+    )
     busy: bool
     uptime_s: float
     clients: list[ClientReport]

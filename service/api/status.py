@@ -175,6 +175,7 @@ async def status(request: Request) -> StatusResponse:
     return StatusResponse(
         info=info_of(state),
         queue_images=batcher.queued_images if batcher else 0,
+        paused_batches=batcher.paused_batches if batcher else 0,
         busy=batcher.busy if batcher else False,
         uptime_s=round(time.time() - state.started_at, 1),
         clients=client_reports(state),

@@ -27,9 +27,19 @@ Scheduling (the order itself is :mod:`~genaug.service.batching.queue`'s):
    ``interactive`` request arrives: the worker hands back a
    :class:`~genaug.service.batching.items.Paused` batch (latents, its own scheduler state,
    its generators), the interactive batches run, and the paused batch resumes where it
-   stopped before any other bulk work starts. Pausing rather than stopping and planning again
-   keeps every step already run, keeps a pool batch's reservation (so no plan index, hence no
-   seed, is repeated or skipped) and gives bit-identical images. At most one batch is paused.
+   stopped (a paused pool batch before any other bulk work starts). Pausing rather than
+   stopping and planning again keeps every step already run, keeps a pool batch's
+   reservation (so no plan index, hence no seed, is repeated or skipped) and gives
+   bit-identical images.
+   **Time slices.** Within one priority, a request batch (interactive or bulk) pauses the
+   same way once the group that opened it has been served ``slice_ms`` more than a group
+   that waits (queued or paused) with none of its images in the batch: the flight is told
+   *when* (:meth:`Flight.pause_at <genaug.service.batching.items.Flight.pause_at>`), from
+   the fair queue's ledger plus the segment's own running time, and told again whenever the
+   queue changes. A lone client is never paused. The next batch is the least-served
+   group's, its oldest paused batch before new work. At most :data:`MAX_PAUSED` batches are
+   paused at once; at that bound the batch in the pipeline runs on. Generator time is
+   measured per segment and charged to the fair queue and to each client's usage then.
 4. **Stop work nobody waits for.** A request whose client went away or whose deadline passed
    (:meth:`forget`, or the batch's own deadline timer: 504 at the deadline, during generation
    too) is dropped from the queue, and its rows in the batch in flight (or paused) are cut at
@@ -41,7 +51,7 @@ Scheduling (the order itself is :mod:`~genaug.service.batching.queue`'s):
 Example::
 
     batcher = Batcher(worker, max_batch_images=8, max_wait_ms=10, max_queue_images=512,
-                      metrics=Metrics())
+                      metrics=Metrics(), slice_ms=1000)
     await batcher.start()
     job = batcher.submit(key, items, client="trainer-a", priority="interactive",
                          timeout_s=60)
@@ -54,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,13 +77,18 @@ from ..errors import (
     new_id,
 )
 from ..metrics import Metrics
-from .items import GroupKey, IdleSource, Item, Outcome, Paused, Worker
-from .queue import Batch, FairQueue, Job, Priority
+from .items import Flight, GroupKey, IdleSource, Item, Outcome, Paused, Worker
+from .queue import PRIORITIES, Batch, FairQueue, Job, Priority, group_of
 from .usage import POOL_CLIENT, Activity
 
 log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "the service is shutting down; retry on a replica"
+#: Most batches paused at once. Each keeps its latents, scheduler history and text
+#: embeddings on the device (an SDXL 1024x1024 batch of 8: about 10 MB), so the bound is
+#: about the count of clients switched between, not memory.
+MAX_PAUSED = 8
+_RANK = {p: i for i, p in enumerate(PRIORITIES)}
 
 __all__ = ["POOL_CLIENT", "Batcher", "Job", "Priority"]
 
@@ -89,6 +105,9 @@ class Batcher:
     :meth:`stop` reverses it: pending requests fail with 503 ``shutting_down`` at once, a
     request batch in flight stops at its next step, pool work in flight (or paused) is
     finished and stored.
+
+    ``slice_ms`` is the time slice (``GENAUG_SLICE_MS``); ``clock`` times segments and
+    slices (``time.monotonic``; tests pass a clock they move by hand).
     """
 
     def __init__(
@@ -100,6 +119,8 @@ class Batcher:
         max_queue_images: int,
         metrics: Metrics,
         idle_source: IdleSource | None = None,
+        slice_ms: float = 1000.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.worker = worker
         self.max_batch_images = max_batch_images
@@ -107,11 +128,13 @@ class Batcher:
         self.max_queue_images = max_queue_images
         self.metrics = metrics
         self.idle_source = idle_source
-        self.queue = FairQueue()
+        self.slice_s = slice_ms / 1000.0
+        self.clock = clock
+        self.queue = FairQueue(slice_s=self.slice_s)
         self.activity = Activity(metrics)
         self.busy = False
         self._running: Batch | None = None  # in the pipeline now
-        self._paused: Batch | None = None  # stopped at a step boundary, resumes first
+        self._paused: list[Batch] = []  # stopped at a step boundary, oldest first
         self._wakeup = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
         self._store_executor: ThreadPoolExecutor | None = None
@@ -131,7 +154,7 @@ class Batcher:
         for job in self.queue.drain():
             job.fail(ShuttingDownError(SHUTTING_DOWN))
         self._update_gauges()
-        for batch in (self._running, self._paused):
+        for batch in (self._running, *self._paused):
             if batch is None:
                 continue
             batch.flight.go_on()
@@ -147,10 +170,10 @@ class Batcher:
                 log.exception("the scheduling task failed")
             finally:
                 self._task = None
-        if self._paused is not None and self._executor is not None:
+        while self._paused and self._executor is not None:
             # Pool work paused at a step boundary is finished and stored: no plan gap.
-            batch, self._paused = self._paused, None
-            await self._run(batch)
+            # (Request batches paused have every row dropped: they end at once.)
+            await self._run(self._paused.pop(0))
         loop = asyncio.get_running_loop()
         if self._executor is not None:
             await loop.run_in_executor(None, self._executor.shutdown, True)
@@ -171,6 +194,11 @@ class Batcher:
     def queued_images(self) -> int:
         return self.queue.images
 
+    @property
+    def paused_batches(self) -> int:
+        """Batches paused at a step boundary now, waiting to resume."""
+        return len(self._paused)
+
     def submit(
         self,
         key: GroupKey,
@@ -182,7 +210,8 @@ class Batcher:
     ) -> Job:
         """Admit a request or raise :class:`QueueFullError`. Never blocks.
 
-        An interactive request pauses the bulk batch in the pipeline at its next step."""
+        An interactive request pauses the bulk batch in the pipeline at its next step; a
+        request of a group served less than the batch's pauses it once its slice is used."""
         if self._stopping:
             raise ShuttingDownError(SHUTTING_DOWN)
         n = len(items)
@@ -207,8 +236,6 @@ class Batcher:
         )
         self.queue.push(job)
         stats.requests += 1
-        if priority == "interactive" and self._running is not None and self._running.preemptible:
-            self._running.flight.pause()
         self._update_gauges()
         self._wakeup.set()
         return job
@@ -238,7 +265,7 @@ class Batcher:
         self.forget(job, "expired")
 
     def _cut(self, job: Job) -> None:
-        for batch in (self._running, self._paused):
+        for batch in (self._running, *self._paused):
             if batch is not None and batch.idle is None:
                 rows = batch.rows_of(job)
                 if rows:
@@ -247,8 +274,41 @@ class Batcher:
     # -- scheduling ------------------------------------------------------------------------
 
     def _update_gauges(self) -> None:
+        """The queue changed: gauges, and when the batch in the pipeline should yield."""
         self.metrics.queue_images.set(self.queue.images)
         self.metrics.queue_requests.set(self.queue.requests)
+        self.metrics.paused_batches.set(len(self._paused))
+        if self._running is not None:
+            self._running.flight.pause_at(self._yield_at(self._running))
+
+    def _yield_at(self, batch: Batch) -> float | None:
+        """When ``batch`` (in the pipeline) should pause, on :attr:`clock`; ``None``: never.
+
+        Interactive work waiting pauses bulk and pool work at once. Otherwise a request batch
+        yields to the least-served group waiting at its own priority (queued, or paused) with
+        no image in it, once the batch's opener has been served ``slice`` more: the ledger at
+        the segment's start plus the opener's share of the segment's running time."""
+        if self._stopping or len(self._paused) >= MAX_PAUSED:
+            return None
+        if batch.idle is not None or batch.priority != "interactive":
+            if self.queue.has("interactive"):
+                return -math.inf
+            if batch.idle is not None:
+                return None  # pool work yields to people only; bulk requests wait for it
+        inside = batch.groups
+        least = self.queue.least_served(batch.priority, inside)
+        for paused in self._paused:
+            if paused.idle is None and paused.priority == batch.priority and \
+                    paused.opener not in inside:
+                served = self.queue.served(paused.opener)
+                least = served if least is None else min(least, served)
+        if least is None:
+            return None  # nobody else waits: a lone client is never paused
+        share = batch.share_of(batch.opener)
+        if share <= 0:
+            return None
+        behind = least + self.slice_s - self.queue.served(batch.opener)
+        return batch.segment_start + behind / share
 
     def _prune(self, now: float) -> None:
         """Drop jobs that no longer need the pipeline, failing expired ones with 504."""
@@ -275,8 +335,33 @@ class Batcher:
         for part in parts:
             if part.start == 0:
                 self.metrics.queue_wait.observe(now - part.job.admitted)
+        self.queue.hold(parts)
         self._update_gauges()
-        return Batch(key, parts, preemptible=opened_by[0] == "bulk")
+        return Batch(key, parts, priority=opened_by[0], opener=group_of(opened_by[1]),
+                     flight=Flight(self.clock))
+
+    def _pick(self) -> Batch | tuple[Priority, str, Job] | None:
+        """What runs next: a paused batch to resume, or the queue's head to open a batch.
+
+        Highest priority first (a paused pool batch counts as bulk, ahead of every bulk
+        group: it holds a pool reservation); within it the least-served group; a group's
+        oldest paused batch before its new work. A paused batch whose requests are all gone
+        goes first: it only frees its place."""
+        head = self.queue.head()
+        best: Batch | None = None
+        best_rank: tuple[int, float] | None = None
+        for batch in self._paused:  # oldest first: ties keep the oldest
+            if batch.idle is None and all(part.job.finished for part in batch.parts):
+                return batch  # nobody waits for it: it ends at its first step boundary
+            served = -math.inf if batch.idle is not None else self.queue.served(batch.opener)
+            rank = (_RANK[batch.priority], served)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = batch, rank
+        if best is not None and best_rank is not None:
+            if head is None or best_rank <= (_RANK[head[0]],
+                                             self.queue.served(group_of(head[1]))):
+                return best
+        return head
 
     async def _next_batch(self) -> Batch | None:
         """The next batch to run (a paused one to resume, a new one), or ``None`` to stop."""
@@ -285,17 +370,19 @@ class Batcher:
             self._wakeup.clear()
             now = time.monotonic()
             self._prune(now)
-            head = self.queue.head()
-            if self._paused is not None and (head is None or head[0] != "interactive"):
-                batch, self._paused = self._paused, None
-                return batch
+            head = self._pick()
+            if isinstance(head, Batch):
+                self._paused.remove(head)
+                self._update_gauges()
+                return head
             if head is None:
                 if self.idle_source is not None:
                     idle = await loop.run_in_executor(
                         None, self.idle_source.next_idle_batch, self.max_batch_images
                     )
                     if idle is not None:  # (run even if stopping now: it holds a reservation)
-                        return Batch(idle.key, [], idle=idle, preemptible=True)
+                        return Batch(idle.key, [], idle=idle, opener=POOL_CLIENT,
+                                     flight=Flight(self.clock))
                 await self._wakeup.wait()
                 continue
             priority, client, job = head
@@ -317,12 +404,9 @@ class Batcher:
             await self._run(batch)
 
     async def _run(self, batch: Batch) -> None:
-        """Run (or resume) ``batch`` until it ends or pauses for interactive work."""
+        """Run (or resume) ``batch`` until it ends or pauses for other work."""
         loop = asyncio.get_running_loop()
         flight = batch.flight
-        flight.go_on()
-        if batch.preemptible and not self._stopping and self.queue.has("interactive"):
-            flight.pause()  # arrived while this batch was being formed
         if batch.idle is None and not batch.timers:
             now = time.monotonic()
             for job in {id(p.job): p.job for p in batch.parts}.values():
@@ -336,7 +420,8 @@ class Batcher:
         batch.paused = None
         self._running = batch
         self.busy = True
-        started = time.monotonic()
+        batch.segment_start = self.clock()
+        flight.pause_at(self._yield_at(batch))  # (work may have arrived while it was formed)
         try:
             result = await loop.run_in_executor(self._executor, call)
         except asyncio.CancelledError:
@@ -345,18 +430,34 @@ class Batcher:
                 part.job.fail(ShuttingDownError(SHUTTING_DOWN))
             raise
         except Exception as exc:
+            self._segment_ended(batch)
             self._failed(batch, exc)
             return
         finally:
             self.busy = False
             self._running = None
-            batch.seconds += time.monotonic() - started
+        self._segment_ended(batch)
         if isinstance(result, Paused):
             batch.paused = result
-            self._paused = batch
+            self._paused.append(batch)
             self.metrics.preemptions.inc()
+            self._update_gauges()
             return
         self._done(batch, result)
+
+    def _segment_ended(self, batch: Batch) -> None:
+        """Charge the segment just run (start or resume to end, pause or failure): to the fair
+        queue's ledger and to each client's usage, split over the batch's images by cost."""
+        seconds = max(0.0, self.clock() - batch.segment_start)
+        batch.seconds += seconds
+        if batch.idle is not None:
+            self.activity.used(POOL_CLIENT, seconds)
+            return
+        self.queue.settle(batch.parts, seconds)
+        total = sum(part.cost for part in batch.parts)
+        for part in batch.parts:
+            share = part.cost / total if total > 0 else part.count / len(batch.items)
+            self.activity.used(part.job.client, seconds * share)
 
     def _done(self, batch: Batch, outcome: Outcome) -> None:
         for timer in batch.timers:
@@ -372,17 +473,14 @@ class Batcher:
             stats = self.activity.client(POOL_CLIENT)
             stats.requests += 1
             stats.images += made
-            self.activity.used(POOL_CLIENT, batch.seconds)
             return
-        self.queue.settle(batch.parts, batch.seconds)
+        self.queue.release(batch.parts)
         self.activity.record(made, batch.seconds, "request")
-        n = len(batch.items)
         offset = 0
         for part in batch.parts:
             rows = range(offset, offset + part.count)
             offset += part.count
             stats = self.activity.client(part.job.client)
-            self.activity.used(part.job.client, batch.seconds * part.count / n)
             dropped = [i for i in rows if i in outcome.dropped]
             if dropped:
                 reason = part.job.cancel_reason or "shutting_down"
@@ -423,7 +521,7 @@ class Batcher:
             if batch.idle.on_failed is not None:
                 batch.idle.on_failed(exc)
             return
-        self.queue.settle(batch.parts, batch.seconds)
+        self.queue.release(batch.parts)
         error_id = new_id()
         log.exception(
             "batch of %d images failed (error id %s); failing its %d requests",

@@ -12,8 +12,9 @@ the pipeline worker all speak about work in the same terms without importing eac
   negative prompt are applied per image inside one UNet call (``service/pipeline/sampler.py``).
 - A :class:`Worker` turns ``(key, items)`` into an :class:`Outcome`, in one thread. While it
   runs, the batcher speaks to the batch through its :class:`Flight` (read between denoising
-  steps): drop the images of requests that are gone, or pause so a person's request goes
-  first. A paused batch comes back as :class:`Paused`, which goes on where it stopped.
+  steps): drop the images of requests that are gone, or pause so a person's request, or a
+  client served less, goes first. A paused batch comes back as :class:`Paused`, which goes
+  on where it stopped.
 
 Example::
 
@@ -25,7 +26,9 @@ Example::
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
@@ -118,22 +121,25 @@ class Outcome:
 class Flight:
     """The batcher's word to one batch in the pipeline, read by the worker between steps.
 
-    The event loop writes (:meth:`drop` the rows of a request that is gone, :meth:`pause` for
-    an interactive arrival) and the worker thread reads (:meth:`poll`) at every denoising step
-    boundary, so a word takes effect within one step. Rows are indices into the batch's items
-    as first handed to the worker. Thread-safe.
+    The event loop writes (:meth:`drop` the rows of a request that is gone, :meth:`pause`
+    for work that goes first, :meth:`pause_at` for the end of the batch's time slice) and the
+    worker thread reads (:meth:`poll`) at every denoising step boundary, so a word takes
+    effect within one step. Rows are indices into the batch's items as first handed to the
+    worker. ``clock`` is the batcher's (what :meth:`pause_at` times are on). Thread-safe.
 
     Example::
 
         flight = Flight()
         flight.drop([2, 3])            # loop: request gone
         dropped, pause = flight.poll() # worker: ({2, 3}, False)
+        flight.pause_at(time.monotonic() + 0.1)  # loop: yield once the slice is used
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._dropped: set[int] = set()
-        self._pause = False
+        self._pause_at: float | None = None
+        self._clock = clock
 
     def drop(self, rows: Iterable[int]) -> None:
         """Nobody waits for these rows' images any more: stop making them."""
@@ -142,18 +148,23 @@ class Flight:
 
     def pause(self) -> None:
         """Stop at the next step boundary and hand back a :class:`Paused` batch."""
+        self.pause_at(-math.inf)
+
+    def pause_at(self, when: float | None) -> None:
+        """Stop at the first step boundary at or after ``when`` (on ``clock``); ``None``:
+        run on. Replaces any earlier word."""
         with self._lock:
-            self._pause = True
+            self._pause_at = when
 
     def go_on(self) -> None:
         """Withdraw a pause (before resuming, or when the batch must finish)."""
-        with self._lock:
-            self._pause = False
+        self.pause_at(None)
 
     def poll(self) -> tuple[frozenset[int], bool]:
         """``(rows dropped so far, pause asked)``; the worker's view between two steps."""
         with self._lock:
-            return frozenset(self._dropped), self._pause
+            at = self._pause_at
+            return frozenset(self._dropped), at is not None and self._clock() >= at
 
 
 @dataclass

@@ -14,14 +14,23 @@ Order of service:
    rotation), or one identity on its own. A trainer that floods 200 images shares every
    batch with a notebook that asks for one, and a key holder sending ten client ids gets
    the turn of one.
-3. **Cost, not turns, picks who opens a batch.** Each group's images are charged an
-   estimate when taken, :func:`image_cost` (latent pixels x steps x UNet rows) times the
-   learned seconds per unit, replaced by the measured generator seconds when the batch ends
-   (:meth:`FairQueue.settle`); the next batch is opened by the group, in the highest
-   priority with work, that has been served the least so far (start-time fair queueing,
-   equivalent to deficit round-robin). A client asking 1024x1024
-   at 50 steps opens batches as often as its cost allows, not one per turn.
-4. **Grouping.** A batch holds only images of one :class:`~genaug.service.batching.items.GroupKey`;
+3. **Time, not turns, picks who opens a batch.** Each group is charged the generator
+   seconds its images took, measured per segment of a batch (from its start or resume to
+   its end or pause) and split over the batch's images by :func:`image_cost` (latent pixels
+   x steps x UNet rows): :meth:`FairQueue.settle`. The next batch is opened by the group, in
+   the highest priority with work, that has been served the least so far (start-time fair
+   queueing, equivalent to deficit round-robin). A client asking 1024x1024 at 50 steps opens
+   batches as often as its cost allows, not one per turn. The same ledger tells the batcher
+   when a batch in the pipeline should yield to a less-served group (time slices,
+   :meth:`FairQueue.least_served`).
+4. **Lag is kept, credit is bounded.** A group counts as competing while it has work
+   queued, in the pipeline or paused. A new group joins level with the least-served
+   competitor. A group the ledger already knows (it was served since the generator was
+   last idle) keeps its own standing, but at most one slice behind the least-served
+   competitor: a client that keeps two requests in flight loses no lag in the moment
+   between an answer and its next request, and waiting saves up at most one slice of
+   credit, with which it goes first at the next step boundary.
+5. **Grouping.** A batch holds only images of one :class:`~genaug.service.batching.items.GroupKey`;
    jobs of other keys keep their place.
 
 Example::
@@ -53,6 +62,7 @@ from .items import Flight, GroupKey, IdleWork, Item, Paused
 Priority = Literal["interactive", "bulk"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "bulk")
 _KEY_ID = re.compile(r"key-[0-9a-f]{8}")
+_LEDGER_SIZE = 1024  # groups kept on the ledger before those not competing are forgotten
 
 
 class Job:
@@ -134,12 +144,14 @@ class Job:
 
 @dataclass
 class Part:
-    """``count`` consecutive images of ``job``, from item ``start``, inside one batch."""
+    """``count`` consecutive images of ``job``, from item ``start``, inside one batch;
+    ``cost`` is their :func:`image_cost` summed (what their share of the batch's time is
+    split by)."""
 
     job: Job
     start: int
     count: int
-    charged: float = 0.0  # estimated generator seconds charged at take(), until settle()
+    cost: float = 0.0
 
     @property
     def items(self) -> list[Item]:
@@ -149,18 +161,34 @@ class Part:
 @dataclass
 class Batch:
     """One pipeline batch from its first step to its end, across pauses: request ``parts``
-    (taken by :meth:`FairQueue.take`), or pool ``idle`` work (then ``parts`` is empty). The
-    batcher speaks to it in the pipeline through ``flight``; ``paused`` holds it between
-    segments, ``seconds`` sums its generator time, ``timers`` are its jobs' deadlines."""
+    (taken by :meth:`FairQueue.take`), or pool ``idle`` work (then ``parts`` is empty).
+
+    ``priority`` is its opener's (pool work counts as ``bulk``), ``opener`` the group that
+    opened it. The batcher speaks to it in the pipeline through ``flight``; ``paused`` holds
+    it between segments, ``segment_start`` is when its current segment began, ``seconds``
+    sums its generator time, ``timers`` are its jobs' deadlines."""
 
     key: GroupKey
     parts: list[Part]
     idle: IdleWork | None = None
-    preemptible: bool = False  # bulk work: pauses for interactive arrivals
+    priority: Priority = "bulk"
+    opener: str = ""
     flight: Flight = field(default_factory=Flight)
     paused: Paused | None = None
+    segment_start: float = 0.0
     seconds: float = 0.0  # generator time over all its segments
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+    @property
+    def groups(self) -> set[str]:
+        """The identity groups with images in this batch."""
+        return {group_of(part.job.client) for part in self.parts}
+
+    def share_of(self, group: str) -> float:
+        """``group``'s share of this batch's cost, 0 to 1 (how its time is split)."""
+        total = sum(part.cost for part in self.parts)
+        mine = sum(part.cost for part in self.parts if group_of(part.job.client) == group)
+        return mine / total if total > 0 else 0.0
 
     @property
     def items(self) -> list[Item]:
@@ -180,32 +208,74 @@ class Batch:
 
 
 class FairQueue:
-    """Jobs by priority, then by client FIFO; OrderedDict order is the round-robin order."""
+    """Jobs by priority, then by client FIFO; OrderedDict order is the round-robin order.
 
-    def __init__(self) -> None:
+    ``slice_s`` is the time slice (``GENAUG_SLICE_MS``): the most credit a group joining gets
+    over the least-served competitor (module docstring, 4)."""
+
+    def __init__(self, *, slice_s: float = 0.0) -> None:
         self._queues: dict[Priority, OrderedDict[str, deque[Job]]] = {
             p: OrderedDict() for p in PRIORITIES
         }
         self.images = 0  # images waiting, over all jobs
+        self.slice_s = slice_s
         self._rotation: dict[str, int] = {}  # group -> turns taken, to rotate its clients
-        self._served: dict[str, float] = {}  # group -> generator seconds taken (or estimated)
-        self._s_per_cost = 1e-6  # seconds per image_cost unit, learned from settled batches
-        self._settled = False
+        self._served: dict[str, float] = {}  # group -> generator seconds served (measured)
+        self._holding: dict[str, int] = {}  # group -> batches of it in the pipeline or paused
 
     # -- adding and removing -------------------------------------------------------------
 
     def push(self, job: Job) -> None:
         group = group_of(job.client)
-        active = {group_of(c) for queues in self._queues.values() for c in queues}
+        active = self._active()
         if not active:
             self._served.clear()  # nobody competing: everyone starts even
         elif group not in active:
-            # A group (re)joining starts at the least-served competitor: no credit is saved up
-            # by waiting, and none is lost.
+            # A new group starts level with the least-served competitor; one the ledger still
+            # knows keeps its own standing, but at most one slice behind that competitor: a
+            # client between two of its requests loses no lag, and waiting saves up no
+            # more credit than one slice (with which it goes first at the next step).
             floor = min(self._served.get(g, 0.0) for g in active)
-            self._served[group] = max(self._served.get(group, 0.0), floor)
+            own = self._served.get(group)
+            self._served[group] = floor if own is None else max(own, floor - self.slice_s)
+            if len(self._served) > _LEDGER_SIZE:  # many identities come and go: forget them
+                for g in [g for g in self._served if g not in active and g != group]:
+                    del self._served[g]
         self._queues[job.priority].setdefault(job.client, deque()).append(job)
         self.images += job.pending
+
+    def hold(self, parts: list[Part]) -> None:
+        """The batch of ``parts`` is in the pipeline (or paused) until :meth:`release`: its
+        groups keep their ledger while they have nothing queued."""
+        for group in {group_of(p.job.client) for p in parts}:
+            self._holding[group] = self._holding.get(group, 0) + 1
+
+    def release(self, parts: list[Part]) -> None:
+        """The batch of ``parts`` has ended (or failed)."""
+        for group in {group_of(p.job.client) for p in parts}:
+            left = self._holding.get(group, 0) - 1
+            if left > 0:
+                self._holding[group] = left
+            else:
+                self._holding.pop(group, None)
+
+    def _active(self) -> set[str]:
+        """Groups with work queued, in the pipeline or paused."""
+        queued = {group_of(c) for queues in self._queues.values() for c in queues}
+        return queued | set(self._holding)
+
+    def served(self, group: str) -> float:
+        """Generator seconds ``group`` has been served, on the ledger's scale (comparable
+        between groups, not an absolute total: see ``GET /v1/clients`` for those)."""
+        return self._served.get(group, 0.0)
+
+    def least_served(self, priority: Priority, exclude: set[str]) -> float | None:
+        """The least ledger among groups with ``priority`` work queued, not in ``exclude``;
+        ``None`` when there is none."""
+        groups = [g for g in _groups(self._queues[priority]) if g not in exclude]
+        if not groups:
+            return None
+        return min(self.served(g) for g in groups)
 
     def jobs(self) -> Iterator[Job]:
         for queues in self._queues.values():
@@ -313,9 +383,7 @@ class FairQueue:
                         if job.started is None:
                             job.started = now
                     part.count += 1
-                    estimate = image_cost(key, job.items[job.next_index]) * self._s_per_cost
-                    self._served[group] = self._served.get(group, 0.0) + estimate
-                    part.charged += estimate
+                    part.cost += image_cost(key, job.items[job.next_index])
                     job.next_index += 1
                     self.images -= 1
                     capacity -= 1
@@ -338,24 +406,17 @@ class FairQueue:
         return list(parts.values())
 
     def settle(self, parts: list[Part], seconds: float) -> None:
-        """The batch of ``parts`` took ``seconds`` of generator time: replace each part's
-        estimate with its measured share (split by images), and refine the estimate rate.
+        """A segment of the batch of ``parts`` (from its start or resume to its end or pause)
+        took ``seconds`` of generator time: charge each part's group its share, split by cost.
 
         Measured time includes what the cost formula leaves out (text encoding, decoding,
         per-batch overheads), so shares converge on generator time, not on the formula."""
-        images = sum(p.count for p in parts)
-        if not images:
+        total = sum(p.cost for p in parts)
+        if total <= 0 or seconds <= 0:
             return
-        cost = sum(image_cost(p.job.key, item) for p in parts for item in p.items)
-        if cost > 0 and seconds > 0:
-            rate = seconds / cost
-            self._s_per_cost = rate if not self._settled else 0.8 * self._s_per_cost + 0.2 * rate
-            self._settled = True
         for part in parts:
             group = group_of(part.job.client)
-            if group in self._served:
-                self._served[group] += seconds * part.count / images - part.charged
-            part.charged = 0.0
+            self._served[group] = self._served.get(group, 0.0) + seconds * part.cost / total
 
     def _next_job(
         self, queues: OrderedDict[str, deque[Job]], group: str, clients: list[str], key: GroupKey

@@ -114,3 +114,34 @@ def test_a_deadline_passing_mid_batch_is_504_at_once_and_stops_the_work(
         lambda: live.metric("genaug_steps_saved_total", 'reason="expired"') == 2 * (20 - 1),
         what="the expired rows cut",
     )
+
+
+def test_a_client_waiting_gets_the_generator_at_the_next_step_and_images_stay_the_same(
+    make_service: Any,
+) -> None:
+    """Time slices through HTTP: an interactive batch yields to another client's request
+    (``slice_ms=0``: at the next step), ``/v1/status`` shows the paused batch, and both
+    answers are the images the same requests get alone."""
+    live = make_service(max_batch_images=4, max_wait_ms=0, slice_ms=0)
+    worker = live.worker
+    big = {"prompt": "big", "n": 3, "steps": 12, "seed": 5}
+    small = {"prompt": "small", "n": 1, "steps": 4, "height": 32, "width": 32, "seed": 9}
+    worker.stepping = True
+    start = worker.boundaries
+    worker.hold_at(start + 3)  # two steps of the big batch, then held
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, live, big, "trainer")
+        worker.wait_boundary(start + 3)
+        second = pool.submit(post, live, small, "notebook")
+        live.wait_until(lambda: live.admitted("notebook") == 1, what="the small request")
+        hold(worker, 2)  # the big batch paused at this boundary; the small one at its first
+        status = httpx.get(live.url + "/v1/status", timeout=30).json()
+        assert status["paused_batches"] == 1
+        assert live.metric("genaug_paused_batches") == 1
+        assert "run small x1" in worker.events and "paused at 2" in worker.events
+        worker.stop_stepping()
+        paused_big, paused_small = first.result(), second.result()
+    assert paused_big.status_code == paused_small.status_code == 200
+    assert live.metric("genaug_preemptions_total") >= 1
+    assert post(live, big, "trainer").content == paused_big.content
+    assert post(live, small, "notebook").content == paused_small.content

@@ -160,9 +160,11 @@ def sample(batcher: Batcher, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-def assert_painted(images: np.ndarray, seeds: Sequence[int]) -> None:
+def assert_painted(
+    images: np.ndarray, seeds: Sequence[int], shape: tuple[int, int] = OUTPUT[KEY]
+) -> None:
     assert images.dtype == np.uint8
-    assert images.shape == (len(seeds), *OUTPUT[KEY], 3)
+    assert images.shape == (len(seeds), *shape, 3)
     for i, seed in enumerate(seeds):
         assert (images[i] == pixel(seed)).all(), f"image {i} is not the one for seed {seed}"
 

@@ -149,9 +149,11 @@ def test_batches_are_opened_by_cost_served_not_by_turns(
     for _ in range(400):
         head = queue.head()
         assert head is not None
-        for part in queue.take(head[2].key, capacity=4, now=0.0, opened_by=head[:2]):
+        parts = queue.take(head[2].key, capacity=4, now=0.0, opened_by=head[:2])
+        for part in parts:
             for item in part.items:
                 cost[part.job.client] += image_cost(part.job.key, item)
+        queue.settle(parts, sum(p.cost for p in parts) * 1e-3)  # time proportional to cost
     share = cost["heavy"] / (cost["heavy"] + cost["light"])
     assert 0.45 <= share <= 0.55, share
 
@@ -165,19 +167,20 @@ def test_guidance_doubles_an_images_cost() -> None:
 
 
 def test_a_group_joining_late_gets_no_saved_up_credit(loop: asyncio.AbstractEventLoop) -> None:
-    queue = FairQueue()
+    queue = FairQueue(slice_s=0.5)
     queue.push(job(loop, "a", 100))
     for _ in range(10):
         head = queue.head()
         assert head is not None
-        queue.take(KEY, capacity=4, now=0.0, opened_by=head[:2])
-    queue.push(job(loop, "b", 100))  # b starts level with a, then they alternate
+        queue.settle(queue.take(KEY, capacity=4, now=0.0, opened_by=head[:2]), 1.0)
+    queue.push(job(loop, "b", 100))  # b is new: it starts level with a, then they alternate
+    assert queue.served("b") == queue.served("a") == 10.0
     opened = []
     for _ in range(6):
         head = queue.head()
         assert head is not None
         opened.append(head[1])
-        queue.take(KEY, capacity=1, now=0.0, opened_by=head[:2])
+        queue.settle(queue.take(KEY, capacity=1, now=0.0, opened_by=head[:2]), 1.0)
     assert opened.count("a") == 3 and opened.count("b") == 3
 
 
@@ -218,4 +221,64 @@ def test_settle_charges_measured_time_not_the_formula(loop: asyncio.AbstractEven
     queue.settle(b_parts, seconds=1.0)  # 4 big ones took 1 s
     head = queue.head()
     assert head is not None and head[1] == "b"
-    assert all(part.charged == 0.0 for part in a_parts + b_parts)
+    assert (queue.served("a"), queue.served("b")) == (10.0, 1.0)
+
+
+def test_a_segments_time_is_split_over_its_images_by_cost(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """One batch, two groups: a guided image costs two UNet rows, an unguided one."""
+    queue = FairQueue()
+    guided = job(loop, "g", 1)
+    guided.items[0] = Item("g0", seed=0, guidance=5.0, output_height=8, output_width=8)
+    queue.push(guided)
+    queue.push(job(loop, "u", 1))
+    parts = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "g"))
+    queue.settle(parts, 3.0)  # one segment (start to pause)
+    queue.settle(parts, 1.5)  # the next (resume to end)
+    assert (queue.served("g"), queue.served("u")) == (3.0, 1.5)
+
+
+def test_a_client_between_two_requests_keeps_its_lag_up_to_one_slice(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A closed-loop client has nothing queued for a moment after each answer; when it asks
+    again it keeps the lag it had (the ledger remembers it), at most one slice of it."""
+    queue = FairQueue(slice_s=1.0)
+    queue.push(job(loop, "deep", 1000))
+    queue.push(job(loop, "loop", 4, key=BIG))
+    deep = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "deep"))
+    queue.hold(deep)
+    queue.settle(deep, 5.3)
+    queue.release(deep)
+    mine = queue.take(BIG, capacity=4, now=0.0, opened_by=("bulk", "loop"))
+    queue.hold(mine)
+    queue.settle(mine, 4.6)
+    queue.release(mine)  # its answer goes out: "loop" has nothing queued or in the pipeline
+    queue.push(job(loop, "loop", 4, key=BIG))
+    assert queue.served("loop") == pytest.approx(4.6)  # 0.7 behind, kept (not reset to 5.3)
+    head = queue.head()
+    assert head is not None and head[1] == "loop"
+    queue.settle(queue.take(BIG, capacity=4, now=0.0, opened_by=head[:2]), 0.5)
+    deep = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "deep"))
+    queue.settle(deep, 4.0)  # "loop" now 4.2 s behind; its next request keeps one slice
+    queue.push(job(loop, "loop", 4, key=BIG))
+    assert queue.served("loop") == pytest.approx(9.3 - 1.0)
+
+
+def test_a_group_in_the_pipeline_counts_as_competing(loop: asyncio.AbstractEventLoop) -> None:
+    """While a batch of "a" runs with nothing of "a" queued, a newcomer joins level with
+    "a", and the ledger is not reset as if the generator were idle."""
+    queue = FairQueue(slice_s=0.1)
+    queue.push(job(loop, "a", 4))
+    parts = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "a"))
+    queue.hold(parts)
+    queue.settle(parts, 2.0)  # a first segment (then paused, say)
+    queue.push(job(loop, "b", 1))
+    assert queue.served("b") == 2.0 == queue.served("a")
+    assert queue.least_served("bulk", exclude={"a"}) == 2.0
+    assert queue.least_served("bulk", exclude={"b"}) is None
+    queue.release(parts)
+    queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "b"))
+    queue.push(job(loop, "c", 1))  # nobody competes now: everyone starts even
+    assert queue.served("a") == queue.served("c") == 0.0

@@ -9,6 +9,7 @@ history shaped like the latents, ``euler_a`` draws noise from each image's gener
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -163,3 +164,58 @@ def test_out_of_memory_between_steps_halves_and_keeps_every_image(
         worker.sampler.start = original  # type: ignore[method-assign]
     assert outcome.errors == {}
     np.testing.assert_array_equal(np.stack(outcome.images), np.stack(reference.images))
+
+
+def test_several_batches_paused_at_once_resume_in_any_order_to_the_same_images(
+    worker: PipelineWorker,
+) -> None:
+    """Two batches on the same named scheduler paused at once, a third run in between,
+    resumed out of order and paused again: each image as made by an uninterrupted batch."""
+    ka, kb = key("dpmpp_2m"), GroupKey(height=32, width=32, steps=4, scheduler="dpmpp_2m")
+    a_items, b_items = batch(4), batch(3, base=20)
+    ref_a, ref_b = plain(worker, ka, a_items), plain(worker, kb, b_items)
+    pa = worker.run(ka, a_items, Script({1: ("pause",)}))
+    pb = worker.run(kb, b_items, Script({2: ("pause",)}))
+    assert isinstance(pa, Paused) and isinstance(pb, Paused)
+    plain(worker, key("euler_a"), batch(2, base=40))
+    pa = pa.resume(Script({2: ("pause",)}))
+    assert isinstance(pa, Paused) and pa.step == 3
+    out_b, out_a = to_end(pb), to_end(pa)
+    np.testing.assert_array_equal(np.stack(out_a.images), np.stack(ref_a.images))
+    np.testing.assert_array_equal(np.stack(out_b.images), np.stack(ref_b.images))
+
+
+def test_time_slices_through_the_batcher_keep_every_image_and_seed(
+    worker: PipelineWorker,
+) -> None:
+    """The batcher on the real worker with a zero slice: two clients' batches of different
+    sizes and schedulers yield to each other at step boundaries (as often as timing makes
+    them), a third client's request of the first key rides along; every image equals the
+    same request made alone, so pausing never changes an image or a seed's meaning."""
+    from genaug.service.batching.batcher import Batcher
+    from genaug.service.metrics import Metrics
+
+    ka, kb = key("dpmpp_2m"), GroupKey(height=32, width=32, steps=6, scheduler="euler_a")
+    requests = {"a": (ka, batch(3)), "b": (kb, batch(2, base=30)), "c": (ka, batch(1, base=60))}
+    reference = {name: np.stack(plain(worker, k, list(items)).images)
+                 for name, (k, items) in requests.items()}
+
+    async def main() -> dict[str, np.ndarray]:
+        batcher = Batcher(worker, max_batch_images=4, max_wait_ms=0, max_queue_images=100,
+                          metrics=Metrics(), slice_ms=0)
+        await batcher.start()
+        try:
+            jobs = {name: batcher.submit(k, list(items), client=name, priority="interactive",
+                                         timeout_s=120)
+                    for name, (k, items) in requests.items()}
+            made = {name: await job.result() for name, job in jobs.items()}
+            preemptions = batcher.metrics.registry.get_sample_value("genaug_preemptions_total")
+            assert preemptions is not None and preemptions >= 1
+            assert batcher.paused_batches == 0
+            return made
+        finally:
+            await batcher.stop()
+
+    made = asyncio.run(main())
+    for name, images in made.items():
+        np.testing.assert_array_equal(images, reference[name], err_msg=name)
