@@ -65,3 +65,24 @@ def test_readme_commands_exist_in_the_makefile() -> None:
     assert "make demo" in README and "make test" in README
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_the_docs_land_on_a_heading() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             ROOT / "bench" / "README.md"]
+    anchors = {
+        page.resolve(): {_slug(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
+        for page in pages
+    }
+    broken = []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
+            linked = (page.parent / target).resolve() if target else page.resolve()
+            if linked in anchors and anchor not in anchors[linked]:
+                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
+    assert broken == []
