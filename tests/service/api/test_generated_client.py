@@ -51,7 +51,7 @@ def doc_block(language: str, starts: str) -> str:
 BINARY_ROUTES = {
     ("/v1/generate", "post"): {SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE},
     ("/v1/variants", "post"): {SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE},
-    ("/v1/recipes/shapes/sample", "post"): {SAFETENSORS_MEDIA_TYPE},
+    ("/v1/recipes/shapes/sample", "post"): {SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE},
     ("/v1/recent.png", "get"): {PNG_MEDIA_TYPE},
 }
 
