@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar, Unpack
 
 import numpy as np
 
@@ -284,32 +284,77 @@ class BaseClient:
         return len(self.endpoints.endpoints) > 1 and self.endpoints.healthy_count() > 0
 
 
-def generate_body(
-    prompt: str,
-    *,
-    n: int,
-    negative_prompt: str | None,
-    height: int | None,
-    width: int | None,
-    output_height: int | None,
-    output_width: int | None,
-    steps: int | None,
-    guidance: float | None,
-    seed: int | None,
-    priority: str,
-    timeout_s: float | None,
-    adapter: str | None = None,
-    adapter_scale: float | None = None,
-    scheduler: str | None = None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"prompt": prompt, "n": n, "priority": priority}
-    optional = {
-        "negative_prompt": negative_prompt, "height": height, "width": width,
-        "output_height": output_height, "output_width": output_width, "steps": steps,
-        "guidance": guidance, "seed": seed, "timeout_s": timeout_s, "adapter": adapter,
-        "adapter_scale": adapter_scale, "scheduler": scheduler,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
+class GenerationOptions(TypedDict, total=False):
+    """The options ``generate``, ``generate_png`` and ``variants`` share, all optional (unset:
+    the service's defaults; ``None`` is the same as unset). The service's request schema
+    (``GET /openapi.json``) says each one's bounds.
+
+    - ``negative_prompt``: what to avoid;
+    - ``output_height`` / ``output_width``: resize the output (one of them keeps the aspect);
+    - ``steps``, ``guidance``: denoising steps, classifier-free guidance scale;
+    - ``seed``: seed of the first image (image i uses seed + i): reproducible images;
+    - ``priority``: ``"interactive"`` (default) or ``"bulk"``;
+    - ``timeout_s``: the deadline; past it the service answers 504;
+    - ``scheduler``: one of the service's schedulers (``info()``);
+    - ``adapter`` / ``adapter_scale``: one of its LoRA adapters (``info()["adapters"]``)
+      and its strength (default 1.0).
+    """
+
+    negative_prompt: str | None
+    output_height: int | None
+    output_width: int | None
+    steps: int | None
+    guidance: float | None
+    seed: int | None
+    priority: str
+    timeout_s: float | None
+    scheduler: str | None
+    adapter: str | None
+    adapter_scale: float | None
+
+
+class GenerateOptions(GenerationOptions, total=False):
+    """``generate``'s options: the shared ones, ``n`` images (default 1) and the generation
+    ``height`` / ``width`` (a multiple of 8; default: the service's)."""
+
+    n: int
+    height: int | None
+    width: int | None
+
+
+class VariantOptions(GenerationOptions, total=False):
+    """``variants``' options: the shared ones, ``strength`` in (0, 1] (default 0.5: how far
+    from the source a variant may go; 1 ignores it) and ``n_per_image`` (default 1)."""
+
+    strength: float
+    n_per_image: int
+
+
+#: Per method: the option names it takes, and what it sends for an option left unset (the
+#: service's own defaults).
+OPTIONS: Mapping[str, tuple[frozenset[str], Mapping[str, Any]]] = {
+    "generate": (frozenset(GenerateOptions.__annotations__),
+                 {"n": 1, "priority": "interactive"}),
+    "variants": (frozenset(VariantOptions.__annotations__),
+                 {"strength": 0.5, "n_per_image": 1, "priority": "interactive"}),
+}
+
+
+def request_body(method: str, prompt: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON body of a ``method`` (``generate`` or ``variants``) request: the prompt, the
+    defaults, then the options given (one set to ``None`` is left out: the service's default
+    applies).
+
+    Raises:
+        TypeError: an option ``method`` does not take (as for any unknown keyword).
+    """
+    names, defaults = OPTIONS[method]
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r} (its "
+                        f"options: {', '.join(sorted(names))})")
+    body: dict[str, Any] = {"prompt": prompt, **defaults}
+    body.update((k, v) for k, v in options.items() if v is not None)
     return body
 
 
@@ -329,37 +374,6 @@ def source_images(images: Any) -> np.ndarray:
             "for float images in [0, 1], or np.repeat(x, 3, axis=-1) for one channel"
         )
     return arr
-
-
-def variants_params(
-    prompt: str,
-    *,
-    strength: float,
-    n_per_image: int,
-    negative_prompt: str | None,
-    output_height: int | None,
-    output_width: int | None,
-    steps: int | None,
-    guidance: float | None,
-    seed: int | None,
-    priority: str,
-    timeout_s: float | None,
-    adapter: str | None,
-    adapter_scale: float | None,
-    scheduler: str | None,
-) -> dict[str, Any]:
-    """The ``params`` part of ``POST /v1/variants`` (the generation size is the sources')."""
-    body: dict[str, Any] = {
-        "prompt": prompt, "strength": strength, "n_per_image": n_per_image, "priority": priority,
-    }
-    optional = {
-        "negative_prompt": negative_prompt, "output_height": output_height,
-        "output_width": output_width, "steps": steps, "guidance": guidance, "seed": seed,
-        "timeout_s": timeout_s, "adapter": adapter, "adapter_scale": adapter_scale,
-        "scheduler": scheduler,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
-    return body
 
 
 Multipart = list[tuple[str, tuple[str | None, bytes, str]]]
@@ -477,8 +491,10 @@ class Calls:
     def __init__(self, default_timeout: float) -> None:
         self.default_timeout = default_timeout
 
-    def generate(self, prompt: str, *, png: bool = False, **options: Any) -> Call[Any]:
-        body = generate_body(prompt, **options)
+    def generate(
+        self, prompt: str, *, png: bool = False, **options: Unpack[GenerateOptions]
+    ) -> Call[Any]:
+        body = request_body("generate", prompt, options)
         return Call(
             "POST", "/v1/generate",
             decode=expect_png if png else decode_generate,
@@ -486,8 +502,10 @@ class Calls:
             timeout=http_timeout(options.get("timeout_s"), self.default_timeout),
         )
 
-    def variants(self, images: Any, prompt: str, **options: Any) -> Call[GenerateResult]:
-        params = variants_params(prompt, **options)
+    def variants(
+        self, images: Any, prompt: str, **options: Unpack[VariantOptions]
+    ) -> Call[GenerateResult]:
+        params = request_body("variants", prompt, options)
         return Call(
             "POST", "/v1/variants", decode=decode_generate,
             files=variants_parts(images, params), accept=SAFETENSORS_MEDIA_TYPE,

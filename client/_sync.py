@@ -6,12 +6,21 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 import numpy as np
 
-from ._base import PROBE_TIMEOUT_S, BaseClient, Call, Endpoint, GenerateResult, SampleResult
+from ._base import (
+    PROBE_TIMEOUT_S,
+    BaseClient,
+    Call,
+    Endpoint,
+    GenerateOptions,
+    GenerateResult,
+    SampleResult,
+    VariantOptions,
+)
 from ._transport import mounts
 from .errors import GenaugError, TransportError, UnavailableError
 
@@ -112,88 +121,33 @@ class Client:
             response.status_code, response.content, response.headers, endpoint
         )
 
-    def generate(
-        self,
-        prompt: str,
-        *,
-        n: int = 1,
-        negative_prompt: str | None = None,
-        height: int | None = None,
-        width: int | None = None,
-        output_height: int | None = None,
-        output_width: int | None = None,
-        steps: int | None = None,
-        guidance: float | None = None,
-        seed: int | None = None,
-        priority: str = "interactive",
-        timeout_s: float | None = None,
-        adapter: str | None = None,
-        adapter_scale: float | None = None,
-        scheduler: str | None = None,
-    ) -> GenerateResult:
+    def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
         """Generate ``n`` images; ``seed`` makes them reproducible (image i uses seed + i).
 
-        ``adapter`` / ``adapter_scale`` pick one of the service's LoRA adapters
-        (``info()["adapters"]``), ``scheduler`` one of its schedulers; unset: its defaults.
+        The options (keywords only, all optional) are :class:`GenerateOptions`: ``n``,
+        ``height``, ``width``, ``negative_prompt``, ``output_height``, ``output_width``,
+        ``steps``, ``guidance``, ``seed``, ``priority``, ``timeout_s``, ``scheduler``,
+        ``adapter``, ``adapter_scale``. ``adapter`` / ``adapter_scale`` pick one of the
+        service's LoRA adapters (``info()["adapters"]``), ``scheduler`` one of its
+        schedulers; unset: its defaults.
         """
-        result: GenerateResult = self._call(self._base.calls.generate(
-            prompt, n=n, negative_prompt=negative_prompt, height=height, width=width,
-            output_height=output_height, output_width=output_width, steps=steps,
-            guidance=guidance, seed=seed, priority=priority, timeout_s=timeout_s,
-            adapter=adapter, adapter_scale=adapter_scale, scheduler=scheduler,
-        ))
+        result: GenerateResult = self._call(self._base.calls.generate(prompt, **options))
         return result
 
-    def generate_png(
-        self,
-        prompt: str,
-        *,
-        n: int = 1,
-        negative_prompt: str | None = None,
-        height: int | None = None,
-        width: int | None = None,
-        output_height: int | None = None,
-        output_width: int | None = None,
-        steps: int | None = None,
-        guidance: float | None = None,
-        seed: int | None = None,
-        priority: str = "interactive",
-        timeout_s: float | None = None,
-        adapter: str | None = None,
-        adapter_scale: float | None = None,
-        scheduler: str | None = None,
-    ) -> bytes:
+    def generate_png(self, prompt: str, **options: Unpack[GenerateOptions]) -> bytes:
         """Like :meth:`generate`, but one PNG (a grid when n > 1), e.g. to show in a notebook."""
-        png: bytes = self._call(self._base.calls.generate(
-            prompt, png=True, n=n, negative_prompt=negative_prompt, height=height, width=width,
-            output_height=output_height, output_width=output_width, steps=steps,
-            guidance=guidance, seed=seed, priority=priority, timeout_s=timeout_s,
-            adapter=adapter, adapter_scale=adapter_scale, scheduler=scheduler,
-        ))
+        png: bytes = self._call(
+            self._base.calls.generate(prompt, png=True, **options))
         return png
 
     def variants(
-        self,
-        images: np.ndarray,
-        prompt: str,
-        *,
-        strength: float = 0.5,
-        n_per_image: int = 1,
-        negative_prompt: str | None = None,
-        output_height: int | None = None,
-        output_width: int | None = None,
-        steps: int | None = None,
-        guidance: float | None = None,
-        seed: int | None = None,
-        priority: str = "interactive",
-        timeout_s: float | None = None,
-        adapter: str | None = None,
-        adapter_scale: float | None = None,
-        scheduler: str | None = None,
+        self, images: np.ndarray, prompt: str, **options: Unpack[VariantOptions]
     ) -> GenerateResult:
         """``n_per_image`` img2img variants of each of ``images`` (uint8 ``[N, H, W, 3]`` or
         one ``[H, W, 3]``), guided by ``prompt``.
 
+        The options are :class:`VariantOptions`: ``strength``, ``n_per_image`` and the
+        shared ones of :meth:`generate` (without ``n``, ``height``, ``width``).
         ``strength`` in (0, 1]: how far from the source a variant may go (1 ignores it). The
         sources are generated at their own size (all one size, a multiple of 8); the
         result's ``sources`` says which input each output came from, source-major, and
@@ -206,13 +160,8 @@ class Client:
                                   n_per_image=4, seed=0)
             out.images[out.sources == 0]   # the 4 variants of the first image
         """
-        result: GenerateResult = self._call(self._base.calls.variants(
-            images, prompt, strength=strength, n_per_image=n_per_image,
-            negative_prompt=negative_prompt, output_height=output_height,
-            output_width=output_width, steps=steps, guidance=guidance, seed=seed,
-            priority=priority, timeout_s=timeout_s, adapter=adapter,
-            adapter_scale=adapter_scale, scheduler=scheduler,
-        ))
+        result: GenerateResult = self._call(
+            self._base.calls.variants(images, prompt, **options))
         return result
 
     def sample(

@@ -9,6 +9,15 @@ the service accepts; the few dynamic answers no schema can express (a full queue
 a model still loading) are listed in docs/reliability.md. The answers' models are the HTTP
 edge's (``api/responses.py``).
 
+Each request field is declared once, on its class below: its type, default and description,
+its :class:`Bound` (numbers, or names of settings, resolved per app) and its :class:`Fix` (the
+hint a 422 gives). :func:`build_api_models` derives the per-app models and the hints from
+these declarations, and refuses a field that lacks either. A new field::
+
+    steps: Annotated[int | None, Field(description="Denoising steps."),
+                     Bound(ge=1, le="max_steps"),
+                     Fix("use 1 to max_steps {max_steps}, or set GENAUG_MAX_STEPS")] = None
+
 JSON numbers: an integer field accepts an integral number (``4.0``), as JSON Schema's
 ``integer`` does, and a number field accepts an integer; strings and booleans are refused.
 
@@ -23,11 +32,13 @@ Example::
 from __future__ import annotations
 
 import functools
+import operator
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from dataclasses import field as dataclass_field
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
@@ -39,6 +50,7 @@ if TYPE_CHECKING:
     from ..recipes.spec import Recipe
 
 Priority = Literal["interactive", "bulk"]
+M = TypeVar("M", bound=BaseModel)
 SEED_MAX = 2**63 - 1
 #: The shortest ``timeout_s`` a request may set: a shorter deadline could never be met.
 MIN_TIMEOUT_S = 0.5
@@ -104,29 +116,161 @@ class Body(BaseModel):
         return out
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What a bound may depend on: the app's settings, the most images one request of the
+    route makes, and the app's choice lists (``schedulers``, ``adapters``, a recipe's
+    ``labels``)."""
+
+    settings: Settings
+    images: int = 1
+    choices: Mapping[str, Sequence[str]] = dataclass_field(default_factory=dict)
+
+    def resolve(self, value: Limit) -> Any:
+        if isinstance(value, str):
+            return getattr(self.settings, value)
+        if callable(value):
+            return value(self)
+        return value
+
+
+#: A bound's value: a number, the name of a setting (``"max_steps"``), or a function of the
+#: app's :class:`Limits`.
+Limit = int | float | str | Callable[[Limits], float]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a request field admits, as a pydantic ``Field`` constraint each (resolved per app
+    by :class:`Limits`), plus:
+
+    - ``one_of``: the field's ``str`` becomes an enum of that choice list of the app;
+    - ``absent``: when the choice list ``needs`` (default ``one_of``) is empty, the field
+      admits only null, with this description;
+    - ``null=False``: the field is left out to not give it, null is refused.
+
+    ``Bound()`` with nothing is for a field whose type is closed (a ``Literal``).
+    """
+
+    ge: Limit | None = None
+    gt: Limit | None = None
+    le: Limit | None = None
+    multiple_of: Limit | None = None
+    min_length: Limit | None = None
+    max_length: Limit | None = None
+    pattern: str | None = None
+    one_of: str | None = None
+    needs: str | None = None
+    absent: str | None = None
+    null: bool = True
+
+    def constraints(self, limits: Limits) -> dict[str, Any]:
+        """The pydantic ``Field`` constraints with this app's numbers."""
+        names = ("ge", "gt", "le", "multiple_of", "min_length", "max_length")
+        out = {name: limits.resolve(getattr(self, name)) for name in names
+               if getattr(self, name) is not None}
+        if self.pattern is not None:
+            out["pattern"] = self.pattern
+        return out
+
+
+@dataclass(frozen=True)
+class Fix:
+    """The fix a 422 names for a field: a ``str.format`` template over the settings' names
+    (``{max_steps}``) and this module's limits (``{MAX_GUIDANCE:g}``); ``{{name}}`` is the
+    recipe's name in the URL."""
+
+    text: str
+
+    def render(self, settings: Settings) -> str:
+        return self.text.format_map(_Names(settings))
+
+
+class _Names(dict[str, Any]):
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(MIN_TIMEOUT_S=MIN_TIMEOUT_S, MAX_GUIDANCE=MAX_GUIDANCE,
+                         MAX_ADAPTER_SCALE=MAX_ADAPTER_SCALE, MAX_NEED=MAX_NEED,
+                         schedulers=", ".join(SCHEDULERS))
+        self.settings = settings
+
+    def __missing__(self, key: str) -> Any:
+        return getattr(self.settings, key)
+
+
+def _side(limits: Limits) -> int:
+    """The largest generation side: ``max_side`` down to a multiple of 8."""
+    return limits.settings.max_side - limits.settings.max_side % 8
+
+
+def _last_seed(limits: Limits) -> int:
+    """The largest first seed: image ``i`` uses ``seed + i``, so every seed of the route's
+    largest request fits."""
+    return SEED_MAX - (limits.images - 1)
+
+
+def _fill_images(limits: Limits) -> int:
+    return limits.settings.pool_capacity_per_label * len(limits.choices.get("labels", ()))
+
+
+_OUT_SIDE = "use 1 to max_side {max_side}, or set GENAUG_MAX_SIDE"
+_SIDE = "use a multiple of 8 from 8 to max_side {max_side}, or set GENAUG_MAX_SIDE"
+
+
 class GenerationFields(Body):
     """The fields generate and the variants' params share: what to draw, at which output
     size, with which steps, guidance, seed, scheduler and adapter, how urgent and for how long.
 
-    The base of :class:`GenerateRequest` and :class:`VariantParams`; the configured bounds of
-    these fields are set once for both by :func:`build_api_models`. Example::
+    The base of :class:`GenerateRequest` and :class:`VariantParams`; each field's bound and
+    fix are declared here once for both (:func:`build_api_models` resolves them per app).
+    Example::
 
         body = GenerateRequest(prompt="a red circle", n=2)
         isinstance(body, GenerationFields), body.priority   # True, 'interactive'
     """
 
-    prompt: str
-    negative_prompt: str | None = None
-    output_height: int | None = None
-    output_width: int | None = None
-    steps: int | None = None
-    guidance: float | None = None
-    seed: int | None = None
-    priority: Priority = "interactive"
-    timeout_s: float | None = None
-    scheduler: str | None = None
-    adapter: str | None = None
-    adapter_scale: float | None = None
+    prompt: Annotated[
+        str, Field(description="What to draw."),
+        Bound(min_length=1, max_length="max_prompt_chars", pattern=_NON_BLANK),
+        Fix("send 1 to max_prompt_chars {max_prompt_chars} characters with some non-space "
+            "text, or set GENAUG_MAX_PROMPT_CHARS")]
+    negative_prompt: Annotated[
+        str | None, Field(description="What to avoid."), Bound(max_length="max_prompt_chars"),
+        Fix("send at most max_prompt_chars {max_prompt_chars} characters or leave it out")
+    ] = None
+    output_height: Annotated[
+        int | None, Field(description="Resize the output to this height."),
+        Bound(ge=1, le="max_side"), Fix(_OUT_SIDE)] = None
+    output_width: Annotated[
+        int | None, Field(description="Resize the output to this width."),
+        Bound(ge=1, le="max_side"), Fix(_OUT_SIDE)] = None
+    steps: Annotated[
+        int | None, Field(description="Denoising steps."), Bound(ge=1, le="max_steps"),
+        Fix("use 1 to max_steps {max_steps}, or set GENAUG_MAX_STEPS")] = None
+    guidance: Annotated[
+        float | None, Field(description="Classifier-free guidance scale."),
+        Bound(ge=0, le=MAX_GUIDANCE), Fix("use a number from 0 to {MAX_GUIDANCE:g}")] = None
+    seed: Annotated[
+        int | None, Field(description="Seed of the first image; image i uses seed + i."),
+        Bound(ge=0, le=_last_seed),
+        Fix("use an integer from 0 up to the schema's maximum (the largest seed less the "
+            "images of one request), or leave it out for random seeds")] = None
+    priority: Annotated[Priority, Bound(), Fix("use 'interactive' or 'bulk'")] = "interactive"
+    timeout_s: Annotated[
+        float | None, Field(description="Deadline; past it the answer is 504."),
+        Bound(ge=MIN_TIMEOUT_S, le="max_timeout_s"),
+        Fix("use {MIN_TIMEOUT_S:g} to max_timeout_s {max_timeout_s:g} seconds, or set "
+            "GENAUG_MAX_TIMEOUT_S")] = None
+    scheduler: Annotated[
+        str | None, Field(description="Sampler; default: the service's (GENAUG_SCHEDULER)."),
+        Bound(one_of="schedulers"), Fix("use one of {schedulers}")] = None
+    adapter: Annotated[
+        str | None, Field(description="LoRA adapter (GENAUG_LORAS)."),
+        Bound(one_of="adapters", absent="No GENAUG_LORAS set."),
+        Fix("use one of the adapters GET /v1/info lists (GENAUG_LORAS)")] = None
+    adapter_scale: Annotated[
+        float | None, Field(description="Adapter strength (default 1.0)."),
+        Bound(ge=0, le=MAX_ADAPTER_SCALE, needs="adapters", absent="No adapters."),
+        Fix("use a number from 0 to {MAX_ADAPTER_SCALE:g}")] = None
 
 
 class GenerateRequest(GenerationFields):
@@ -141,9 +285,16 @@ class GenerateRequest(GenerationFields):
     of ``output_height``/``output_width`` the other keeps the generated aspect ratio.
     """
 
-    n: int = 1
-    height: int | None = None
-    width: int | None = None
+    n: Annotated[
+        int, Field(description="Number of images."), Bound(ge=1, le="max_n"),
+        Fix("ask for 1 to max_n {max_n} images per call (the client can loop), or set "
+            "GENAUG_MAX_N")] = 1
+    height: Annotated[
+        int | None, Field(description="Generation height."),
+        Bound(ge=8, le=_side, multiple_of=8), Fix(_SIDE)] = None
+    width: Annotated[
+        int | None, Field(description="Generation width."),
+        Bound(ge=8, le=_side, multiple_of=8), Fix(_SIDE)] = None
 
 
 class VariantParams(GenerationFields):
@@ -156,8 +307,13 @@ class VariantParams(GenerationFields):
     Variant ``k`` of source ``j`` uses seed ``seed + j * n_per_image + k``.
     """
 
-    strength: float = 0.5
-    n_per_image: int = 1
+    strength: Annotated[
+        float, Field(description="Share of the schedule run: 1.0 ignores the source."),
+        Bound(gt=0, le=1),
+        Fix("use a number in (0, 1]: the share of the denoising schedule run")] = 0.5
+    n_per_image: Annotated[
+        int, Field(description="Variants per source."), Bound(ge=1, le="max_n"),
+        Fix("ask for 1 to max_n {max_n} variants per image, or set GENAUG_MAX_N")] = 1
 
 
 class SampleRequest(Body):
@@ -168,9 +324,22 @@ class SampleRequest(Body):
         {"labels": ["I", "P"], "n": 64, "wait_s": 2.0}
     """
 
-    labels: str | list[str] | None = None
-    n: int = 64
-    wait_s: float = 0.0
+    labels: Annotated[
+        str | Annotated[list[str], Field(min_length=1)] | None,
+        Field(description="One label, a list, or none for all of the recipe's labels."),
+        Bound(one_of="labels"),
+        Fix("use labels of this recipe (GET /v1/recipes/{{name}}), or leave labels out for "
+            "all")] = None
+    n: Annotated[
+        int, Field(description="Most images to return."), Bound(ge=0, le="max_sample_n"),
+        Fix("ask for 0 to max_sample_n {max_sample_n} images, or set GENAUG_MAX_SAMPLE_N")
+    ] = 64
+    wait_s: Annotated[
+        float, Field(description="Wait up to this long for generation when the pool holds "
+                                 "too few."),
+        Bound(ge=0, le="max_timeout_s"),
+        Fix("wait 0 to max_timeout_s {max_timeout_s:g} seconds, or set GENAUG_MAX_TIMEOUT_S")
+    ] = 0.0
 
 
 def _one_of_fill(schema: dict[str, Any]) -> None:
@@ -193,8 +362,19 @@ class FillRequest(Body):
 
     model_config = ConfigDict(json_schema_extra=_one_of_fill)
 
-    per_label: int | None = None
-    images: int | None = None
+    # Not nullable (null=False): leave a field out to not give it (the schema's oneOf says so).
+    per_label: Annotated[
+        int | None, Field(description="Images per label to fill to."),
+        Bound(ge=1, le="pool_capacity_per_label", null=False),
+        Fix("ask for 1 to the pool capacity per label {pool_capacity_per_label}, or set "
+            "GENAUG_POOL_CAPACITY_PER_LABEL")] = None
+    images: Annotated[
+        int | None, Field(description="Images to generate more, split over the labels by the "
+                                      "trainers' need and recent demand."),
+        Bound(ge=1, le=_fill_images, null=False),
+        Fix("ask for 1 to the pool capacity per label {pool_capacity_per_label} times the "
+            "recipe's labels, less their targets now (GET /v1/recipes/{{name}}), or set "
+            "GENAUG_POOL_CAPACITY_PER_LABEL")] = None
 
     @model_validator(mode="after")
     def _one_amount(self) -> FillRequest:
@@ -223,7 +403,98 @@ class FeedbackRequest(Body):
     (``GENAUG_NEED_HALF_LIFE_S``).
     """
 
-    need: dict[str, float]
+    need: Annotated[
+        dict[str, Annotated[float, Field(ge=0, le=MAX_NEED, allow_inf_nan=False)]],
+        Field(description="Need per label, 0 to 1e6; labels left out need nothing."),
+        Bound(one_of="labels"),
+        Fix("give labels of this recipe (GET /v1/recipes/{{name}} lists them) each a number "
+            'from 0 to {MAX_NEED:.0f}, e.g. {{"need": {{"<label>": 0.5}}}}')]
+
+
+def _choice(names: Sequence[str]) -> Any:
+    return Literal[tuple(names)]  # a Literal of runtime values: an enum in the schema
+
+
+def _swap_str(annotation: Any, choice: Any) -> Any:
+    """``annotation`` with every ``str`` in it (inside unions, lists, dict keys, Annotated)
+    replaced by ``choice``."""
+    if annotation is str:
+        return choice
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return Annotated[(_swap_str(args[0], choice), *annotation.__metadata__)]
+    if origin in (Union, types.UnionType):
+        return functools.reduce(operator.or_, (_swap_str(a, choice) for a in args))
+    if origin in (list, dict):
+        return origin[tuple(_swap_str(a, choice) for a in args)]
+    return annotation
+
+
+def _non_null(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return functools.reduce(operator.or_, args)
+    return annotation
+
+
+def declaration(model: type[BaseModel], name: str) -> tuple[Bound, Fix]:
+    """The :class:`Bound` and :class:`Fix` declared on ``model``'s field ``name``.
+
+    Raises:
+        TypeError: the field lacks one (every request field declares both).
+    """
+    metadata = model.model_fields[name].metadata
+    bounds = [m for m in metadata if isinstance(m, Bound)]
+    fixes = [m for m in metadata if isinstance(m, Fix)]
+    if len(bounds) != 1 or len(fixes) != 1:
+        raise TypeError(
+            f"{model.__name__}.{name} must declare one Bound and one Fix (found "
+            f"{len(bounds)} and {len(fixes)}): write them in its Annotated[...] so that the "
+            "served schema bounds it and a 422 says how to fix it")
+    return bounds[0], fixes[0]
+
+
+def _bounded_field(model: type[BaseModel], name: str, limits: Limits) -> tuple[Any, Any]:
+    """``(annotation, Field(...))`` of field ``name`` with this app's bounds."""
+    info = model.model_fields[name]
+    bound, _ = declaration(model, name)
+    annotation = info.annotation
+    if bound.absent is not None and not limits.choices.get(bound.needs or bound.one_of or ""):
+        return None, Field(default=None, description=bound.absent)
+    if bound.one_of is not None:
+        annotation = _swap_str(annotation, _choice(limits.choices[bound.one_of]))
+    if not bound.null:
+        annotation = _non_null(annotation)
+    constraints = bound.constraints(limits)
+    if _numeric_kind(annotation) == "float":
+        constraints["allow_inf_nan"] = False
+    return annotation, Field(default=info.default, description=info.description, **constraints)
+
+
+def bounded_model(model: type[M], limits: Limits, *, name: str | None = None,
+                  doc: str | None = None) -> type[M]:
+    """``model`` with every field bounded for this app: a subclass of ``model``."""
+    fields = {field: _bounded_field(model, field, limits) for field in model.model_fields}
+    derived: type[M] = create_model(  # type: ignore[call-overload]
+        name or model.__name__, __base__=model, __doc__=doc or model.__doc__, **fields)
+    return derived
+
+
+#: The request model of each route whose 422s name a fix (``ApiModels.hints``' keys).
+ROUTE_MODELS: Mapping[str, type[Body]] = {
+    "generate": GenerateRequest,
+    "variants": VariantParams,
+    "sample": SampleRequest,
+    "fill": FillRequest,
+    "feedback": FeedbackRequest,
+}
+
+
+def hints(settings: Settings) -> dict[str, dict[str, str]]:
+    """The fix of each field per route, with this app's numbers."""
+    return {route: {field: declaration(model, field)[1].render(settings)
+                    for field in model.model_fields}
+            for route, model in ROUTE_MODELS.items()}
 
 
 @dataclass(frozen=True)
@@ -231,9 +502,8 @@ class ApiModels:
     """The request models of one app, bounded by its settings, recipes and adapters.
 
     ``sample``, ``fill`` and ``feedback`` hold one model per recipe (its labels are an
-    enum); ``hints`` the
-    fix a 422 names, per route and field; ``defaults`` the (size, steps, guidance) that
-    omitted fields take.
+    enum); ``hints`` the fix a 422 names, per route and field; ``defaults`` the (size, steps,
+    guidance) that omitted fields take.
     """
 
     generate: type[GenerateRequest]
@@ -247,102 +517,6 @@ class ApiModels:
     max_side: int
 
 
-def _choice(names: Sequence[str]) -> Any:
-    return Literal[tuple(names)]  # a Literal of runtime values: an enum in the schema
-
-
-def _generation_fields(
-    s: Settings, adapters: Sequence[str], schedulers: Sequence[str], *, max_images: int
-) -> dict[str, Any]:
-    """The :class:`GenerationFields` of generate and the variants' params, with their
-    configured bounds."""
-    side = s.max_side - s.max_side % 8
-    fields: dict[str, Any] = {
-        "prompt": (str, Field(min_length=1, max_length=s.max_prompt_chars, pattern=_NON_BLANK,
-                              description="What to draw.")),
-        "negative_prompt": (str | None, Field(default=None, max_length=s.max_prompt_chars,
-                                              description="What to avoid.")),
-        "output_height": (int | None, Field(default=None, ge=1, le=s.max_side,
-                                            description="Resize the output to this height.")),
-        "output_width": (int | None, Field(default=None, ge=1, le=s.max_side,
-                                           description="Resize the output to this width.")),
-        "steps": (int | None, Field(default=None, ge=1, le=s.max_steps,
-                                    description="Denoising steps.")),
-        "guidance": (float | None, Field(default=None, ge=0, le=MAX_GUIDANCE,
-                                         allow_inf_nan=False,
-                                         description="Classifier-free guidance scale.")),
-        "seed": (int | None, Field(default=None, ge=0, le=SEED_MAX - (max_images - 1),
-                                   description="Seed of the first image; image i uses seed + i.")),
-        "timeout_s": (float | None, Field(default=None, ge=MIN_TIMEOUT_S, le=s.max_timeout_s,
-                                          allow_inf_nan=False,
-                                          description="Deadline; past it the answer is 504.")),
-        "scheduler": (_choice(schedulers) | None, Field(
-            default=None, description="Sampler; default: the service's (GENAUG_SCHEDULER).")),
-    }
-    if side < 8:
-        raise ValueError(f"max_side {s.max_side} leaves no multiple of 8 to generate at")
-    if adapters:
-        fields["adapter"] = (_choice(adapters) | None, Field(
-            default=None, description="LoRA adapter (GENAUG_LORAS)."))
-        fields["adapter_scale"] = (float | None, Field(
-            default=None, ge=0, le=MAX_ADAPTER_SCALE, allow_inf_nan=False,
-            description="Adapter strength (default 1.0)."))
-    else:  # no adapters configured: the fields exist but admit only null
-        fields["adapter"] = (None, Field(default=None, description="No GENAUG_LORAS set."))
-        fields["adapter_scale"] = (None, Field(default=None, description="No adapters."))
-    return fields
-
-
-def _hints(s: Settings, capacity: int) -> dict[str, dict[str, str]]:
-    side = (f"use a multiple of 8 from 8 to max_side {s.max_side}, or set GENAUG_MAX_SIDE")
-    out_side = f"use 1 to max_side {s.max_side}, or set GENAUG_MAX_SIDE"
-    common = {
-        "prompt": f"send 1 to max_prompt_chars {s.max_prompt_chars} characters with some "
-                  "non-space text, or set GENAUG_MAX_PROMPT_CHARS",
-        "negative_prompt": f"send at most max_prompt_chars {s.max_prompt_chars} characters "
-                           "or leave it out",
-        "height": side,
-        "width": side,
-        "output_height": out_side,
-        "output_width": out_side,
-        "steps": f"use 1 to max_steps {s.max_steps}, or set GENAUG_MAX_STEPS",
-        "guidance": f"use a number from 0 to {MAX_GUIDANCE:g}",
-        "seed": "use an integer from 0 up to the schema's maximum (the largest seed less the "
-                "images of one request), or leave it out for random seeds",
-        "priority": "use 'interactive' or 'bulk'",
-        "timeout_s": f"use {MIN_TIMEOUT_S:g} to max_timeout_s {s.max_timeout_s:g} seconds, or "
-                     "set GENAUG_MAX_TIMEOUT_S",
-        "scheduler": f"use one of {', '.join(SCHEDULERS)}",
-        "adapter": "use one of the adapters GET /v1/info lists (GENAUG_LORAS)",
-        "adapter_scale": f"use a number from 0 to {MAX_ADAPTER_SCALE:g}",
-        "strength": "use a number in (0, 1]: the share of the denoising schedule run",
-    }
-    return {
-        "generate": {**common, "n": f"ask for 1 to max_n {s.max_n} images per call (the client "
-                                    "can loop), or set GENAUG_MAX_N"},
-        "variants": {**common, "n_per_image": f"ask for 1 to max_n {s.max_n} variants per "
-                                              "image, or set GENAUG_MAX_N"},
-        "sample": {
-            "labels": "use labels of this recipe (GET /v1/recipes/{name}), or leave labels out "
-                      "for all",
-            "n": f"ask for 0 to max_sample_n {s.max_sample_n} images, or set "
-                 "GENAUG_MAX_SAMPLE_N",
-            "wait_s": f"wait 0 to max_timeout_s {s.max_timeout_s:g} seconds, or set "
-                      "GENAUG_MAX_TIMEOUT_S",
-        },
-        "fill": {
-            "per_label": f"ask for 1 to the pool capacity per label {capacity}, or set "
-                         "GENAUG_POOL_CAPACITY_PER_LABEL",
-            "images": f"ask for 1 to the pool capacity per label {capacity} times the "
-                      "recipe's labels, less their targets now (GET /v1/recipes/{name}), or set "
-                      "GENAUG_POOL_CAPACITY_PER_LABEL",
-        },
-        "feedback": {"need": f"give labels of this recipe (GET /v1/recipes/{{name}} lists them) "
-                             f"each a number from 0 to {MAX_NEED:.0f}, e.g. "
-                             '{"need": {"<label>": 0.5}}'},
-    }
-
-
 def build_api_models(
     settings: Settings,
     *,
@@ -352,80 +526,44 @@ def build_api_models(
     schedulers: Sequence[str] = SCHEDULERS,
 ) -> ApiModels:
     """The request models of an app with these settings, recipes, adapter names and the
-    schedulers its worker runs."""
+    schedulers its worker runs: each declared field with its bound resolved.
+
+    Raises:
+        ValueError: ``max_side`` below 8 (no multiple of 8 to generate at).
+        TypeError: a request field that declares no :class:`Bound` or :class:`Fix`.
+    """
     s = settings
-    side = s.max_side - s.max_side % 8
-    variant_images = s.max_n * s.max_variant_sources
-    generate = create_model(
-        "GenerateRequest",
-        __base__=GenerateRequest,
-        __doc__=GenerateRequest.__doc__,
-        **_generation_fields(s, adapters, schedulers, max_images=s.max_n),
-        n=(int, Field(default=1, ge=1, le=s.max_n, description="Number of images.")),
-        height=(int | None, Field(default=None, ge=8, le=side, multiple_of=8,
-                                  description="Generation height.")),
-        width=(int | None, Field(default=None, ge=8, le=side, multiple_of=8,
-                                 description="Generation width.")),
-    )
-    variants = create_model(
-        "VariantParams",
-        __base__=VariantParams,
-        __doc__=VariantParams.__doc__,
-        **_generation_fields(s, adapters, schedulers, max_images=variant_images),
-        strength=(float, Field(default=0.5, gt=0, le=1, allow_inf_nan=False,
-                               description="Share of the schedule run: 1.0 ignores the source.")),
-        n_per_image=(int, Field(default=1, ge=1, le=s.max_n, description="Variants per source.")),
-    )
+    if _side(Limits(s)) < 8:
+        raise ValueError(f"max_side {s.max_side} leaves no multiple of 8 to generate at")
+    choices = {"schedulers": tuple(schedulers), "adapters": tuple(adapters)}
+    generate = bounded_model(GenerateRequest, Limits(s, s.max_n, choices))
+    variants = bounded_model(
+        VariantParams, Limits(s, s.max_n * s.max_variant_sources, choices))
     sample: dict[str, type[SampleRequest]] = {}
     fill: dict[str, type[FillRequest]] = {}
     feedback: dict[str, type[FeedbackRequest]] = {}
     for name, recipe in recipes.items():
-        label: Any = _choice(recipe.label_names)
+        limits = Limits(s, choices={**choices, "labels": tuple(recipe.label_names)})
         suffix = "".join(part.capitalize() for part in name.replace("_", "-").split("-"))
-        sample[name] = create_model(
-            f"SampleRequest{suffix}",
-            __base__=SampleRequest,
-            __doc__=f"``POST /v1/recipes/{name}/sample``: images from the pool of {name!r}.",
-            labels=(label | Annotated[list[label], Field(min_length=1)] | None, Field(
-                default=None,
-                description="One label, a list, or none for all of the recipe's labels.")),
-            n=(int, Field(default=64, ge=0, le=s.max_sample_n,
-                          description="Most images to return.")),
-            wait_s=(float, Field(default=0.0, ge=0, le=s.max_timeout_s, allow_inf_nan=False,
-                                 description="Wait up to this long for generation when the pool "
-                                             "holds too few.")),
-        )
-        fill[name] = create_model(
-            f"FillRequest{suffix}",
-            __base__=FillRequest,
-            __doc__=f"``POST /v1/recipes/{name}/fill``: fill each label of {name!r} to "
-                    "per_label, or generate images more split by need (one of the two).",
-            # Not nullable: leave a field out to not give it (the schema's oneOf says so).
-            per_label=(int, Field(default=None, ge=1, le=s.pool_capacity_per_label,
-                                  description="Images per label to fill to.")),
-            images=(int, Field(
-                default=None, ge=1, le=s.pool_capacity_per_label * len(recipe.label_names),
-                description="Images to generate more, split over the labels by the "
-                            "trainers' need and recent demand.")),
-        )
-        amount = Annotated[float, Field(ge=0, le=MAX_NEED, allow_inf_nan=False)]
-        feedback[name] = create_model(
-            f"FeedbackRequest{suffix}",
-            __base__=FeedbackRequest,
-            __doc__=f"``POST /v1/recipes/{name}/feedback``: this client's need per label of "
-                    f"{name!r} (only proportions count; {{}} withdraws it).",
-            need=(dict[label, amount], Field(
-                description="Need per label, 0 to 1e6; labels left out need nothing.")),
-        )
+        sample[name] = bounded_model(
+            SampleRequest, limits, name=f"SampleRequest{suffix}",
+            doc=f"``POST /v1/recipes/{name}/sample``: images from the pool of {name!r}.")
+        fill[name] = bounded_model(
+            FillRequest, limits, name=f"FillRequest{suffix}",
+            doc=f"``POST /v1/recipes/{name}/fill``: fill each label of {name!r} to "
+                "per_label, or generate images more split by need (one of the two).")
+        feedback[name] = bounded_model(
+            FeedbackRequest, limits, name=f"FeedbackRequest{suffix}",
+            doc=f"``POST /v1/recipes/{name}/feedback``: this client's need per label of "
+                f"{name!r} (only proportions count; {{}} withdraws it).")
     return ApiModels(
         generate=generate,
         variants=variants,
         sample=sample,
         fill=fill,
         feedback=feedback,
-        hints=_hints(s, s.pool_capacity_per_label),
+        hints=hints(s),
         defaults=defaults,
         adapters=tuple(adapters),
         max_side=s.max_side,
     )
-
