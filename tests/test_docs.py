@@ -27,13 +27,14 @@ def test_every_setting_has_a_description() -> None:
     assert [n for n, f in Settings.model_fields.items() if not f.description] == []
 
 
-def test_every_route_is_in_the_readme(make_service: Any, shapes_recipes_file: Path) -> None:
+def test_every_route_is_in_the_readme(make_service: Any, shapes_recipes_file: Path,
+                                      tmp_path: Path) -> None:
     """Each method and path the schema serves (with a recipe, so the recipe routes are there)
     is a `METHOD /path` cell of the README's HTTP API table, and the table names no route the
     service lacks."""
     import httpx
 
-    live = make_service(recipes=shapes_recipes_file)
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db")
     spec = httpx.get(live.url + "/openapi.json").json()
     # the schema writes one path per configured recipe (names are an enum); the README, one
     served = {(method.upper(), path.replace("/v1/recipes/shapes", "/v1/recipes/{name}"))
