@@ -1,0 +1,22 @@
+"""Train a LoRA on DATA/<label>/*.png for the served model.
+
+``genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors``, or ``--check FILE
+--model MODEL``; the flags and the work are :mod:`genaug.service.commands.adapt`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import library
+
+_LIBRARY = "genaug.service.commands.adapt"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    library(_LIBRARY, "adapt", "service").add_adapt_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    code: int = library(_LIBRARY, "adapt", "service").run_adapt(args)
+    return code
