@@ -28,10 +28,10 @@ PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.c
 ORDER = ("testing", "__main__", "commands", "app", "api", "pool", "intake", "pipeline",
          "recipes", "settings", "batching", "errors", "metrics")
 
-#: trainer/'s rooms from the top down, the same way: the experiments the demo and the
-#: benchmarks run, the reference trainer, the checks, feeding, and at the bottom the hardware
-#: and the reservoir's mixing (the package's ``__init__`` re-exports them all and is left out).
-TRAINER_ORDER = ("demo", "fewshot", "reference", "checks", "feeding", "hardware", "mixing")
+#: trainer/'s rooms from the top down, the same way: the reference trainer, the checks,
+#: feeding, and at the bottom the hardware and the reservoir's mixing (the package's
+#: ``__init__`` re-exports them all and is left out).
+TRAINER_ORDER = ("reference", "checks", "feeding", "hardware", "mixing")
 
 #: The packages whose rooms keep an order, and that order.
 ORDERS = {"genaug.service": ORDER, "genaug.trainer": TRAINER_ORDER}

@@ -5,7 +5,7 @@ The path is the product's: ``genaug serve`` (a child process serving the embedde
 child process (torch never loads there) that trains a small Keras CNN under
 ``MirroredStrategy`` over 2 logical CPUs, mixing pool images in through a
 ``SyntheticReservoir`` refreshed by a ``ReservoirFeeder``
-(:func:`genaug.trainer.fewshot.run_fewshot`). Real data: scikit-learn's handwritten digits
+(:func:`genaug.experiments.fewshot.run_fewshot`). Real data: scikit-learn's handwritten digits
 (:mod:`genaug.digits`); each seed draws 5 real images per class from the ``fewshot`` split
 and initialises the model differently; accuracy is on the 500 ``test`` digits.
 
@@ -154,9 +154,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     from genaug.client import Client
     from genaug.digits import LABELS, fidelity
+    from genaug.experiments.demo import labelled_grid
+    from genaug.experiments.fewshot import FewShotRun, run_fewshot
     from genaug.local_service import free_port, running_service
-    from genaug.trainer.demo import labelled_grid
-    from genaug.trainer.fewshot import FewShotRun, run_fewshot
 
     arms_wanted = {int(a) for a in args.arms.split(",") if a.strip()}
     tmp = tempfile.TemporaryDirectory(prefix="genaug-gain-") if args.workdir is None else None

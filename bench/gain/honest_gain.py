@@ -5,7 +5,7 @@ for SDXL facing a user's wound phases). A classifier gets k = 5 real shots per c
 ``fewshot`` split and is scored on the 250 ``test`` digits of 5-9. Every row trains the same
 small CNN (random shifts and rotations as graph ops: the classic augmentation) under
 ``MirroredStrategy`` over 2 logical CPUs for the same steps, in a TensorFlow child
-(:func:`genaug.trainer.fewshot.run_fewshot`), one run per seed. The generator arms go through
+(:func:`genaug.experiments.fewshot.run_fewshot`), one run per seed. The generator arms go through
 the real path: ``genaug serve`` (``GENAUG_MODEL=tiny-digits-base``, one LoRA per seed in
 ``GENAUG_LORAS``) fills recipe pools, a ``ReservoirFeeder`` samples them into a
 ``SyntheticReservoir`` and ``reservoir.mix`` replaces real examples with p = 0.5.
@@ -205,8 +205,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     from genaug.client import Client
     from genaug.digits import write_split_folders
+    from genaug.experiments.fewshot import FewShotRun, run_fewshot
     from genaug.local_service import free_port, running_service
-    from genaug.trainer.fewshot import FewShotRun, run_fewshot
 
     tmp = tempfile.TemporaryDirectory(prefix="genaug-honest-") if args.workdir is None else None
     work = Path(tmp.name) if tmp is not None else args.workdir

@@ -113,8 +113,8 @@ def child(args: argparse.Namespace) -> None:
 
 def parent(args: argparse.Namespace) -> dict[str, Any]:
     """Start the service, run the TensorFlow child, print the table."""
+    from genaug.experiments.demo import wait_for_pool
     from genaug.local_service import free_port, running_service
-    from genaug.trainer.demo import wait_for_pool
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -6,7 +6,7 @@ client for a column of images per digit and writes them as one labelled grid PNG
 ``--no-train``) trains a small CNN on 5 real digits per class in a separate TensorFlow
 process, with and without pool images mixed in through the reservoir, prints both test
 accuracies, and stops everything; the orchestration is
-:func:`genaug.trainer.demo.run_full_demo`. With ``--no-train`` it waits for the recipe pool to
+:func:`genaug.experiments.demo.run_full_demo`. With ``--no-train`` it waits for the recipe pool to
 fill instead.
 """
 
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from genaug.trainer.demo import run_full_demo
+    from genaug.experiments.demo import run_full_demo
 
     code: int = run_full_demo(port=args.port, grid_out=Path(args.out), train=not args.no_train)
     return code

@@ -360,7 +360,7 @@ def train_doctor(work: Path) -> dict[str, Any]:
     import io
 
     from genaug.client import Client
-    from genaug.trainer.demo import wait_for_pool
+    from genaug.experiments.demo import wait_for_pool
     from genaug.trainer.reference.command import main as train_main
 
     common = ["--cpu-replicas", str(REPLICAS), "--demo-per-class", "16", "--batch-size", "16",

@@ -73,7 +73,7 @@ def service(port: int, work: Path, tag: str) -> Iterator[Any]:
 
 def wait_pool(url: str, per_label: int, timeout: float = 90.0) -> dict[str, int]:
     from genaug.client import Client
-    from genaug.trainer.demo import wait_for_pool
+    from genaug.experiments.demo import wait_for_pool
 
     with Client(url, timeout=10.0) as client:
         client.wait_ready(timeout=timeout)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from genaug.trainer.demo import PROTOCOL_LINE, labelled_grid
+from genaug.experiments.demo import PROTOCOL_LINE, labelled_grid
 
 
 def test_grid_rows_and_columns_make_one_rectangle() -> None:
@@ -41,7 +41,7 @@ def test_the_verdict_says_plainly_whether_mixing_won_beside_the_benchmark() -> N
     import re
     from pathlib import Path
 
-    from genaug.trainer.demo import BENCHMARK, verdict
+    from genaug.experiments.demo import BENCHMARK, verdict
 
     # the figures shown beside the run are the ones docs/benchmarks.md records
     doc = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()

@@ -30,14 +30,9 @@ def test_nvml_is_opened_in_one_module() -> None:
     assert users == ["hardware/nvml.py"], users
 
 
-EXPERIMENTS = {"demo.py", "fewshot.py"}  # the demo's and the benchmarks', leaving the library
-
-
 def test_the_package_imports_itself_relatively() -> None:
     absolute = []
     for path in _modules():
-        if path.parent == TRAINER and path.name in EXPERIMENTS:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (
                     node.module or "").startswith("genaug.trainer"):

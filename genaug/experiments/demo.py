@@ -11,7 +11,7 @@ mixing pool images in through :class:`~genaug.trainer.mixing.reservoir.Synthetic
 :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`. It prints both test accuracies on the 500
 held-out test digits and stops everything. About two minutes on 2 CPU cores.
 
-The few-shot runs live in :mod:`genaug.trainer.fewshot`, which also backs
+The few-shot runs live in :mod:`genaug.experiments.fewshot`, which also backs
 ``python -m bench.gain.augmentation_gain`` (more seeds, more steps, more arms). The gain
 comes from the generator: it was trained on the 997 images of the ``generator`` split, which
 the few-shot classifier never sees (as SDXL saw far more images than any user's data set holds).
@@ -21,7 +21,7 @@ processes.
 
 Example::
 
-    from genaug.trainer.demo import run_full_demo
+    from genaug.experiments.demo import run_full_demo
     raise SystemExit(run_full_demo())
 """
 
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from genaug.trainer.fewshot import FewShotRun, run_fewshot
+from genaug.experiments.fewshot import FewShotRun, run_fewshot
 
 __all__ = [
     "BENCHMARK",
@@ -95,8 +95,7 @@ def wait_for_pool(
     Returns the last fill seen. Raises ``TimeoutError`` naming the fill after ``timeout`` s.
     """
     from genaug.client import Client
-
-    from .feeding.labels import recipe_description
+    from genaug.trainer.feeding.labels import recipe_description
 
     deadline = time.monotonic() + timeout
     fill: dict[str, int] = {}
@@ -301,9 +300,9 @@ def run_full_demo(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m genaug.trainer.demo``: the demo (the same as ``genaug demo --out
+    """``python -m genaug.experiments.demo``: the demo (the same as ``genaug demo --out
     genaug-demo.png`` without the grid)."""
-    argparse.ArgumentParser(prog="python -m genaug.trainer.demo").parse_args(argv)
+    argparse.ArgumentParser(prog="python -m genaug.experiments.demo").parse_args(argv)
     return run_full_demo()
 
 

@@ -1,21 +1,21 @@
 """Few-shot training on the digits, in a TensorFlow child process: the demo's and the
 augmentation benchmark's runs.
 
-:func:`run_fewshot` starts ``python -m genaug.trainer.fewshot`` with a list of
+:func:`run_fewshot` starts ``python -m genaug.experiments.fewshot`` with a list of
 :class:`FewShotRun` and reads one result line per run back; :func:`fewshot_child` is what runs
 there: a small CNN trained on a few real digits per class (:mod:`genaug.digits`) under
 ``MirroredStrategy`` over logical CPUs, optionally mixing pool images in through a
 :class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir` fed by a
 :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`, scored on the 500 held-out test digits.
-``genaug demo`` (:mod:`genaug.trainer.demo`) runs two of them, ``bench/gain/augmentation_gain.py``
-more seeds and arms.
+``genaug demo`` (:mod:`genaug.experiments.demo`) runs two of them,
+``bench/gain/augmentation_gain.py`` more seeds and arms.
 
 This module imports neither TensorFlow nor torch at import time: TensorFlow lives in the
 child process, configured (logical devices) before it initialises.
 
 Example::
 
-    from genaug.trainer.fewshot import FewShotRun, run_fewshot
+    from genaug.experiments.fewshot import FewShotRun, run_fewshot
     real, mixed = run_fewshot([FewShotRun(arm="real only"),
                                FewShotRun(arm="p=0.5", service=url, recipe="digits", p=0.5)])
     real["test_accuracy"], mixed["test_accuracy"]
@@ -137,7 +137,7 @@ def run_fewshot(
     ``mixed_fraction``, ``feeder`` (images received), ``fit_s``. With ``echo`` the child's
     progress lines are printed as they come. Raises ``RuntimeError`` when the child fails.
     """
-    cmd = [sys.executable, "-m", "genaug.trainer.fewshot", "--fewshot-json",
+    cmd = [sys.executable, "-m", "genaug.experiments.fewshot", "--fewshot-json",
            json.dumps([asdict(r) for r in runs])]
     proc = subprocess.Popen(cmd, env=tf_child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -225,8 +225,8 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
     reservoir = feeder = None
     mixing = run.p > 0 and run.recipe is not None and run.service is not None
     if mixing:
-        from .feeding.feeder import ReservoirFeeder
-        from .mixing.reservoir import SyntheticReservoir
+        from genaug.trainer.feeding.feeder import ReservoirFeeder
+        from genaug.trainer.mixing.reservoir import SyntheticReservoir
 
         reservoir = SyntheticReservoir(len(classes), run.slots_per_class, (64, 64, 3))
         ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed, rebalance=run.rebalance,
@@ -310,8 +310,7 @@ def _need_callbacks(run: FewShotRun, index: dict[int, int],
     if not run.need_recipes or run.service is None:
         return [], None
     from genaug.client import Client
-
-    from .feeding.need import NeedCallback
+    from genaug.trainer.feeding.need import NeedCallback
 
     client = Client(run.service, client_id=_client_id(run.arm), timeout=30.0)
 
@@ -330,8 +329,7 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
     import numpy as np
 
     from genaug.digits import load_split
-
-    from .hardware.devices import configure_devices
+    from genaug.trainer.hardware.devices import configure_devices
 
     devices = configure_devices(None, runs[0].cpu_replicas if runs else 2)
     test_images, test_labels = load_split("test")
@@ -348,9 +346,9 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m genaug.trainer.fewshot --fewshot-json JSON``: the TensorFlow child of
+    """``python -m genaug.experiments.fewshot --fewshot-json JSON``: the TensorFlow child of
     :func:`run_fewshot`."""
-    parser = argparse.ArgumentParser(prog="python -m genaug.trainer.fewshot")
+    parser = argparse.ArgumentParser(prog="python -m genaug.experiments.fewshot")
     parser.add_argument("--fewshot-json", required=True,
                         help="run these FewShotRun dicts here (the TensorFlow child)")
     args = parser.parse_args(argv)
