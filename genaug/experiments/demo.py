@@ -83,8 +83,8 @@ def verdict(real: float, mixed: float, *, pool_per_label: int, seed: int) -> str
 
 
 def default_recipes_path() -> Path:
-    """``recipes/digits.yaml`` of the source checkout (next to ``trainer/``)."""
-    return Path(__file__).resolve().parents[1] / "recipes" / "digits.yaml"
+    """``recipes/digits.yaml`` of the source checkout (beside ``genaug/``, two folders up)."""
+    return Path(__file__).resolve().parents[2] / "recipes" / "digits.yaml"
 
 
 def wait_for_pool(

@@ -55,3 +55,11 @@ def test_the_verdict_says_plainly_whether_mixing_won_beside_the_benchmark() -> N
     assert "0.897 ± 0.023" in won and "0.954 ± 0.011" in won and "16 images per digit" in won
     lost = verdict(0.888, 0.860, seed=0, pool_per_label=16)
     assert lost.startswith("mixing did not beat real only in this run (-2.8 points)"), lost
+
+
+def test_the_demo_finds_the_checkouts_digits_recipe() -> None:
+    """The demo reads ``recipes/digits.yaml`` beside the package folders: a module that moves
+    must keep finding it (the slow demo test is the only other check)."""
+    from genaug.experiments.demo import default_recipes_path
+
+    assert default_recipes_path().is_file(), default_recipes_path()
