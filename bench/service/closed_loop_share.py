@@ -48,6 +48,7 @@ from typing import Any
 
 from bench.harness import ROOT, finish, goal_text, main, percentile, table
 from bench.service.compare_trees import checkout, child, importable
+from bench.service.preemption import notebook_load
 
 IN_FLIGHT = 2
 N = 4
@@ -78,31 +79,6 @@ def _closed_loop(url: str, client_id: str, shape: dict[str, int], stop: threadin
             future.result()
 
 
-def _notebook(url: str, stop: threading.Event, latencies: list[float], every_s: float) -> None:
-    """``n=1`` every ``every_s`` seconds until ``stop`` (open loop), each latency recorded."""
-    import httpx
-
-    def one(http: httpx.Client, seed: int) -> None:
-        started = time.perf_counter()
-        r = http.post(f"{url}/v1/generate", json={"prompt": "a handwritten one", "n": 1,
-                                                  "seed": seed})
-        r.raise_for_status()
-        latencies.append(time.perf_counter() - started)
-
-    with httpx.Client(timeout=600, headers={"X-Client-Id": "notebook"}) as http, \
-            ThreadPoolExecutor(8) as pool:
-        futures = []
-        due = time.perf_counter()
-        i = 0
-        while not stop.is_set():
-            futures.append(pool.submit(one, http, i))
-            i += 1
-            due += every_s
-            stop.wait(max(0.0, due - time.perf_counter()))
-        for future in futures:
-            future.result()
-
-
 def _generation_s(url: str) -> dict[str, float]:
     import httpx
 
@@ -123,7 +99,9 @@ def _window(urls: dict[str, str], seconds: float, shapes: dict[str, dict[str, in
                                 args=(url, name, shapes[name], stop, done[side][name]))
                for side, url in urls.items() for name in loops]
     if notebook:
-        threads += [threading.Thread(target=_notebook, args=(url, stop, latencies[side], every_s))
+        threads += [threading.Thread(target=notebook_load,
+                                     args=(url, stop, latencies[side], every_s),
+                                     kwargs={"timeout_s": 600.0})
                     for side, url in urls.items()]
     for thread in threads:
         thread.start()

@@ -44,9 +44,11 @@ SIDES = ("old", "new")
 CAPACITY = 100_000
 
 
-def _notebook(url: str, stop: threading.Event, latencies: list[float], every_s: float) -> None:
+def notebook_load(url: str, stop: threading.Event, latencies: list[float], every_s: float,
+                  *, timeout_s: float = 120.0) -> None:
     """n=1 interactive requests sent every ``every_s`` seconds until ``stop`` (open loop: the
-    same offered load whatever the answers' latency), each answer's latency recorded."""
+    same offered load whatever the answers' latency), each answer's latency recorded; each
+    request may take up to ``timeout_s``."""
     import httpx
 
     def one(http: httpx.Client, seed: int) -> None:
@@ -56,7 +58,7 @@ def _notebook(url: str, stop: threading.Event, latencies: list[float], every_s: 
         r.raise_for_status()
         latencies.append(time.perf_counter() - started)
 
-    with httpx.Client(timeout=120, headers={"X-Client-Id": "notebook"}) as http, \
+    with httpx.Client(timeout=timeout_s, headers={"X-Client-Id": "notebook"}) as http, \
             ThreadPoolExecutor(8) as pool:
         futures = []
         due = time.perf_counter()
@@ -95,7 +97,7 @@ def _window(urls: dict[str, str], seconds: float, *, notebook: bool, every_s: fl
     """Run one window on every service at once; latencies and pool images per second."""
     stop = threading.Event()
     latencies: dict[str, list[float]] = {side: [] for side in urls}
-    threads = [threading.Thread(target=_notebook, args=(url, stop, latencies[side], every_s))
+    threads = [threading.Thread(target=notebook_load, args=(url, stop, latencies[side], every_s))
                for side, url in urls.items()] if notebook else []
     for thread in threads:
         thread.start()
