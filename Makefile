@@ -24,7 +24,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest --durations=15
 
-# The minutes-long tests (torch.compile variants, ...): CI runs them after `make test`.
+# The long tests (torch.compile, benchmarks in --tiny mode, end-to-end runs of several
+# processes: replicas on PostgreSQL, reliability's load, kill and fuzz runs, two TensorFlow
+# workers): CI runs them after `make test`, which stays under 8 minutes on 2 cores.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow --durations=6
 
