@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -184,6 +185,7 @@ def test_the_bash_lines(url: str, work: Path) -> None:
         if not_run_reason(line) is not None:
             continue
         if line.startswith("curl "):  # its user's own image of a three
+            assert shutil.which("curl"), "the README's curl line needs curl: apt-get install curl"
             three = sorted((work / "digits" / "fewshot" / "3").glob("*.png"))[0]
             (work / "three.png").write_bytes(three.read_bytes())
         done = subprocess.run(["bash", "-c", substitute(line, url, work)], cwd=work, env=env,
