@@ -245,3 +245,15 @@ def test_the_trainer_blocks(url: str) -> None:
     detail = httpx.get(url + "/v1/recipes/wound-phases").json()
     assert set(detail["need"]) == {"I", "P", "R"} and detail["need"]["P"] > 0, detail["need"]
     assert any(v["asked"] > 0 for v in detail["per_label"].values()), detail["per_label"]
+
+
+def test_the_default_service_logged_no_warning(url: str, work: Path) -> None:
+    """After every block above ran against it (generation, variants, samples, a feeder, a
+    fill by need), the default service's log holds no warning: third-party lines that say
+    nothing to a user are dropped at start-up, a recipe's long prompt would be said once."""
+    httpx.get(url + "/readyz")  # the service is still up: its log is what it wrote so far
+    log = (work / "serve.log").read_text()
+    assert "ready: tiny-digits model" in log, log[-3000:]
+    noisy = [line for line in log.splitlines()
+             if "WARNING" in line or "Warning" in line or "requires torchvision" in line]
+    assert noisy == [], noisy[:5]
