@@ -26,7 +26,7 @@ test: $(STAMP)
 
 # The long tests (torch.compile, benchmarks in --tiny mode, end-to-end runs of several
 # processes: replicas on PostgreSQL, reliability's load, kill and fuzz runs, two TensorFlow
-# workers): CI runs them after `make test`, which stays under 8 minutes on 2 cores.
+# workers), kept out of `make test` to hold it under 8 minutes on 2 cores; CI runs them after it.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow --durations=6
 
