@@ -20,7 +20,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/genaug demo
 
-# --durations: the slowest tests in every run's log, to keep the suite near 10 minutes.
+# --durations: the slowest tests in every run's log, to keep the suite under 8 minutes on 2 cores.
 test: $(STAMP)
 	$(BIN)/python -m pytest --durations=15
 
