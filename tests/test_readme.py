@@ -16,7 +16,8 @@ continues it) run in one TensorFlow child process, as a user's script would: Ten
 never loads in the pytest process. The bash lines run in ``bash`` with the checkout's
 environment first on ``PATH`` (``genaug``, ``python``), except the ones in ``NOT_RUN``, each
 with its reason; the ``genaug`` and training-script lines among those are still parsed by
-their own argument parsers, so a flag the README names and they lack fails here.
+their own argument parsers, so a flag the README names and they lack fails here. After all
+of it, the service's log holds no warning.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ NOT_RUN = {
     "genaug serve --model /tmp/tiny-digits/pipeline": "serves until stopped, and needs the "
         "training above; tests/test_train_tiny_generator.py serves such a folder",
     "genaug serve --model tiny-random --unet-weights": "serves until stopped, and needs the "
-        "training above; tests/test_train_tiny_generator.py serves such weights",
+        "training above; tests/test_train_tiny_generator.py loads such weights over "
+        "tiny-random",
     "genaug serve --model /models/sdxl": "serves until stopped, and needs SDXL weights and "
         "a CUDA device; this module's own service is the same command on the default model",
     "genaug adapt DATA": "needs SDXL weights and a CUDA device; tests/service/commands/"
