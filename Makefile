@@ -20,11 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/genaug demo
 
-# --durations: the slowest tests in every run's log, to keep the suite near 10 minutes.
+# --durations: the slowest tests in every run's log, to keep the suite under 8 minutes on 2 cores.
 test: $(STAMP)
 	$(BIN)/python -m pytest --durations=15
 
-# The minutes-long tests (torch.compile variants, ...): CI runs them after `make test`.
+# The long tests (torch.compile, benchmarks in --tiny mode, end-to-end runs of several
+# processes: replicas on PostgreSQL, reliability's load, kill and fuzz runs, two TensorFlow
+# workers), kept out of `make test` to hold it under 8 minutes on 2 cores; CI runs them after it.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow --durations=6
 

@@ -160,7 +160,8 @@ def render(results: list[CheckResult], sizes: Sizes, *, started: dt.datetime,
         "",
         f"Regenerate: `{COMMAND}` (CI sizes, about two minutes on 2 cores) or "
         f"`{COMMAND} --full` (full sizes). The tests in `tests/reliability/` run the same "
-        "checks at CI size and assert on their rows.",
+        "checks at CI size and assert on their rows (the load, kill and schemathesis runs "
+        "under `make test-slow`, the rest under `make test`).",
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC",
         f"- Machine: {machine_line}",

@@ -225,6 +225,7 @@ def test_multimodal_example_rebalances_the_rare_class(make_service: Any, tmp_pat
     assert "on 2 replica(s)" in stdout
 
 
+@pytest.mark.slow  # two TensorFlow workers: tests/trainer/test_multiworker.py keeps the cluster
 def test_multiworker_example_two_workers_on_localhost(make_service: Any, tmp_path: Path) -> None:
     """MultiWorkerMirroredStrategy, custom training loop, a feeder per worker."""
     sys.path.insert(0, str(ROOT / "tests" / "trainer"))
@@ -247,14 +248,13 @@ def test_multiworker_example_two_workers_on_localhost(make_service: Any, tmp_pat
     assert workers[0]["losses"] == workers[1]["losses"]
 
 
-def test_multimodal_example_with_a_converted_unet(make_service: Any, tmp_path: Path) -> None:
+def test_a_converted_unet_is_served_and_fills_the_pool(tiny_model: Any, tmp_path: Path) -> None:
     """The user's path end to end: a PyTorch checkpoint in a training wrapper, converted by
-    ``genaug convert-unet``, served with ``--unet-weights``, trained against."""
+    ``genaug convert-unet``, served with ``GENAUG_UNET_WEIGHTS``, its pool sampled (training
+    against a served pool is the multimodal example's test above)."""
     import torch
 
-    from genaug.service.testing import load_tiny
-
-    unet = load_tiny().pipeline.unet
+    unet = tiny_model.pipeline.unet  # the session's tiny-random model
     checkpoint = tmp_path / "checkpoint_best.pt"
     # As a DDP training script saves it: prefixed keys inside a wrapper with non-tensor state.
     torch.save({"epoch": 7, "model_state_dict": {f"module.{k}": v for k, v in
@@ -280,10 +280,13 @@ def test_multimodal_example_with_a_converted_unet(make_service: Any, tmp_path: P
     try:
         with Client(url) as client:
             client.wait_ready(timeout=120)
-            assert client.info()["model"]["kind"] == "tiny-random"
-        wait_pool(url, 8, timeout=180)
-        stdout = run_example("multimodal_trainer", [url, "--epochs", "1"], tmp_path)
-        assert "feeder: " in stdout and "replaced depth_rgb" in stdout
+            model = client.info()["model"]
+            assert model["kind"] == "tiny-random"
+            # the weights hash covers the converted file: not the plain tiny-random's
+            assert model["hash"] != tiny_model.weights_hash
+            wait_pool(url, 8, timeout=180)
+            pool = client.sample("wound-phases", n=24)
+            assert pool.images.shape == (24, 64, 64, 3) and pool.images.std() > 0
     finally:
         server.terminate()
         server.wait(timeout=30)

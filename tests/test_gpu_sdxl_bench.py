@@ -130,6 +130,7 @@ def run_tiny(tmp_path: Path, *extra: str, timeout: float) -> tuple[dict[str, Any
     return json.loads(out.read_text()), proc.stdout
 
 
+@pytest.mark.slow  # the GPU benchmark end to end in --tiny mode: 10-16 s on 2 cores
 def test_tiny_mode_measures_direct_and_service_side_by_side(tmp_path: Path) -> None:
     result, stdout = run_tiny(
         tmp_path, "--configs", "baseline,fuse_qkv,quantize=fp8", "--batches", "2", timeout=240

@@ -1,7 +1,8 @@
 """Faults at CI size (see reliability/faults.py).
 
 SIGKILL during a training run is covered by tests/trainer/test_train.py ("service killed
-mid-fit; feeder reconnects") and is not repeated here.
+mid-fit; feeder reconnects") and is not repeated here. The SIGKILL during pool filling
+(two service processes, about 15 s) is marked ``slow``: ``make test-slow`` and CI run it.
 """
 
 from __future__ import annotations
@@ -21,15 +22,18 @@ def killed() -> CheckResult:
     return faults.check_kill_during_fill(rounds=CI.kill_rounds)
 
 
+@pytest.mark.slow  # two service processes (filling, killed, restarted)
 def test_sigkill_during_pool_filling_keeps_the_database_intact(killed: CheckResult) -> None:
     assert_row(killed, "SIGKILL of the service while its pool fills")
 
 
+@pytest.mark.slow  # two service processes (filling, killed, restarted)
 def test_no_acknowledged_image_is_missing_after_sigkill(killed: CheckResult) -> None:
     assert_row(killed, "acknowledged images")
     assert killed.row("acknowledged images").tried > 0
 
 
+@pytest.mark.slow  # two service processes (filling, killed, restarted)
 def test_restart_after_sigkill_serves_the_same_pool(killed: CheckResult) -> None:
     assert_row(killed, "restart after the kill")
 

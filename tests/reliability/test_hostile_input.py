@@ -1,5 +1,6 @@
 """Hostile input at CI size: schemathesis over /openapi.json, body limits, malformed bodies
-(see reliability/hostile.py)."""
+(see reliability/hostile.py). The schemathesis runs (every operation, open and with keys,
+30-35 s) are marked ``slow``: ``make test-slow`` and CI run them."""
 
 from __future__ import annotations
 
@@ -30,14 +31,17 @@ def malformed(tiny_model: Any) -> CheckResult:
     return hostile.check_malformed(tiny_model)
 
 
+@pytest.mark.slow  # schemathesis over every operation, twice: 30-35 s
 def test_schemathesis_checks_all_find_nothing_without_keys(fuzz: CheckResult) -> None:
     assert_row(fuzz, "schemathesis --checks all (open)")
 
 
+@pytest.mark.slow  # schemathesis over every operation, twice: 30-35 s
 def test_schemathesis_checks_all_find_nothing_with_api_keys(fuzz: CheckResult) -> None:
     assert_row(fuzz, "schemathesis --checks all (with API keys)")
 
 
+@pytest.mark.slow  # schemathesis over every operation, twice: 30-35 s
 def test_fuzzing_reaches_every_json_operation_and_each_recipe_path(fuzz: CheckResult) -> None:
     ops = fuzz.figures["per_operation"]
     for needed in ("POST /v1/generate", "POST /v1/recipes/shapes/sample",

@@ -1,4 +1,7 @@
-"""Load at CI size: 8 clients for 10 s against a child service (see reliability/load.py)."""
+"""Load at CI size: 8 clients for 10 s against a child service (see reliability/load.py).
+
+Marked ``slow`` (about 20 s with the child's start-up): ``make test-slow`` and CI run it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from _rows import assert_row
 from reliability.load import MAX_QUEUE, check_load
 from reliability.result import CheckResult
 from reliability.run import CI
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -352,6 +352,7 @@ def check_compiled_service(compile_mode: str, extra: dict[str, Any], baseline: n
     assert_close(one, baseline[:1])
 
 
+@pytest.mark.slow  # torch.compile: 15-20 s of compiling, like the variants below
 @pytest.mark.timeout(900)
 def test_regional_compile_warms_up_reports_and_counts_recompiles(
     baseline: np.ndarray, fresh_dynamo: None

@@ -6,6 +6,11 @@ stop exactly at the target and never repeat a plan index or a seed, a killed rep
 planned again by the other, each replica samples what the other made, a database outage
 leaves generation working and loses nothing, start-up refuses bad configuration with one
 line and exit 2, and SQLite replicas with a plan partition never repeat a seed.
+
+The three runs of replica processes on PostgreSQL (two replicas filling one pool, a killed
+replica, a database outage) take 15-20 s each on a 2-core machine, most of it start-ups:
+they are marked ``slow`` (``make test-slow``, which CI runs after ``make test``); the start-up
+refusals and the SQLite partition stay in ``make test``.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ def pool_generated(live: Any) -> float:
     return read_metric(live.url, "genaug_images_generated_total", 'source="pool"')
 
 
+@pytest.mark.slow  # replica processes on PostgreSQL: see the module docstring
 def test_two_replicas_fill_exactly_to_target_and_sample_each_others_images(
     shapes_recipes_file: Path,
 ) -> None:
@@ -125,6 +131,7 @@ def test_two_replicas_fill_exactly_to_target_and_sample_each_others_images(
         assert min(made.values()) > 0, f"one replica did all the work: {made}"
 
 
+@pytest.mark.slow  # replica processes on PostgreSQL: see the module docstring
 def test_a_killed_replicas_work_is_finished_by_the_other(shapes_recipes_file: Path) -> None:
     url = shared_cluster().new_database()
     args = ["--pool-url", url, "--pool-capacity-per-label", "100", "--pregenerate", "false"]
@@ -155,6 +162,7 @@ def test_a_killed_replicas_work_is_finished_by_the_other(shapes_recipes_file: Pa
         assert gaps == 0 or "expired" in log, (gaps, log[-2000:])
 
 
+@pytest.mark.slow  # replica processes on PostgreSQL: see the module docstring
 def test_database_outage_while_serving(shapes_recipes_file: Path) -> None:
     cluster = PgCluster()
     try:
