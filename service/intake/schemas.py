@@ -84,16 +84,30 @@ def _numeric_kind(annotation: Any) -> str | None:
     return None
 
 
+def _int_list(annotation: Any) -> bool:
+    """Whether a (possibly optional) field annotation is a list of integers."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _int_list(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return any(_int_list(a) for a in typing.get_args(annotation))
+    return origin is list and _numeric_kind(typing.get_args(annotation)[0]) == "int"
+
+
 @functools.cache
-def _numeric_fields(cls: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
-    ints, floats = set(), set()
+def _numeric_fields(
+    cls: type[BaseModel],
+) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    ints, floats, int_lists = set(), set(), set()
     for name, info in cls.model_fields.items():
         kind = _numeric_kind(info.annotation)
         if kind == "int":
             ints.add(name)
         elif kind == "float":
             floats.add(name)
-    return frozenset(ints), frozenset(floats)
+        elif _int_list(info.annotation):
+            int_lists.add(name)
+    return frozenset(ints), frozenset(floats), frozenset(int_lists)
 
 
 class Body(BaseModel):
@@ -107,12 +121,17 @@ class Body(BaseModel):
     def _json_numbers(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        ints, floats = _numeric_fields(cls)
+        ints, floats, int_lists = _numeric_fields(cls)
         out = dict(data)
         for name in ints & out.keys():
             value = out[name]
             if isinstance(value, float) and value.is_integer():
                 out[name] = int(value)
+        for name in int_lists & out.keys():
+            value = out[name]
+            if isinstance(value, list):
+                out[name] = [int(v) if isinstance(v, float) and v.is_integer() else v
+                             for v in value]
         for name in floats & out.keys():
             value = out[name]
             if isinstance(value, int) and not isinstance(value, bool):

@@ -81,6 +81,8 @@ def test_reject_and_restore(live: LiveService) -> None:
     assert _sampled(live) == {700, 701, 702, 703, 704, 705, 708}
     r = _post(live, {"label": "circle", "seeds": [708], "keep": False})  # undo the restore
     assert r.json()["changed"] == [708] and r.json()["accepted"] == 6
+    r = _post(live, {"label": "circle", "seeds": [705.0], "keep": True})  # JSON's integer
+    assert r.status_code == 200 and r.json()["unchanged"] == [705]
 
 
 def test_unknown_label_seeds_and_recipe_are_clear_4xx(live: LiveService) -> None:
