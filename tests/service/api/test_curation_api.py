@@ -157,3 +157,26 @@ def test_the_pool_page_is_served(live: LiveService) -> None:
     r = httpx.get(live.url + "/pool/shapes")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert "verdicts" in r.text
+
+
+def test_the_clients_reject_what_a_sample_returned(live: LiveService) -> None:
+    import asyncio
+
+    from genaug.client import AsyncClient, Client
+    from genaug.client.errors import NotFoundError
+
+    with Client(live.url) as client:
+        sample = client.sample("shapes", labels="circle", n=2)
+        assert len(sample.seeds) == 2
+        answer = client.verdict("shapes", "circle", sample.seeds, keep=False)
+        assert sorted(answer["changed"]) == sorted(sample.seeds.tolist())
+        assert not set(sample.seeds.tolist()) & _sampled(live)
+        with pytest.raises(NotFoundError, match="4242"):
+            client.verdict("shapes", "circle", [4242], keep=True)
+
+    async def restore() -> dict[str, Any]:
+        async with AsyncClient(live.url) as client:
+            return await client.verdict("shapes", "circle", sample.seeds, keep=True)
+
+    assert sorted(asyncio.run(restore())["changed"]) == sorted(sample.seeds.tolist())
+    assert set(sample.seeds.tolist()) <= _sampled(live)
