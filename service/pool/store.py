@@ -3,76 +3,59 @@
 A pool is identified by :func:`genaug.service.recipes.spec.pool_id` (recipe name + hash of its
 generation spec and of the model weights), so images made under another prompt or model are
 never mixed in. Each ``images`` row keeps its seed, plan index, label, creation time, model
-hash, size, channels, the scheduler and adapter that made it, the hash of its img2img source
-(variants) and how often it was served; its pixels (raw uint8 HWC bytes) sit in
-``image_data`` under the same id, because a serve updates the served count and an inline blob
-would be rewritten with it.
+hash, size, channels, scheduler, adapter, img2img source hash, served count and curation
+columns; its pixels (raw uint8 HWC bytes) sit in ``image_data`` under the same id, so that a
+serve, which updates the served count, does not rewrite them.
 
-Backends. :class:`PoolStore` is the base and holds every query; a backend supplies the
-connection, the transaction, the schema and its upgrades. This module imports no backend:
+Backends. :class:`PoolStore` holds every query; a backend supplies the connection, the
+transaction, the schema and its upgrades, and this module imports none:
+:class:`~genaug.service.pool.sqlite.SqlitePoolStore` (one file, one machine:
+``GENAUG_POOL_PATH``) and :class:`~genaug.service.pool.postgres.PostgresPoolStore` (one
+database for any number of replicas: ``GENAUG_POOL_URL``), opened by
+:func:`~genaug.service.pool.open.open_pool`. Shared values and errors:
+:mod:`genaug.service.pool.types`. Two mixins add queries outside the counting protocol
+below: :class:`~genaug.service.pool.curation.CurationQueries` (``verdict``, ``browse``,
+``image``: a person's curation, explained in :mod:`genaug.service.pool.curation`) and
+:class:`~genaug.service.pool.reads.PoolReads` (``pools``, ``iter_images``, ``plan_indices``,
+``integrity_check``).
 
-- :class:`~genaug.service.pool.sqlite.SqlitePoolStore`: one file, the embedded default for
-  one machine (``GENAUG_POOL_PATH``).
-- :class:`~genaug.service.pool.postgres.PostgresPoolStore`: one database shared by any
-  number of replicas (``GENAUG_POOL_URL=postgresql://...``).
+Lock order. Every writer (``reserve``, ``add``, ``verdict``, ``sample``'s served counts) first
+takes the label's counter row lock (:meth:`PoolStore._lock_label`), several labels in sorted
+order, so writers never deadlock; what it counts and changes is then in the same transaction.
 
-:func:`~genaug.service.pool.open.open_pool` opens the right one for a target (a
-``postgresql://`` or ``postgres://`` URL, else a SQLite path);
-:func:`~genaug.service.pool.open.open_pool_store` does it from the settings. The values and
-errors they all share live in :mod:`genaug.service.pool.types`.
+Reservations. ``counters.next_index`` per (pool, label) counts the plan indices ever handed
+out. :meth:`PoolStore.reserve` takes the label's lock, counts what is stored and what is in
+flight **in one statement**, and, below the target, records a *reservation* (owner, plan
+indices, count, lease) and advances the counter, all in one transaction. :meth:`PoolStore.add`
+stores a reservation's images and deletes it in one transaction, so each planned image is
+counted exactly once, in the fill or in flight: planners (threads, processes, replicas on one
+database) stop together exactly at the target and never share a plan index; a crash leaves a
+gap in the plan, never a repeat. The owner's heartbeat renews the lease; a dead owner's
+reservations expire and their room is planned again, with new indices. A unique index on
+(pool, label, plan index) makes a retried ``add`` harmless.
 
-Plan indices and reservations. ``counters.next_index`` per (pool, label) is the number of plan
-indices ever handed out. :meth:`PoolStore.reserve` takes a label's counter row lock, counts
-what is stored and what is in flight **in one statement**, and, if the label is below its
-target, records a *reservation* (owner, plan indices, count, lease) and advances the counter,
-all in one transaction. :meth:`PoolStore.add` stores the images of a reservation and deletes
-it in one transaction, so at every instant each planned image is counted exactly once: in the
-fill or in flight. Several planners (threads, processes, replicas on one database) therefore
-stop together exactly at the target and never share a plan index; a crash leaves a gap in the
-plan, never a repeat. A reservation's lease is renewed by its owner's heartbeat; a killed
-owner's reservations expire and their room is planned again, with new indices, by whoever is
-alive. A unique index on (pool, label, plan index) makes a retried ``add`` harmless.
+Counting and sampling. Everything that counts a label's fill counts *accepted* images only
+(``reserve``, ``fill``, ``stats``, the capacity), and ``sample`` returns only those; rejected
+ones are bounded apart (see :mod:`~genaug.service.pool.curation`). Within a label the
+least-served images go first, random among equals, and eviction takes the most-served first,
+so a consumer sees the whole pool and the pool keeps getting fresher; across labels ``n`` is
+spread as evenly as the fills allow (:func:`~genaug.service.pool.draw.spread`), never the same
+image twice in a sample.
 
-Sampling policy. Within a label, the least-served images go first, random among equals: every
-image is served once before any is served twice, so a consumer sees the whole pool, and together
-with evicting the most-served images first the pool keeps getting fresher. Across labels the
-``n`` images are spread as evenly as the labels' fills allow (water-filling,
-:func:`~genaug.service.pool.draw.spread`);
-one sample never contains the same image twice, so it may hold fewer than ``n`` when the pool
-is small.
+Schema. ``meta.schema_version`` names the layout; a newer genaug upgrades an older database in
+place (every image kept) and refuses a newer one
+(:class:`~genaug.service.pool.types.PoolSchemaError`). Version 1: SQLite of genaug 0.1 (no
+reservations, source, channels, adapter or scheduler); 2 adds them; 3 adds curation
+(``score``, ``judge_keep``, ``verdict``, ``verdict_at``, ``accepted``, the lifetime counters
+``judged_total`` and ``accepted_total``; an upgraded image is unjudged and accepted).
 
-Curation. Each image has the judge's ``score`` (NULL: not judged), the judge's keep flag
-``judge_keep`` (images below the recipe's ``min_score`` are stored, counted and never sampled)
-and a person's ``verdict`` (NULL: none; ``reject``; ``restore``, which overrides the judge's
-reject). An image is *accepted* (sampleable) iff a person restored it, or no person rejected it
-and the judge kept it; the column ``accepted`` holds that, kept up to date by :meth:`add` and
-:meth:`verdict` under the label's lock. Everything that counts a label's fill counts accepted
-images only: :meth:`reserve` (so a judged label goes on generating until it holds ``target``
-accepted images), :meth:`fill`, :meth:`stats` (``fill``), the capacity and :meth:`sample`,
-which never returns a rejected image. Rejected images (by the judge or a person) keep no room
-of the accepted ones; they are bounded separately: at most ``capacity_per_label`` of them per
-label, the oldest evicted first, so a label whose judge rejects most images cannot grow the
-pool without limit. ``counters.judged_total`` and ``counters.accepted_total`` count what the
-judge ever scored and kept (lifetime: eviction does not lower them).
+Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: 1,000 1024² RGB images per
+label for 10 labels is about 30 GiB (docs/deploy.md has the table). Beyond a few hundred GiB,
+or with many replicas far from the database, pixels belong in object storage.
 
-Schema. ``meta.schema_version`` says which layout a database has; a newer genaug upgrades an
-older database in place (every image kept) and refuses a database newer than it knows
-(:class:`~genaug.service.pool.types.PoolSchemaError`). Version 1 is the SQLite layout of
-genaug 0.1 (no reservations, no source, channels, adapter or scheduler columns); version 2
-adds them; version 3 adds curation (``score``, ``judge_keep``, ``verdict``, ``verdict_at``,
-``accepted`` and the two lifetime counters; an upgraded image is unjudged and accepted).
-
-Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: a 1024² RGB image is 3 MiB,
-so 1,000 images per label for 10 labels is about 30 GiB (docs/deploy.md has the table). Both
-backends handle that; beyond a few hundred GiB, or with many replicas far from the database,
-pixels belong in object storage with only their keys in these tables.
-
-Why this file is longer than the house's 450 lines: it is one class, and its queries are one
-protocol (every writer takes the label's counter row lock first, in label order; reserve,
-add, evict and sample count what is stored and in flight in the same transactions). Split
-over files, the lock order and the counting that keep generated equal to target could no
-longer be read in one place; everything else (types, factory, the planner's label choice)
-lives elsewhere.
+Why this file is longer than the house's 450 lines: its queries are one protocol (the lock
+order and the counting that keep generated equal to target), read in one place; the queries
+outside it live in the two mixins.
 """
 
 from __future__ import annotations
@@ -84,40 +67,29 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
+from .curation import CurationQueries, _judged
 from .draw import decode_rows, empty_sample, spread
-from .types import (
-    DEFAULT_LEASE_S,
-    BrowsePage,
-    LabelStats,
-    PoolError,
-    PoolImage,
-    PoolSample,
-    Reservation,
-    VerdictResult,
-)
+from .reads import PoolReads
+from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Reservation
 
 __all__ = ["PoolStore"]
 
 log = logging.getLogger(__name__)
-
-_CHUNK = 500  # ids per "IN (...)" clause: far below either backend's parameter limit
-#: Most images one :meth:`PoolStore.browse` page returns.
-BROWSE_MAX = 500
 
 
 def _new_owner() -> str:
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class PoolStore(ABC):
+class PoolStore(CurationQueries, PoolReads, ABC):
     """An image pool in a database; safe to use from several threads and processes.
 
     Abstract: :func:`~genaug.service.pool.open.open_pool` opens a PostgreSQL pool for a
@@ -145,6 +117,8 @@ class PoolStore(ABC):
     _NOW: str = ""
     #: SQL name of the two-argument maximum.
     _GREATEST: str = ""
+    #: Ids per "IN (...)" clause: far below either backend's parameter limit.
+    _CHUNK: ClassVar[int] = 500
 
     def __init__(
         self,
@@ -444,110 +418,9 @@ class PoolStore(ABC):
             gone += len(victims)
         return gone
 
-    # -- curation --------------------------------------------------------------------------
-
-    def verdict(
-        self, pool_id: str, label: str, seeds: Sequence[int], *, keep: bool
-    ) -> VerdictResult:
-        """Apply a person's verdict to ``label``'s images with these ``seeds``, all or none.
-
-        ``keep=False`` rejects them (never sampled again, by any replica, whatever the judge
-        said); ``keep=True`` restores them (sampleable again; for an image the judge had
-        rejected this overrides the judge). When a seed names no image of the label nothing
-        is applied and the result lists it in ``unknown``. A verdict may change the label's
-        fill (a reject lowers it, so the planner makes a replacement; a restore beyond the
-        capacity evicts as :meth:`add` does).
-        """
-        wanted = list(dict.fromkeys(int(s) for s in seeds))
-        now = time.time()
-        with self._tx(write=True) as conn:
-            self._lock_label(conn, pool_id, label)
-            found: dict[int, list[tuple[int, bool, str | None]]] = {}
-            for lo in range(0, len(wanted), _CHUNK):
-                part = wanted[lo : lo + _CHUNK]
-                for image_id, seed, judge_keep, verdict in self._exec(
-                    conn,
-                    "SELECT id, seed, judge_keep, verdict FROM images WHERE pool_id = ?"
-                    f" AND label = ? AND seed IN ({','.join('?' * len(part))})",
-                    [pool_id, label, *part],
-                ).fetchall():
-                    found.setdefault(int(seed), []).append(
-                        (int(image_id), bool(judge_keep), verdict))
-            unknown = [seed for seed in wanted if seed not in found]
-            if unknown:
-                return VerdictResult(unknown=unknown)
-            changed: list[int] = []
-            unchanged: list[int] = []
-            updates: dict[tuple[str | None, int], list[int]] = {}
-            for seed in wanted:
-                moved = False
-                for image_id, judge_keep, verdict in found[seed]:
-                    new = "reject" if not keep else (None if judge_keep else "restore")
-                    if new != verdict:
-                        moved = True
-                        updates.setdefault((new, int(keep)), []).append(image_id)
-                (changed if moved else unchanged).append(seed)
-            for (new, accepted), ids in updates.items():
-                for lo in range(0, len(ids), _CHUNK):
-                    part = ids[lo : lo + _CHUNK]
-                    self._exec(
-                        conn,
-                        "UPDATE images SET verdict = ?, accepted = ?, verdict_at = ?"
-                        f" WHERE id IN ({','.join('?' * len(part))})",
-                        [new, accepted, now, *part],
-                    )
-            if updates:
-                self._evict(conn, pool_id, label)
-        if changed:
-            log.info("pool %s label %s: a person %s %d image(s)", pool_id, label,
-                     "restored" if keep else "rejected", len(changed))
-        return VerdictResult(changed=changed, unchanged=unchanged)
-
-    def browse(
-        self, pool_id: str, label: str, *, rejected: bool, offset: int = 0, limit: int = 50
-    ) -> BrowsePage:
-        """One page of ``label``'s accepted images (``rejected=False``) or rejected ones (by
-        the judge or a person), the least-scored first (unjudged last), then the oldest;
-        ``total`` counts them all. Pixels: :meth:`image`."""
-        if offset < 0 or not 1 <= limit <= BROWSE_MAX:
-            raise ValueError(f"offset must be >= 0 and limit 1..{BROWSE_MAX}, got {offset}, "
-                             f"{limit}")
-        where = "pool_id = ? AND label = ? AND accepted = ?"
-        params = (pool_id, label, 0 if rejected else 1)
-        with self._tx(write=False) as conn:
-            (total,) = self._exec(
-                conn, f"SELECT COUNT(*) FROM images WHERE {where}", params).fetchone()
-            rows = self._exec(
-                conn,
-                "SELECT seed, score, created, served, judge_keep, verdict FROM images"
-                f" WHERE {where} ORDER BY score IS NULL, score, id LIMIT ? OFFSET ?",
-                (*params, limit, offset),
-            ).fetchall()
-        return BrowsePage(int(total), offset, [
-            PoolImage(int(seed), None if score is None else float(score), float(created),
-                      int(served), bool(judge_keep), None if verdict is None else str(verdict))
-            for seed, score, created, served, judge_keep, verdict in rows
-        ])
-
-    def image(self, pool_id: str, label: str, seed: int) -> npt.NDArray[np.uint8] | None:
-        """The pixels (uint8 [h, w, c]) of ``label``'s image with ``seed``, accepted or not,
-        without counting it served; None when there is none (the oldest when several)."""
-        with self._tx(write=False) as conn:
-            row = self._exec(
-                conn,
-                "SELECT i.height, i.width, i.channels, d.data FROM images AS i JOIN image_data"
-                " AS d ON d.id = i.id WHERE i.pool_id = ? AND i.label = ? AND i.seed = ?"
-                " ORDER BY i.id LIMIT 1",
-                (pool_id, label, int(seed)),
-            ).fetchone()
-        if row is None:
-            return None
-        h, w, c, data = row
-        return np.frombuffer(bytes(data), np.uint8).reshape(int(h), int(w), int(c)).copy()
-
     def _delete_ids(self, conn: Any, ids: Sequence[int]) -> None:
-        for lo in range(0, len(ids), _CHUNK):
-            part = list(ids[lo : lo + _CHUNK])
+        for lo in range(0, len(ids), self._CHUNK):
+            part = list(ids[lo : lo + self._CHUNK])
             marks = ",".join("?" * len(part))
             self._exec(conn, f"DELETE FROM image_data WHERE id IN ({marks})", part)
             self._exec(conn, f"DELETE FROM images WHERE id IN ({marks})", part)
@@ -606,8 +479,8 @@ class PoolStore(ABC):
                 pick = np.argpartition(keys, k - 1)[:k] if k < len(cand) else slice(None)
                 chosen.append((label, cand[pick, 0].tolist()))
             for label, ids in chosen:
-                for lo in range(0, len(ids), _CHUNK):
-                    part = ids[lo : lo + _CHUNK]
+                for lo in range(0, len(ids), self._CHUNK):
+                    part = ids[lo : lo + self._CHUNK]
                     got = self._exec(
                         conn,
                         "SELECT i.id, i.seed, i.height, i.width, i.channels, i.source, d.data"
@@ -632,8 +505,8 @@ class PoolStore(ABC):
                     " WHERE pool_id = ? AND label = ?",
                     (len(ids), pool_id, label),
                 )
-            for lo in range(0, len(served_ids), _CHUNK):
-                part = served_ids[lo : lo + _CHUNK]
+            for lo in range(0, len(served_ids), self._CHUNK):
+                part = served_ids[lo : lo + self._CHUNK]
                 marks = ",".join("?" * len(part))
                 self._exec(conn, f"UPDATE images SET served = served + 1 WHERE id IN ({marks})",
                            part)
@@ -730,78 +603,3 @@ class PoolStore(ABC):
                 (pool_id, label),
             ).fetchone()
         return int(row[0]) if row else 0
-
-    def pools(self) -> list[str]:
-        """Every pool id in the database, sorted."""
-        with self._tx(write=False) as conn:
-            rows = self._exec(
-                conn,
-                "SELECT pool_id FROM counters UNION SELECT pool_id FROM images ORDER BY 1",
-            ).fetchall()
-        return [str(r[0]) for r in rows]
-
-    def iter_images(
-        self, pool_id: str, *, chunk: int = 256, include_rejected: bool = False
-    ) -> Iterator[tuple[str, int, npt.NDArray[np.uint8]]]:
-        """Every accepted image of a pool (with ``include_rejected`` every image) as
-        ``(label, seed, uint8 [h, w, c])``, without counting it served (for export)."""
-        last = 0
-        only = "" if include_rejected else " AND i.accepted = 1"
-        while True:
-            with self._tx(write=False) as conn:
-                rows = self._exec(
-                    conn,
-                    "SELECT i.id, i.label, i.seed, i.height, i.width, i.channels, d.data"
-                    " FROM images AS i JOIN image_data AS d ON d.id = i.id"
-                    f" WHERE i.pool_id = ? AND i.id > ?{only} ORDER BY i.id LIMIT ?",
-                    (pool_id, last, chunk),
-                ).fetchall()
-            if not rows:
-                return
-            for image_id, label, seed, h, w, c, data in rows:
-                last = int(image_id)
-                image = np.frombuffer(bytes(data), np.uint8).reshape(h, w, c)
-                yield str(label), int(seed), image
-
-    def plan_indices(self, pool_id: str) -> dict[str, list[int]]:
-        """Stored plan indices per label, sorted (images added without one are left out)."""
-        with self._tx(write=False) as conn:
-            rows = self._exec(
-                conn,
-                "SELECT label, plan_index FROM images WHERE pool_id = ? AND plan_index IS NOT"
-                " NULL ORDER BY label, plan_index",
-                (pool_id,),
-            ).fetchall()
-        out: dict[str, list[int]] = {}
-        for label, index in rows:
-            out.setdefault(str(label), []).append(int(index))
-        return out
-
-    def integrity_check(self) -> str:
-        """``"ok"`` for a sound database, else what is wrong (orphan pixels or rows)."""
-        with self._tx(write=False) as conn:
-            (orphans,) = self._exec(
-                conn,
-                "SELECT (SELECT COUNT(*) FROM image_data WHERE id NOT IN (SELECT id FROM"
-                " images)) + (SELECT COUNT(*) FROM images WHERE id NOT IN (SELECT id FROM"
-                " image_data))",
-            ).fetchone()
-        return "ok" if int(orphans) == 0 else f"{int(orphans)} images without pixels or rows"
-
-
-def _judged(
-    n: int, scores: Sequence[float] | None, keep: Sequence[bool] | None
-) -> tuple[list[float | None], list[bool]]:
-    """The judge's scores and keep flags of ``n`` images, checked (None: not judged, kept)."""
-    if scores is None:
-        if keep is not None:
-            raise ValueError("keep flags need the judge's scores (scores=...)")
-        return [None] * n, [True] * n
-    score_list: list[float | None] = [float(x) for x in np.asarray(scores).reshape(-1)]
-    keep_list = [True] * n if keep is None else [bool(k) for k in np.asarray(keep).reshape(-1)]
-    if len(score_list) != n or len(keep_list) != n:
-        raise ValueError(f"{len(score_list)} scores and {len(keep_list)} keep flags for {n} "
-                         "images")
-    if not all(np.isfinite(x) for x in score_list if x is not None):
-        raise ValueError(f"scores must be finite numbers, got {score_list}")
-    return score_list, keep_list

@@ -156,7 +156,7 @@ class PoolSample:
 @dataclass(frozen=True)
 class PoolImage:
     """One stored image as a person looks through a label (no pixels: see
-    :meth:`~genaug.service.pool.store.PoolStore.image`).
+    :meth:`~genaug.service.pool.curation.CurationQueries.image`).
 
     ``score``: the judge's score (None: not judged); ``judge_keep``: whether the judge kept it
     (True when not judged); ``verdict``: a person's ``"reject"`` or ``"restore"`` (None:
@@ -205,7 +205,7 @@ class BrowsePage:
 
 @dataclass(frozen=True)
 class VerdictResult:
-    """What :meth:`~genaug.service.pool.store.PoolStore.verdict` did.
+    """What :meth:`~genaug.service.pool.curation.CurationQueries.verdict` did.
 
     ``changed``: seeds whose image now is (``keep``) or is no longer sampleable;
     ``unchanged``: seeds already so; ``unknown``: seeds the label has no image of. When
