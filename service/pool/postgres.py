@@ -75,7 +75,12 @@ _SCHEMA = [
         source        TEXT,
         scheduler     TEXT             NOT NULL DEFAULT 'default',
         adapter       TEXT,
-        adapter_scale DOUBLE PRECISION)""",
+        adapter_scale DOUBLE PRECISION,
+        score         DOUBLE PRECISION,
+        judge_keep    SMALLINT         NOT NULL DEFAULT 1,
+        verdict       TEXT,
+        verdict_at    DOUBLE PRECISION,
+        accepted      SMALLINT         NOT NULL DEFAULT 1)""",
     # Pixels are not compressible enough to be worth pglz: store them out of line as they are.
     """CREATE TABLE IF NOT EXISTS image_data (
         id   BIGINT PRIMARY KEY REFERENCES images (id),
@@ -89,6 +94,8 @@ _SCHEMA = [
         generated_total BIGINT NOT NULL DEFAULT 0,
         served_total    BIGINT NOT NULL DEFAULT 0,
         next_index      BIGINT NOT NULL DEFAULT 0,
+        judged_total    BIGINT NOT NULL DEFAULT 0,
+        accepted_total  BIGINT NOT NULL DEFAULT 0,
         PRIMARY KEY (pool_id, label))""",
     """CREATE TABLE IF NOT EXISTS targets (
         pool_id TEXT   NOT NULL,
@@ -110,17 +117,34 @@ _SCHEMA = [
 ]
 
 #: Upgrades, by the version they start from. PostgreSQL pools start at version 2 (the first
-#: version with this backend); the next column or table goes here as ``2: [...]``.
-_UPGRADES: dict[int, list[str]] = {}
+#: version with this backend); the next column or table goes here as ``3: [...]``.
+_UPGRADES: dict[int, list[str]] = {
+    2: [  # curation: the judge's score and keep flag, a person's verdict, lifetime counters
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS score DOUBLE PRECISION",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS judge_keep SMALLINT NOT NULL DEFAULT 1",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS verdict TEXT",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS verdict_at DOUBLE PRECISION",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS accepted SMALLINT NOT NULL DEFAULT 1",
+        "ALTER TABLE counters ADD COLUMN IF NOT EXISTS judged_total BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE counters ADD COLUMN IF NOT EXISTS accepted_total BIGINT NOT NULL"
+        " DEFAULT 0",
+    ],
+}
 
-# Least served first, random among equals, spread over the labels as evenly as they allow:
-# every label's rank-1 image, then every rank-2 one ... (water-filling), the last partial
-# round to randomly chosen labels. Grouped by label in request order.
+#: Run after the upgrades, on every open (their columns exist by then).
+_AFTER_UPGRADES = [
+    "CREATE INDEX IF NOT EXISTS images_pool_label_accepted"
+    " ON images (pool_id, label, accepted, served)",
+]
+
+# Accepted images only, least served first, random among equals, spread over the labels as
+# evenly as they allow: every label's rank-1 image, then every rank-2 one ... (water-filling),
+# the last partial round to randomly chosen labels. Grouped by label in request order.
 _SAMPLE = """
 WITH ranked AS (
     SELECT id, label,
            row_number() OVER (PARTITION BY label ORDER BY served, random()) AS rn
-    FROM images WHERE pool_id = %(pool)s AND label = ANY(%(labels)s)
+    FROM images WHERE pool_id = %(pool)s AND label = ANY(%(labels)s) AND accepted = 1
 ), picked AS (
     SELECT id, label, rn FROM ranked ORDER BY rn, random() LIMIT %(n)s
 )
@@ -292,6 +316,8 @@ class PostgresPoolStore(PoolStore):
                             self.location, start, start + 1)
                 for statement in _UPGRADES.get(start, []):
                     conn.execute(statement)
+            for statement in _AFTER_UPGRADES:
+                conn.execute(statement)
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key)"
                 " DO UPDATE SET value = excluded.value",
@@ -305,11 +331,11 @@ class PostgresPoolStore(PoolStore):
         n: int,
         rng: np.random.Generator | None = None,
     ) -> PoolSample:
-        """As :meth:`PoolStore.sample`, in four round trips whatever the pool's size: the
-        database ranks and draws (its ``random()``, so ``rng`` is not used), pixels come back
-        in binary (``bytea`` as text would be hex, twice the bytes), and the served counts are
-        written in one pipelined batch, counter rows locked in label order as every writer
-        locks them."""
+        """As :meth:`PoolStore.sample` (accepted images only), in four round trips whatever the
+        pool's size: the database ranks and draws (its ``random()``, so ``rng`` is not used),
+        pixels come back in binary (``bytea`` as text would be hex, twice the bytes), and the
+        served counts are written in one pipelined batch, counter rows locked in label order as
+        every writer locks them."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         wanted = list(dict.fromkeys(labels))

@@ -37,7 +37,7 @@ __all__ = ["SqlitePoolStore"]
 
 log = logging.getLogger(__name__)
 
-# Version 2, the layout a new file gets. (No semicolons in comments: the text is split on them.)
+# Version 3, the layout a new file gets. (No semicolons in comments: the text is split on them.)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -58,7 +58,12 @@ CREATE TABLE IF NOT EXISTS images (
     source        TEXT,
     scheduler     TEXT    NOT NULL DEFAULT 'default',
     adapter       TEXT,
-    adapter_scale REAL
+    adapter_scale REAL,
+    score         REAL,
+    judge_keep    INTEGER NOT NULL DEFAULT 1,
+    verdict       TEXT,
+    verdict_at    REAL,
+    accepted      INTEGER NOT NULL DEFAULT 1
 );
 CREATE TABLE IF NOT EXISTS image_data (
     id   INTEGER PRIMARY KEY REFERENCES images (id),
@@ -71,6 +76,8 @@ CREATE TABLE IF NOT EXISTS counters (
     generated_total INTEGER NOT NULL DEFAULT 0,
     served_total    INTEGER NOT NULL DEFAULT 0,
     next_index      INTEGER NOT NULL DEFAULT 0,
+    judged_total    INTEGER NOT NULL DEFAULT 0,
+    accepted_total  INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (pool_id, label)
 ) WITHOUT ROWID;
 """
@@ -99,6 +106,25 @@ CREATE TABLE IF NOT EXISTS reservations (
 CREATE INDEX IF NOT EXISTS reservations_pool_label ON reservations (pool_id, label);
 CREATE INDEX IF NOT EXISTS reservations_owner ON reservations (owner);
 """
+
+# Version 2 -> 3 (curation): what the version-3 layout adds, run after its columns exist.
+_V3 = """
+CREATE INDEX IF NOT EXISTS images_pool_label_accepted ON images (pool_id, label, accepted, served);
+"""
+
+_V3_COLUMNS = {
+    "images": {
+        "score": "REAL",
+        "judge_keep": "INTEGER NOT NULL DEFAULT 1",
+        "verdict": "TEXT",
+        "verdict_at": "REAL",
+        "accepted": "INTEGER NOT NULL DEFAULT 1",
+    },
+    "counters": {
+        "judged_total": "INTEGER NOT NULL DEFAULT 0",
+        "accepted_total": "INTEGER NOT NULL DEFAULT 0",
+    },
+}
 
 _V2_COLUMNS = {
     "channels": "INTEGER NOT NULL DEFAULT 3",
@@ -279,9 +305,16 @@ class SqlitePoolStore(PoolStore):
                 for column, decl in _V2_COLUMNS.items():
                     if column not in have:
                         conn.execute(f"ALTER TABLE images ADD COLUMN {column} {decl}")
+            if version < 3:
+                for table, columns in _V3_COLUMNS.items():
+                    have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+                    for column, decl in columns.items():
+                        if column not in have:
+                            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            if version < SCHEMA_VERSION:
                 log.warning("pool %s: upgrading schema version %d to %d in place",
                             self.path, version, SCHEMA_VERSION)
-            for statement in _statements(_V2):
+            for statement in _statements(_V2 + _V3):
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key)"

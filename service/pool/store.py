@@ -41,11 +41,26 @@ with evicting the most-served images first the pool keeps getting fresher. Acros
 one sample never contains the same image twice, so it may hold fewer than ``n`` when the pool
 is small.
 
+Curation. Each image has the judge's ``score`` (NULL: not judged), the judge's keep flag
+``judge_keep`` (images below the recipe's ``min_score`` are stored, counted and never sampled)
+and a person's ``verdict`` (NULL: none; ``reject``; ``restore``, which overrides the judge's
+reject). An image is *accepted* (sampleable) iff a person restored it, or no person rejected it
+and the judge kept it; the column ``accepted`` holds that, kept up to date by :meth:`add` and
+:meth:`verdict` under the label's lock. Everything that counts a label's fill counts accepted
+images only: :meth:`reserve` (so a judged label goes on generating until it holds ``target``
+accepted images), :meth:`fill`, :meth:`stats` (``fill``), the capacity and :meth:`sample`,
+which never returns a rejected image. Rejected images (by the judge or a person) keep no room
+of the accepted ones; they are bounded separately: at most ``capacity_per_label`` of them per
+label, the oldest evicted first, so a label whose judge rejects most images cannot grow the
+pool without limit. ``counters.judged_total`` and ``counters.accepted_total`` count what the
+judge ever scored and kept (lifetime: eviction does not lower them).
+
 Schema. ``meta.schema_version`` says which layout a database has; a newer genaug upgrades an
 older database in place (every image kept) and refuses a database newer than it knows
 (:class:`~genaug.service.pool.types.PoolSchemaError`). Version 1 is the SQLite layout of
 genaug 0.1 (no reservations, no source, channels, adapter or scheduler columns); version 2
-adds them.
+adds them; version 3 adds curation (``score``, ``judge_keep``, ``verdict``, ``verdict_at``,
+``accepted`` and the two lifetime counters; an upgraded image is unjudged and accepted).
 
 Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: a 1024² RGB image is 3 MiB,
 so 1,000 images per label for 10 labels is about 30 GiB (docs/deploy.md has the table). Both
@@ -78,13 +93,24 @@ import numpy as np
 import numpy.typing as npt
 
 from .draw import decode_rows, empty_sample, spread
-from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Reservation
+from .types import (
+    DEFAULT_LEASE_S,
+    BrowsePage,
+    LabelStats,
+    PoolError,
+    PoolImage,
+    PoolSample,
+    Reservation,
+    VerdictResult,
+)
 
 __all__ = ["PoolStore"]
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 500  # ids per "IN (...)" clause: far below either backend's parameter limit
+#: Most images one :meth:`PoolStore.browse` page returns.
+BROWSE_MAX = 500
 
 
 def _new_owner() -> str:
@@ -220,8 +246,9 @@ class PoolStore(ABC):
         """Reserve up to ``n`` plan indices of ``label`` if it is below ``target``.
 
         Under the label's lock: expired reservations are dropped, then stored + in-flight
-        images are counted in one statement; the reservation holds ``min(n, target - both)``
-        indices, or the answer is None when there is no room.
+        images are counted in one statement (stored: accepted images only, so a judged label
+        goes on until it holds ``target`` accepted ones); the reservation holds
+        ``min(n, target - both)`` indices, or the answer is None when there is no room.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -240,7 +267,8 @@ class PoolStore(ABC):
                 )
             fill, reserved = self._exec(
                 conn,
-                "SELECT (SELECT COUNT(*) FROM images WHERE pool_id = ? AND label = ?),"
+                "SELECT (SELECT COUNT(*) FROM images WHERE pool_id = ? AND label = ?"
+                " AND accepted = 1),"
                 " (SELECT COALESCE(SUM(count), 0) FROM reservations"
                 "  WHERE pool_id = ? AND label = ?)",
                 (pool_id, label, pool_id, label),
@@ -311,6 +339,8 @@ class PoolStore(ABC):
         scheduler: str = "default",
         adapter: str | None = None,
         adapter_scale: float | None = None,
+        scores: Sequence[float] | None = None,
+        keep: Sequence[bool] | None = None,
     ) -> int:
         """Store a batch of one label in one transaction; return how many images were evicted.
 
@@ -319,8 +349,13 @@ class PoolStore(ABC):
         image's index, default ``reservation.indices``); an image whose plan index is already
         stored is skipped, so a retried add stores nothing twice. ``next_index``: the label's
         plan position after this batch when not reserving (stored as max(old, new)).
-        Beyond ``capacity_per_label`` the most-served images go first, the oldest among
-        equals, in the same transaction.
+        Beyond ``capacity_per_label`` accepted images the most-served go first, the oldest
+        among equals; beyond ``capacity_per_label`` rejected ones the oldest go first; both
+        in the same transaction.
+
+        ``scores``: the judge's score of each image (None: not judged); ``keep``: whether
+        the judge kept each (needs ``scores``; default all kept). An image not kept is stored
+        and counted (``rejected``, ``judged_total``) but never sampled.
         """
         images = np.asarray(images)
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] not in (1, 3):
@@ -341,20 +376,23 @@ class PoolStore(ABC):
         if len(index_list) != n or len(source_list) != n:
             raise ValueError(f"{len(index_list)} plan indices and {len(source_list)} sources "
                              f"for {n} images")
+        score_list, keep_list = _judged(n, scores, keep)
         images = np.ascontiguousarray(images)
         now = time.time()
         with self._tx(write=True) as conn:
             self._lock_label(conn, pool_id, label)  # writers of a label queue here, in order
-            stored = 0
+            stored = judged = kept = 0
             for i in range(n):
                 row = self._exec(
                     conn,
                     "INSERT INTO images (pool_id, label, seed, plan_index, created, model_hash,"
-                    " height, width, channels, source, scheduler, adapter, adapter_scale)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " height, width, channels, source, scheduler, adapter, adapter_scale,"
+                    " score, judge_keep, accepted)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (pool_id, label, plan_index) DO NOTHING RETURNING id",
                     (pool_id, label, seed_list[i], index_list[i], now, model_hash, h, w, c,
-                     source_list[i], scheduler, adapter, adapter_scale),
+                     source_list[i], scheduler, adapter, adapter_scale, score_list[i],
+                     int(keep_list[i]), int(keep_list[i])),
                 ).fetchone()
                 if row is None:
                     log.info("pool %s label %s: plan index %s already stored; skipped",
@@ -363,37 +401,149 @@ class PoolStore(ABC):
                 self._exec(conn, "INSERT INTO image_data (id, data) VALUES (?, ?)",
                            (int(row[0]), images[i].tobytes()))
                 stored += 1
+                if score_list[i] is not None:
+                    judged += 1
+                    kept += int(keep_list[i])
             self._exec(
                 conn,
                 "UPDATE counters SET generated_total = generated_total + ?,"
+                " judged_total = judged_total + ?, accepted_total = accepted_total + ?,"
                 f" next_index = {self._GREATEST}(next_index, ?) WHERE pool_id = ? AND label = ?",
-                (stored, next_index or 0, pool_id, label),
+                (stored, judged, kept, next_index or 0, pool_id, label),
             )
             if reservation is not None:
                 self._exec(conn, "DELETE FROM reservations WHERE id = ?", (reservation.id,))
             evicted = self._evict(conn, pool_id, label)
         if evicted:
-            log.debug("pool %s label %s: evicted %d most-served", pool_id, label, evicted)
+            log.debug("pool %s label %s: evicted %d", pool_id, label, evicted)
         return evicted
 
     def _evict(self, conn: Any, pool_id: str, label: str) -> int:
-        (count,) = self._exec(
-            conn, "SELECT COUNT(*) FROM images WHERE pool_id = ? AND label = ?", (pool_id, label)
-        ).fetchone()
-        excess = int(count) - self.capacity_per_label
-        if excess <= 0:
-            return 0
-        victims = [
-            int(r[0])
-            for r in self._exec(
+        """Keep at most ``capacity_per_label`` accepted images (most-served, then oldest, go
+        first) and as many rejected ones (oldest go first); return how many went."""
+        gone = 0
+        for accepted, order in ((1, "served DESC, id ASC"), (0, "id ASC")):
+            (count,) = self._exec(
                 conn,
-                "SELECT id FROM images WHERE pool_id = ? AND label = ?"
-                " ORDER BY served DESC, id ASC LIMIT ?",
-                (pool_id, label, excess),
+                "SELECT COUNT(*) FROM images WHERE pool_id = ? AND label = ? AND accepted = ?",
+                (pool_id, label, accepted),
+            ).fetchone()
+            excess = int(count) - self.capacity_per_label
+            if excess <= 0:
+                continue
+            victims = [
+                int(r[0])
+                for r in self._exec(
+                    conn,
+                    "SELECT id FROM images WHERE pool_id = ? AND label = ? AND accepted = ?"
+                    f" ORDER BY {order} LIMIT ?",
+                    (pool_id, label, accepted, excess),
+                ).fetchall()
+            ]
+            self._delete_ids(conn, victims)
+            gone += len(victims)
+        return gone
+
+    # -- curation --------------------------------------------------------------------------
+
+    def verdict(
+        self, pool_id: str, label: str, seeds: Sequence[int], *, keep: bool
+    ) -> VerdictResult:
+        """Apply a person's verdict to ``label``'s images with these ``seeds``, all or none.
+
+        ``keep=False`` rejects them (never sampled again, by any replica, whatever the judge
+        said); ``keep=True`` restores them (sampleable again; for an image the judge had
+        rejected this overrides the judge). When a seed names no image of the label nothing
+        is applied and the result lists it in ``unknown``. A verdict may change the label's
+        fill (a reject lowers it, so the planner makes a replacement; a restore beyond the
+        capacity evicts as :meth:`add` does).
+        """
+        wanted = list(dict.fromkeys(int(s) for s in seeds))
+        now = time.time()
+        with self._tx(write=True) as conn:
+            self._lock_label(conn, pool_id, label)
+            found: dict[int, list[tuple[int, bool, str | None]]] = {}
+            for lo in range(0, len(wanted), _CHUNK):
+                part = wanted[lo : lo + _CHUNK]
+                for image_id, seed, judge_keep, verdict in self._exec(
+                    conn,
+                    "SELECT id, seed, judge_keep, verdict FROM images WHERE pool_id = ?"
+                    f" AND label = ? AND seed IN ({','.join('?' * len(part))})",
+                    [pool_id, label, *part],
+                ).fetchall():
+                    found.setdefault(int(seed), []).append(
+                        (int(image_id), bool(judge_keep), verdict))
+            unknown = [seed for seed in wanted if seed not in found]
+            if unknown:
+                return VerdictResult(unknown=unknown)
+            changed: list[int] = []
+            unchanged: list[int] = []
+            updates: dict[tuple[str | None, int], list[int]] = {}
+            for seed in wanted:
+                moved = False
+                for image_id, judge_keep, verdict in found[seed]:
+                    new = "reject" if not keep else (None if judge_keep else "restore")
+                    if new != verdict:
+                        moved = True
+                        updates.setdefault((new, int(keep)), []).append(image_id)
+                (changed if moved else unchanged).append(seed)
+            for (new, accepted), ids in updates.items():
+                for lo in range(0, len(ids), _CHUNK):
+                    part = ids[lo : lo + _CHUNK]
+                    self._exec(
+                        conn,
+                        "UPDATE images SET verdict = ?, accepted = ?, verdict_at = ?"
+                        f" WHERE id IN ({','.join('?' * len(part))})",
+                        [new, accepted, now, *part],
+                    )
+            if updates:
+                self._evict(conn, pool_id, label)
+        if changed:
+            log.info("pool %s label %s: a person %s %d image(s)", pool_id, label,
+                     "restored" if keep else "rejected", len(changed))
+        return VerdictResult(changed=changed, unchanged=unchanged)
+
+    def browse(
+        self, pool_id: str, label: str, *, rejected: bool, offset: int = 0, limit: int = 50
+    ) -> BrowsePage:
+        """One page of ``label``'s accepted images (``rejected=False``) or rejected ones (by
+        the judge or a person), the least-scored first (unjudged last), then the oldest;
+        ``total`` counts them all. Pixels: :meth:`image`."""
+        if offset < 0 or not 1 <= limit <= BROWSE_MAX:
+            raise ValueError(f"offset must be >= 0 and limit 1..{BROWSE_MAX}, got {offset}, "
+                             f"{limit}")
+        where = "pool_id = ? AND label = ? AND accepted = ?"
+        params = (pool_id, label, 0 if rejected else 1)
+        with self._tx(write=False) as conn:
+            (total,) = self._exec(
+                conn, f"SELECT COUNT(*) FROM images WHERE {where}", params).fetchone()
+            rows = self._exec(
+                conn,
+                "SELECT seed, score, created, served, judge_keep, verdict FROM images"
+                f" WHERE {where} ORDER BY score IS NULL, score, id LIMIT ? OFFSET ?",
+                (*params, limit, offset),
             ).fetchall()
-        ]
-        self._delete_ids(conn, victims)
-        return len(victims)
+        return BrowsePage(int(total), offset, [
+            PoolImage(int(seed), None if score is None else float(score), float(created),
+                      int(served), bool(judge_keep), None if verdict is None else str(verdict))
+            for seed, score, created, served, judge_keep, verdict in rows
+        ])
+
+    def image(self, pool_id: str, label: str, seed: int) -> npt.NDArray[np.uint8] | None:
+        """The pixels (uint8 [h, w, c]) of ``label``'s image with ``seed``, accepted or not,
+        without counting it served; None when there is none (the oldest when several)."""
+        with self._tx(write=False) as conn:
+            row = self._exec(
+                conn,
+                "SELECT i.height, i.width, i.channels, d.data FROM images AS i JOIN image_data"
+                " AS d ON d.id = i.id WHERE i.pool_id = ? AND i.label = ? AND i.seed = ?"
+                " ORDER BY i.id LIMIT 1",
+                (pool_id, label, int(seed)),
+            ).fetchone()
+        if row is None:
+            return None
+        h, w, c, data = row
+        return np.frombuffer(bytes(data), np.uint8).reshape(int(h), int(w), int(c)).copy()
 
     def _delete_ids(self, conn: Any, ids: Sequence[int]) -> None:
         for lo in range(0, len(ids), _CHUNK):
@@ -425,9 +575,10 @@ class PoolStore(ABC):
     ) -> PoolSample:
         """Draw up to ``n`` distinct images spread evenly over ``labels``; count them served.
 
-        Labels without images get none and their share goes to the others; within a label the
-        least-served images go first, random among equals. The result is grouped by label in
-        the order of ``labels`` (duplicates ignored).
+        Only accepted images (see the module docstring: never one a judge or a person
+        rejected). Labels without images get none and their share goes to the others; within
+        a label the least-served images go first, random among equals. The result is grouped
+        by label in the order of ``labels`` (duplicates ignored).
         """
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
@@ -441,7 +592,8 @@ class PoolStore(ABC):
             for label in wanted:
                 meta = self._exec(
                     conn,
-                    "SELECT id, served FROM images WHERE pool_id = ? AND label = ?",
+                    "SELECT id, served FROM images WHERE pool_id = ? AND label = ?"
+                    " AND accepted = 1",
                     (pool_id, label),
                 ).fetchall()
                 candidates.append(np.array(meta, dtype=np.int64).reshape(-1, 2))
@@ -500,11 +652,12 @@ class PoolStore(ABC):
     # -- reads -----------------------------------------------------------------------------
 
     def fill(self, pool_id: str) -> dict[str, int]:
-        """Images stored now, per label (labels with none are absent)."""
+        """Accepted (sampleable) images stored now, per label (labels with none are absent)."""
         with self._tx(write=False) as conn:
             rows = self._exec(
                 conn,
-                "SELECT label, COUNT(*) FROM images WHERE pool_id = ? GROUP BY label"
+                "SELECT label, COUNT(*) FROM images WHERE pool_id = ? AND accepted = 1"
+                " GROUP BY label"
                 " ORDER BY label",
                 (pool_id,),
             ).fetchall()
@@ -517,20 +670,22 @@ class PoolStore(ABC):
         seen, sorted."""
         with self._tx(write=False) as conn:
             fills = {
-                str(label): (int(c), int(s))
-                for label, c, s in self._exec(
+                str(label): tuple(int(v) for v in values)
+                for label, *values in self._exec(
                     conn,
-                    "SELECT label, COUNT(*), COALESCE(SUM(served), 0) FROM images"
+                    "SELECT label, SUM(accepted), SUM(CASE WHEN accepted = 1 THEN served ELSE 0"
+                    " END), SUM(CASE WHEN accepted = 0 AND verdict IS NULL THEN 1 ELSE 0 END),"
+                    " SUM(CASE WHEN verdict = 'reject' THEN 1 ELSE 0 END) FROM images"
                     " WHERE pool_id = ? GROUP BY label",
                     (pool_id,),
                 ).fetchall()
             }
             counters = {
-                str(label): (int(g), int(s), int(i))
-                for label, g, s, i in self._exec(
+                str(label): tuple(int(v) for v in values)
+                for label, *values in self._exec(
                     conn,
-                    "SELECT label, generated_total, served_total, next_index FROM counters"
-                    " WHERE pool_id = ?",
+                    "SELECT label, generated_total, served_total, next_index, judged_total,"
+                    " accepted_total FROM counters WHERE pool_id = ?",
                     (pool_id,),
                 ).fetchall()
             }
@@ -556,11 +711,13 @@ class PoolStore(ABC):
         )
         out = {}
         for label in names:
-            fill, fill_served = fills.get(label, (0, 0))
-            generated, served, next_index = counters.get(label, (0, 0, 0))
+            fill, fill_served, rejected, by_person = fills.get(label, (0, 0, 0, 0))
+            generated, served, next_index, judged, kept = counters.get(label, (0, 0, 0, 0, 0))
             out[label] = LabelStats(
                 fill, generated, served, next_index, fill_served,
                 reserved.get(label, 0), targets.get(label, 0),
+                accepted=fill, rejected=rejected, rejected_by_person=by_person,
+                judged_total=judged, accepted_total=kept,
             )
         return out
 
@@ -584,18 +741,19 @@ class PoolStore(ABC):
         return [str(r[0]) for r in rows]
 
     def iter_images(
-        self, pool_id: str, *, chunk: int = 256
+        self, pool_id: str, *, chunk: int = 256, include_rejected: bool = False
     ) -> Iterator[tuple[str, int, npt.NDArray[np.uint8]]]:
-        """Every image of a pool as ``(label, seed, uint8 [h, w, c])``, without counting it
-        served (for export)."""
+        """Every accepted image of a pool (with ``include_rejected`` every image) as
+        ``(label, seed, uint8 [h, w, c])``, without counting it served (for export)."""
         last = 0
+        only = "" if include_rejected else " AND i.accepted = 1"
         while True:
             with self._tx(write=False) as conn:
                 rows = self._exec(
                     conn,
                     "SELECT i.id, i.label, i.seed, i.height, i.width, i.channels, d.data"
                     " FROM images AS i JOIN image_data AS d ON d.id = i.id"
-                    " WHERE i.pool_id = ? AND i.id > ? ORDER BY i.id LIMIT ?",
+                    f" WHERE i.pool_id = ? AND i.id > ?{only} ORDER BY i.id LIMIT ?",
                     (pool_id, last, chunk),
                 ).fetchall()
             if not rows:
@@ -629,3 +787,21 @@ class PoolStore(ABC):
                 " image_data))",
             ).fetchone()
         return "ok" if int(orphans) == 0 else f"{int(orphans)} images without pixels or rows"
+
+
+def _judged(
+    n: int, scores: Sequence[float] | None, keep: Sequence[bool] | None
+) -> tuple[list[float | None], list[bool]]:
+    """The judge's scores and keep flags of ``n`` images, checked (None: not judged, kept)."""
+    if scores is None:
+        if keep is not None:
+            raise ValueError("keep flags need the judge's scores (scores=...)")
+        return [None] * n, [True] * n
+    score_list: list[float | None] = [float(x) for x in np.asarray(scores).reshape(-1)]
+    keep_list = [True] * n if keep is None else [bool(k) for k in np.asarray(keep).reshape(-1)]
+    if len(score_list) != n or len(keep_list) != n:
+        raise ValueError(f"{len(score_list)} scores and {len(keep_list)} keep flags for {n} "
+                         "images")
+    if not all(np.isfinite(x) for x in score_list if x is not None):
+        raise ValueError(f"scores must be finite numbers, got {score_list}")
+    return score_list, keep_list

@@ -4,7 +4,9 @@
   work), :class:`PoolConnectionError` (the database is unreachable now; retry later) and
   :class:`PoolSchemaError` (a database newer than this genaug).
 - Values: :class:`LabelStats` (one label's counts), :class:`Reservation` (plan indices handed
-  to one planner) and :class:`PoolSample` (images drawn from a pool).
+  to one planner), :class:`PoolSample` (images drawn from a pool), and for curation
+  :class:`PoolImage` / :class:`BrowsePage` (a label's images as a person looks through them)
+  and :class:`VerdictResult` (what a person's reject or restore changed).
 - :func:`parse_partition` (``GENAUG_REPLICA=i/N``) and the constants every backend agrees on
   (:data:`SCHEMA_VERSION`, :data:`PG_SCHEMES`, :data:`DEFAULT_LEASE_S`).
 
@@ -20,27 +22,30 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
     "DEFAULT_LEASE_S",
+    "BrowsePage",
     "LabelStats",
     "PG_SCHEMES",
     "PoolConfigError",
     "PoolConnectionError",
     "PoolError",
+    "PoolImage",
     "PoolSample",
     "PoolSchemaError",
     "Reservation",
     "SCHEMA_VERSION",
+    "VerdictResult",
     "parse_partition",
 ]
 
 #: The database layout this genaug writes; older ones are upgraded in place, newer refused.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: URL schemes of a PostgreSQL pool (anything else is a SQLite path).
 PG_SCHEMES = ("postgresql://", "postgres://")
 #: Seconds a reservation lives without its owner's heartbeat.
@@ -67,11 +72,20 @@ class PoolSchemaError(PoolError):
 class LabelStats:
     """Counts for one label of one pool, read in one snapshot.
 
-    ``fill``: images stored now; ``generated``: images ever added; ``served``: images ever
-    served; ``next_index``: plan indices ever handed out; ``fill_served``: sum of the served
-    counts of the images stored now (``fill_served / fill`` is how worn the label is);
+    ``fill``: images stored now that a sample may return (the *accepted* ones: the judge kept
+    them or a person restored them, and no person rejected them); fill targets, the capacity
+    and the planner compare to this. ``generated``: images ever added; ``served``: images
+    ever served; ``next_index``: plan indices ever handed out; ``fill_served``: sum of the
+    served counts of the accepted images (``fill_served / fill`` is how worn the label is);
     ``reserved``: images planned and not stored yet (live reservations of every replica);
     ``target``: the fill asked for through the database (fill requests, waiting samples).
+
+    Curation (stored images only, so eviction lowers them): ``accepted`` (the same number as
+    ``fill``), ``rejected`` (below the judge's ``min_score`` and not restored by a person),
+    ``rejected_by_person`` (a person's reject, whatever the judge said). Lifetime counters
+    (never lowered by eviction): ``judged_total`` (images ever stored with a judge's score)
+    and ``accepted_total`` (of those, how many the judge kept: the acceptance rate is
+    ``accepted_total / judged_total``; a person's verdict does not change either).
     """
 
     fill: int = 0
@@ -81,6 +95,11 @@ class LabelStats:
     fill_served: int = 0
     reserved: int = 0
     target: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    rejected_by_person: int = 0
+    judged_total: int = 0
+    accepted_total: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -131,6 +150,74 @@ class PoolSample:
             return np.fromiter((index[x] for x in self.labels), np.int32, len(self.labels))
         except KeyError as exc:
             raise KeyError(f"label {exc.args[0]!r} is not in {list(label_names)}") from None
+
+
+@dataclass(frozen=True)
+class PoolImage:
+    """One stored image as a person looks through a label (no pixels: see
+    :meth:`~genaug.service.pool.store.PoolStore.image`).
+
+    ``score``: the judge's score (None: not judged); ``judge_keep``: whether the judge kept it
+    (True when not judged); ``verdict``: a person's ``"reject"`` or ``"restore"`` (None:
+    none); ``accepted``: whether a sample may return it; ``rejected_by``: ``"person"``,
+    ``"judge"`` or None (accepted); ``created``: seconds since the epoch.
+    """
+
+    seed: int
+    score: float | None
+    created: float
+    served: int
+    judge_keep: bool
+    verdict: str | None
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "restore" or (self.verdict is None and self.judge_keep)
+
+    @property
+    def rejected_by(self) -> str | None:
+        if self.verdict == "reject":
+            return "person"
+        return None if self.accepted else "judge"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "seed": self.seed,
+            "score": self.score,
+            "created": self.created,
+            "served": self.served,
+            "accepted": self.accepted,
+            "rejected_by": self.rejected_by,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class BrowsePage:
+    """One page of a label's accepted (or rejected) images: ``total`` of them in all,
+    ``images`` from ``offset`` on, the least-scored first (unjudged last), then oldest."""
+
+    total: int
+    offset: int
+    images: list[PoolImage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class VerdictResult:
+    """What :meth:`~genaug.service.pool.store.PoolStore.verdict` did.
+
+    ``changed``: seeds whose image now is (``keep``) or is no longer sampleable;
+    ``unchanged``: seeds already so; ``unknown``: seeds the label has no image of. When
+    ``unknown`` is not empty nothing was applied (all or nothing).
+    """
+
+    changed: list[int] = field(default_factory=list)
+    unchanged: list[int] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+
+    @property
+    def applied(self) -> bool:
+        return not self.unknown
 
 
 def parse_partition(text: str | None) -> tuple[int, int] | None:

@@ -97,7 +97,8 @@ def test_add_and_sample_shapes_dtypes_counts(store: PoolStore) -> None:
         assert (image[..., 1] == 7).all()
     assert len(set(sample.seeds.tolist())) == 8
     stats = store.stats(PID, ["I", "P", "R"])
-    assert stats["I"] == LabelStats(fill=10, generated=10, served=4, next_index=10, fill_served=4)
+    assert stats["I"] == LabelStats(fill=10, generated=10, served=4, next_index=10, fill_served=4,
+                                 accepted=10)
     assert stats["R"] == LabelStats()
     assert store.fill(PID) == {"I": 10, "P": 10}
     assert store.fill("other-pool") == {}
@@ -178,7 +179,8 @@ def test_persists_across_reopen_and_resumes_next_index(open_store: Opener) -> No
     store.close()
     store = open_store(capacity_per_label=50)
     assert store.next_index(PID, "I") == 8
-    assert store.stats(PID)["I"] == LabelStats(5, 5, 2, 8, 2)  # a closed store's leases go
+    # a closed store's leases go
+    assert store.stats(PID)["I"] == LabelStats(5, 5, 2, 8, 2, accepted=5)
     store.add(PID, "I", _images(3), range(5, 8), model_hash="m")  # next_index kept
     store.add(PID, "I", _images(1), [9], model_hash="m", next_index=4)  # never goes back
     assert store.next_index(PID, "I") == 8
@@ -397,7 +399,7 @@ def test_a_version_1_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
         assert res is not None and res.indices == [3, 4]
         assert store.integrity_check() == "ok"
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
     assert conn.execute("SELECT DISTINCT channels, scheduler FROM images").fetchall() == [
         (3, "default")]
     conn.close()
