@@ -45,6 +45,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="the adapter's shots: a folder with one subfolder per digit 5-9")
     parser.add_argument("--per-digit", type=int, default=None, help="default 100 (quick 10)")
     parser.add_argument("--first-seed", type=int, default=30_000)
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep the drawn images here (one .npy per LoRA, seeds and size) "
+                        "and reuse them: judge settings compared on the same images")
     args = parser.parse_args(argv)
     per = args.per_digit or (10 if args.quick else 100)
 
@@ -66,7 +69,16 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         base_hash=model.weights_hash)
     adapters.activate("five-to-nine", 1.0)
     started = time.perf_counter()
-    images = sample(model.pipeline, list(DIGITS), per, 20, 3.0, args.first_seed)
+    cached = None
+    if args.cache is not None:
+        args.cache.mkdir(parents=True, exist_ok=True)
+        cached = args.cache / f"{args.lora.stem}-{model.weights_hash}-{args.first_seed}-{per}.npy"
+    if cached is not None and cached.is_file():
+        images = np.load(cached)
+    else:
+        images = sample(model.pipeline, list(DIGITS), per, 20, 3.0, args.first_seed)
+        if cached is not None:
+            np.save(cached, images)
     sample_s = time.perf_counter() - started
     asked = np.repeat(np.asarray(DIGITS), per)
 
