@@ -280,6 +280,14 @@ class PoolPlanner:
         self._check_acceptance(name, stats)
         room = {label: 0 if label in self._stopped[name]
                 else max(0, self._limit(name, label) - base[label]) for label in stats}
+        if sum(room.values()) == 0 and self._stopped[name]:
+            raise PoolFullError(
+                f"images {images}: no label of recipe {name!r} can take them: "
+                f"{', '.join(sorted(self._stopped[name]))} stopped (its judge accepts almost "
+                f"none of its images; see GET /v1/recipes/{name}, 'stopped', for the fix), the "
+                "others hold, are generating or were asked for their capacity",
+                field="images",
+            )
         if sum(room.values()) == 0:
             raise PoolFullError(
                 f"images {images}: no room left in recipe {name!r}'s pool: every label holds, "

@@ -143,3 +143,4 @@ def test_a_label_the_judge_rejects_is_stopped_and_says_why(
     # a fill budget gives a stopped label nothing
     r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"images": 8}, timeout=30)
     assert r.status_code == 409, r.text
+    assert "circle, square stopped" in r.text and "'stopped', for the fix" in r.text, r.text
