@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -219,6 +219,20 @@ class AsyncClient:
             await client.feedback("digits", {"3": 0.40, "8": 0.25, "1": 0.02})
         """
         return await self._call(self._base.calls.feedback(recipe, need))
+
+    async def verdict(self, recipe: str, label: str, seeds: Iterable[int], *, keep: bool
+                      ) -> dict[str, Any]:
+        """A person's verdict on ``recipe``'s pool images of ``label``, named by the seeds
+        samples return: ``keep=False`` rejects them (never sampled again, on every replica),
+        ``keep=True`` restores them (also overriding the recipe's judge). All or nothing: a
+        seed the label has no image of raises :class:`NotFoundError` naming it and nothing is
+        applied. Returns the seeds that changed and the label's counts now (docs/curation.md).
+
+        Example::
+
+            await client.verdict("digits", "3", sample.seeds[:2], keep=False)
+        """
+        return await self._call(self._base.calls.verdict(recipe, label, seeds, keep))
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once a replica answers ``/readyz`` with 200; raise after ``timeout`` s."""

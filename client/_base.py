@@ -12,7 +12,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar, Unpack
 
@@ -543,3 +543,8 @@ class Calls:
     def feedback(self, name: str, need: Mapping[str, float]) -> Call[dict[str, Any]]:
         return Call("POST", f"/v1/recipes/{name}/feedback", decode=_json,
                     body={"need": need_body(need)})
+
+    def verdict(self, name: str, label: str, seeds: Iterable[int], keep: bool
+                ) -> Call[dict[str, Any]]:
+        return Call("POST", f"/v1/recipes/{name}/verdicts", decode=_json,
+                    body={"label": label, "seeds": [int(s) for s in seeds], "keep": keep})

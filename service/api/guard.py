@@ -26,6 +26,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import ApiError, BodyTooLargeError, UnauthorizedError, error_response
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
+#: Paths under these are open too: the pages (``/pool/{name}``), which hold no data; their
+#: scripts send the key to the API.
+OPEN_PREFIXES = ("/pool/",)
+
+
+def is_open(path: str) -> bool:
+    """Whether ``path`` is answered without an API key (probes and pages)."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 def key_id(key: str) -> str:
@@ -101,7 +109,7 @@ class GuardMiddleware:
         if path in self.upload_routes:
             limit, setting = self.upload_routes[path], "GENAUG_MAX_UPLOAD_BYTES"
         try:
-            if path not in OPEN_PATHS and self.keys:
+            if self.keys and not is_open(path):
                 headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                            for k, v in scope["headers"]}
                 scope.setdefault("state", {})["key_id"] = authenticate(self.keys, headers)

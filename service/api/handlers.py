@@ -41,7 +41,11 @@ async def validation_error(request: Request, exc: Exception) -> Response:
     """A path or query parameter FastAPI itself validated (bodies are parsed by the routes)."""
     assert isinstance(exc, RequestValidationError)
     state_of(request).metrics.rejections.labels("invalid").inc()
-    return error_response(describe_validation(list(exc.errors()), [], {}))
+    # The parameter is the field ("limit", not "query"): drop where FastAPI found it.
+    errors = [{**e, "loc": tuple(e.get("loc", ()))[1:]}
+              if tuple(e.get("loc", ()))[:1] in (("query",), ("path",), ("header",)) else e
+              for e in exc.errors()]
+    return error_response(describe_validation(errors, [], {}))
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE
 
-from .guard import OPEN_PATHS
+from .guard import is_open
 from .requests import CLIENT_ID_PATTERN
 from .responses import BINARY_SCHEMA
 from .state import AppState
@@ -45,7 +45,8 @@ CLIENT_ID_HEADER: dict[str, Any] = {
     "schema": {"type": "string", "pattern": CLIENT_ID_PATTERN},
 }
 _RECIPE_TEMPLATES = ("/v1/recipes/{name}", "/v1/recipes/{name}/sample", "/v1/recipes/{name}/fill",
-                     "/v1/recipes/{name}/feedback")
+                     "/v1/recipes/{name}/feedback", "/v1/recipes/{name}/verdicts",
+                     "/v1/recipes/{name}/images", "/v1/recipes/{name}/images/{label}/{seed}.png")
 
 
 def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
@@ -77,13 +78,17 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
     templates = {path: paths.pop(path) for path in _RECIPE_TEMPLATES if path in paths}
     for name in state.recipes:
         bodies = {"sample": state.api.sample[name], "fill": state.api.fill[name],
-                  "feedback": state.api.feedback[name]}
+                  "feedback": state.api.feedback[name], "verdicts": state.api.verdicts[name]}
+        labels = list(state.recipes[name].label_names)
         for template, item in templates.items():
             concrete = copy.deepcopy(item)
             for method, operation in concrete.items():
                 operation["parameters"] = [
                     p for p in operation.get("parameters", []) if p.get("name") != "name"
                 ]
+                for parameter in operation["parameters"]:
+                    if parameter.get("name") == "label":  # this recipe's labels, an enum
+                        parameter["schema"] = {**parameter["schema"], "enum": labels}
                 if not operation["parameters"]:
                     del operation["parameters"]
                 operation["operationId"] = f"{operation.get('operationId', method)}_{name}"
@@ -99,7 +104,7 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
             "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
         }
         for path, item in paths.items():
-            if path in OPEN_PATHS:
+            if is_open(path):
                 continue
             for operation in item.values():
                 operation["security"] = [{"bearer": []}, {"apiKey": []}]

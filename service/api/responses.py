@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -224,10 +224,13 @@ class RecipeDetail(RecipeSummary):
     spec_hash: str
     model_hash: str
     per_label: dict[str, dict[str, int]] = Field(
-        description="Counts per label: fill, generated, served, next_index, fill_served, "
-        "reserved (in flight) and asked (the fill asked for by fill requests and waiting "
-        "samples, generated before background pre-generation; the target is "
-        "target_per_label).")
+        description="Counts per label: fill (accepted images: the ones samples may return and "
+        "targets count), generated, served, next_index, fill_served, reserved (in flight), "
+        "asked (the fill asked for by fill requests and waiting samples, generated before "
+        "background pre-generation; the target is target_per_label); curation: accepted "
+        "(= fill), rejected (below the judge's min_score, not restored), rejected_by_person, "
+        "and the lifetime judged_total and accepted_total (what the judge ever scored and "
+        "kept).")
     totals: dict[str, int]
     generation_rate: float
     budget: FillBudget | None = Field(
@@ -244,6 +247,53 @@ class FeedbackResponse(BaseModel):
     client: str
     need: dict[str, float]
     need_clients: int
+
+
+class VerdictResponse(BaseModel):
+    """``POST /v1/recipes/{name}/verdicts``: what the verdict changed, and the label's counts
+    now."""
+
+    recipe: str
+    label: str
+    keep: bool
+    changed: list[int] = Field(description="Seeds whose verdict changed.")
+    unchanged: list[int] = Field(description="Seeds that already had this verdict.")
+    accepted: int = Field(description="The label's accepted images now (its fill).")
+    rejected: int = Field(description="Rejected by the judge, not restored.")
+    rejected_by_person: int
+
+
+class PoolImageInfo(BaseModel):
+    """One image of a pool as the pool page lists it."""
+
+    seed: int
+    score: float | None = Field(description="The judge's score; null: not judged.")
+    created: float = Field(description="When it was stored (seconds since the epoch).")
+    served: int = Field(description="How often samples returned it.")
+    accepted: bool = Field(description="Whether samples may return it.")
+    rejected_by: Literal["judge", "person"] | None = Field(
+        description="Who rejected it (a person's verdict wins over the judge's); null: "
+        "accepted.")
+    verdict: Literal["reject", "restore"] | None = Field(
+        description="A person's verdict, if any.")
+    png: str = Field(description="Path of its pixels as a PNG (send the API key as for "
+                                 "any route).")
+
+
+class ImagePage(BaseModel):
+    """``GET /v1/recipes/{name}/images``: one page of a label's accepted or rejected images,
+    the least-scored first (unjudged last), then the oldest."""
+
+    recipe: str
+    label: str
+    rejected: bool
+    total: int = Field(description="Images of this kind the label holds.")
+    offset: int
+    limit: int
+    accepted: int = Field(description="The label's accepted images (its fill).")
+    rejected_by_judge: int
+    rejected_by_person: int
+    images: list[PoolImageInfo]
 
 
 class ClientReport(BaseModel):

@@ -12,7 +12,8 @@ exists. Ctrl-C in process: the batch being made is finished and stored, then the
 exits 130 ("every finished batch is kept"); a second Ctrl-C stops at once.
 
 ``export`` writes ``OUT/<label>/<seed>.png``, the layout
-``tf.keras.utils.image_dataset_from_directory`` reads. ``pool list`` shows the pools in the
+``tf.keras.utils.image_dataset_from_directory`` reads (accepted images only: none the judge or
+a person rejected, see docs/curation.md). ``pool list`` shows the pools in the
 database with their image counts; ``pool drop POOL_ID`` deletes one (pools of an old spec or
 model, or one whose images differ in shape).
 """

@@ -58,6 +58,10 @@ MAX_GUIDANCE = 50.0
 MAX_ADAPTER_SCALE = 4.0
 #: The largest need one label may be given (only proportions count; this bounds the numbers).
 MAX_NEED = 1e6
+#: The most seeds one verdict may name (a page of the pool page is at most this many images).
+MAX_VERDICT_SEEDS = 500
+#: The most images one page of ``GET /v1/recipes/{name}/images`` lists.
+MAX_BROWSE_LIMIT = 500
 # A prompt needs one non-space character. The space characters are listed, not written
 # ``\S``: Python's ``\s`` (which validates) and JSON Schema's ECMA ``\s`` (which clients and
 # fuzzers read) differ on \x1c-\x1f and \ufeff; listing the union makes both read the same.
@@ -80,16 +84,30 @@ def _numeric_kind(annotation: Any) -> str | None:
     return None
 
 
+def _int_list(annotation: Any) -> bool:
+    """Whether a (possibly optional) field annotation is a list of integers."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _int_list(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return any(_int_list(a) for a in typing.get_args(annotation))
+    return origin is list and _numeric_kind(typing.get_args(annotation)[0]) == "int"
+
+
 @functools.cache
-def _numeric_fields(cls: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
-    ints, floats = set(), set()
+def _numeric_fields(
+    cls: type[BaseModel],
+) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    ints, floats, int_lists = set(), set(), set()
     for name, info in cls.model_fields.items():
         kind = _numeric_kind(info.annotation)
         if kind == "int":
             ints.add(name)
         elif kind == "float":
             floats.add(name)
-    return frozenset(ints), frozenset(floats)
+        elif _int_list(info.annotation):
+            int_lists.add(name)
+    return frozenset(ints), frozenset(floats), frozenset(int_lists)
 
 
 class Body(BaseModel):
@@ -103,12 +121,17 @@ class Body(BaseModel):
     def _json_numbers(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        ints, floats = _numeric_fields(cls)
+        ints, floats, int_lists = _numeric_fields(cls)
         out = dict(data)
         for name in ints & out.keys():
             value = out[name]
             if isinstance(value, float) and value.is_integer():
                 out[name] = int(value)
+        for name in int_lists & out.keys():
+            value = out[name]
+            if isinstance(value, list):
+                out[name] = [int(v) if isinstance(v, float) and v.is_integer() else v
+                             for v in value]
         for name in floats & out.keys():
             value = out[name]
             if isinstance(value, int) and not isinstance(value, bool):
@@ -190,6 +213,7 @@ class _Names(dict[str, Any]):
     def __init__(self, settings: Settings) -> None:
         super().__init__(MIN_TIMEOUT_S=MIN_TIMEOUT_S, MAX_GUIDANCE=MAX_GUIDANCE,
                          MAX_ADAPTER_SCALE=MAX_ADAPTER_SCALE, MAX_NEED=MAX_NEED,
+                         MAX_VERDICT_SEEDS=MAX_VERDICT_SEEDS,
                          schedulers=", ".join(SCHEDULERS))
         self.settings = settings
 
@@ -411,6 +435,34 @@ class FeedbackRequest(Body):
             'from 0 to {MAX_NEED:.0f}, e.g. {{"need": {{"<label>": 0.5}}}}')]
 
 
+class VerdictRequest(Body):
+    """``POST /v1/recipes/{name}/verdicts``: a person's verdict on pool images of one label,
+    named by the seeds samples return.
+
+    Example bodies::
+
+        {"label": "3", "seeds": [17, 42], "keep": false}   # reject: never sampled again
+        {"label": "3", "seeds": [17], "keep": true}        # restore (overrides the judge)
+
+    All or nothing: when a seed names no image of the label, nothing is applied (404).
+    """
+
+    label: Annotated[
+        str, Field(description="The label whose images these are."), Bound(one_of="labels"),
+        Fix("use a label of this recipe (GET /v1/recipes/{{name}} lists them)")]
+    seeds: Annotated[
+        list[Annotated[int, Field(ge=0, le=SEED_MAX)]],
+        Field(description="Seeds of the label's images (as samples and "
+                          "GET /v1/recipes/{name}/images return them)."),
+        Bound(min_length=1, max_length=MAX_VERDICT_SEEDS),
+        Fix("send 1 to {MAX_VERDICT_SEEDS} seeds, each an integer >= 0 as samples return "
+            "them; split longer lists over several calls")]
+    keep: Annotated[
+        bool, Field(description="false rejects the images (never sampled again, on every "
+                                "replica); true restores them (overriding the judge)."),
+        Bound(), Fix("send true (restore) or false (reject)")]
+
+
 def _choice(names: Sequence[str]) -> Any:
     return Literal[tuple(names)]  # a Literal of runtime values: an enum in the schema
 
@@ -487,6 +539,7 @@ ROUTE_MODELS: Mapping[str, type[Body]] = {
     "sample": SampleRequest,
     "fill": FillRequest,
     "feedback": FeedbackRequest,
+    "verdicts": VerdictRequest,
 }
 
 
@@ -501,7 +554,7 @@ def hints(settings: Settings) -> dict[str, dict[str, str]]:
 class ApiModels:
     """The request models of one app, bounded by its settings, recipes and adapters.
 
-    ``sample``, ``fill`` and ``feedback`` hold one model per recipe (its labels are an
+    ``sample``, ``fill``, ``feedback`` and ``verdicts`` hold one model per recipe (its labels are an
     enum); ``hints`` the fix a 422 names, per route and field; ``defaults`` the (size, steps,
     guidance) that omitted fields take.
     """
@@ -511,6 +564,7 @@ class ApiModels:
     sample: Mapping[str, type[SampleRequest]]
     fill: Mapping[str, type[FillRequest]]
     feedback: Mapping[str, type[FeedbackRequest]]
+    verdicts: Mapping[str, type[VerdictRequest]]
     hints: Mapping[str, Mapping[str, str]]
     defaults: tuple[int, int, float]
     adapters: tuple[str, ...]
@@ -542,6 +596,7 @@ def build_api_models(
     sample: dict[str, type[SampleRequest]] = {}
     fill: dict[str, type[FillRequest]] = {}
     feedback: dict[str, type[FeedbackRequest]] = {}
+    verdicts: dict[str, type[VerdictRequest]] = {}
     for name, recipe in recipes.items():
         limits = Limits(s, choices={**choices, "labels": tuple(recipe.label_names)})
         suffix = "".join(part.capitalize() for part in name.replace("_", "-").split("-"))
@@ -556,12 +611,17 @@ def build_api_models(
             FeedbackRequest, limits, name=f"FeedbackRequest{suffix}",
             doc=f"``POST /v1/recipes/{name}/feedback``: this client's need per label of "
                 f"{name!r} (only proportions count; {{}} withdraws it).")
+        verdicts[name] = bounded_model(
+            VerdictRequest, limits, name=f"VerdictRequest{suffix}",
+            doc=f"``POST /v1/recipes/{name}/verdicts``: a person rejects (keep false) or "
+                f"restores (keep true) images of one label of {name!r}, by seed.")
     return ApiModels(
         generate=generate,
         variants=variants,
         sample=sample,
         fill=fill,
         feedback=feedback,
+        verdicts=verdicts,
         hints=hints(s),
         defaults=defaults,
         adapters=tuple(adapters),

@@ -11,6 +11,8 @@ needs:
   demand the planner weighs labels by.
 - ``raise_target`` and ``spend`` (``/fill``), ``report_need`` (``/feedback``), ``summary``
   (the list and the status page, with the trainers' combined need) and ``detail``.
+- Curation: ``verdict`` (a person's reject or restore, ``/verdicts``), ``browse`` and
+  ``image`` (what the pool page shows, ``/images``).
 - :meth:`PoolServing.attach`, once the batcher runs, on the event loop: the app passes the
   batcher's ``poke`` as ``wake``; this side makes it callable from any thread (and after a
   delay) for the planner, and wakes waiting samples when the planner stores images. Neither
@@ -42,7 +44,7 @@ import numpy as np
 from ..errors import InvalidRequestError, NotFoundError, PoolUnavailableError
 from ..recipes.spec import Recipe
 from .planner import PoolPlanner
-from .types import LabelStats, PoolConnectionError, PoolSample
+from .types import BrowsePage, LabelStats, PoolConnectionError, PoolSample
 
 __all__ = ["PoolServing", "empty_images", "unknown_recipe"]
 
@@ -206,6 +208,74 @@ class PoolServing:
                 await asyncio.wait_for(self._new_images.wait(), timeout=min(remaining, 1.0))
             except TimeoutError:
                 pass  # another replica may have added images: look again
+
+    # -- curation ----------------------------------------------------------------------------
+
+    def label_of(self, recipe: Recipe, label: str) -> str:
+        """``label`` if the recipe has it, else a 422 naming the field, the value and the
+        recipe's labels."""
+        if label not in recipe.labels:
+            raise InvalidRequestError(
+                f"label {label[:80]!r}: recipe {recipe.name!r} has no such label; use one of "
+                f"{recipe.label_names}", field="label")
+        return label
+
+    def verdict(self, name: str, label: str, seeds: Sequence[int], keep: bool) -> dict[str, Any]:
+        """A person's verdict on ``label``'s images with ``seeds`` (all or nothing): 404
+        naming the unknown seeds, else what changed and the label's counts now. Wakes the
+        planner (a reject lowers the fill: a replacement is generated). Blocking: call it
+        from a thread; 503 during an outage."""
+        recipe = self.recipe(name)
+        self.label_of(recipe, label)
+        pid = self.pool_ids[name]
+        with _unavailable():
+            result = self.store.verdict(pid, label, seeds, keep=keep)
+            if result.unknown:
+                shown = ", ".join(map(str, result.unknown[:20]))
+                more = f" and {len(result.unknown) - 20} more" if len(result.unknown) > 20 else ""
+                raise NotFoundError(
+                    f"seeds: label {label!r} of recipe {name!r} has no image with seed(s) "
+                    f"{shown}{more}; nothing was applied. Use seeds that samples or "
+                    f"GET /v1/recipes/{name}/images?label={label} return (an evicted image is "
+                    "gone)", field="seeds")
+            stats = self.store.stats(pid, [label])[label]
+        if result.changed:
+            self._wake_soon()
+        return {
+            "recipe": name,
+            "label": label,
+            "keep": keep,
+            "changed": result.changed,
+            "unchanged": result.unchanged,
+            "accepted": stats.accepted,
+            "rejected": stats.rejected,
+            "rejected_by_person": stats.rejected_by_person,
+        }
+
+    def browse(self, name: str, label: str, *, rejected: bool, offset: int,
+               limit: int) -> tuple[BrowsePage, LabelStats]:
+        """One page of ``label``'s accepted or rejected images and the label's counts.
+        Blocking: call it from a thread; 503 during an outage."""
+        recipe = self.recipe(name)
+        self.label_of(recipe, label)
+        pid = self.pool_ids[name]
+        with _unavailable():
+            page = self.store.browse(pid, label, rejected=rejected, offset=offset, limit=limit)
+            stats = self.store.stats(pid, [label])[label]
+        return page, stats
+
+    def image(self, name: str, label: str, seed: int) -> np.ndarray:
+        """The pixels of ``label``'s image with ``seed`` (404 when there is none). Blocking:
+        call it from a thread; 503 during an outage."""
+        recipe = self.recipe(name)
+        self.label_of(recipe, label)
+        with _unavailable():
+            image = self.store.image(self.pool_ids[name], label, seed)
+        if image is None:
+            raise NotFoundError(
+                f"label {label!r} of recipe {name!r} has no image with seed {seed} (an "
+                "evicted image is gone)", field="seed")
+        return image
 
     # -- reports -----------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -180,7 +181,7 @@ class PoolImage:
             return "person"
         return None if self.accepted else "judge"
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
             "score": self.score,

@@ -42,6 +42,7 @@ def test_fuzzing_reaches_every_json_operation_and_each_recipe_path(fuzz: CheckRe
     ops = fuzz.figures["per_operation"]
     for needed in ("POST /v1/generate", "POST /v1/recipes/shapes/sample",
                    "POST /v1/recipes/shapes/fill", "POST /v1/recipes/shapes/feedback",
+                   "POST /v1/recipes/shapes/verdicts", "GET /v1/recipes/shapes/images",
                    "GET /v1/recipes/shapes", "GET /v1/info"):
         assert any(needed in name for name in ops), (needed, sorted(ops))
 

@@ -1,0 +1,129 @@
+"""The curation routes: a person looks through a recipe's pool and takes images out of it.
+
+- ``POST /v1/recipes/{name}/verdicts``: reject (``keep: false``) or restore (``keep: true``)
+  images of one label by seed; all or nothing (a seed the label has no image of: 404, nothing
+  applied). A rejected image is never sampled again, by any replica of the pool.
+- ``GET /v1/recipes/{name}/images``: one page of a label's accepted or rejected images with
+  their judge scores (what the pool page shows).
+- ``GET /v1/recipes/{name}/images/{label}/{seed}.png``: one image's pixels.
+- ``GET /pool/{name}``: the pool page itself (``static/pool.html``), open like the status page;
+  its script sends the API key to the routes above.
+
+docs/curation.md describes what a verdict does to the pool's counts.
+
+Example::
+
+    curl -X POST http://127.0.0.1:8000/v1/recipes/digits/verdicts \\
+         -d '{"label": "3", "seeds": [17, 42], "keep": false}'
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import HTMLResponse, Response
+
+from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
+
+from ..intake.parse import read_body
+from ..intake.schemas import MAX_BROWSE_LIMIT, SEED_MAX
+from .recipes import _hints, _pools_for
+from .requests import state_of
+from .responses import (
+    RECIPE_ERRORS,
+    ImagePage,
+    PoolImageInfo,
+    VerdictResponse,
+    binary_answer,
+    error_responses,
+)
+
+POOL_PAGE = Path(__file__).parents[1] / "static" / "pool.html"
+#: The largest ``offset`` a listing takes (far beyond any pool; keeps the number a database
+#: integer).
+MAX_BROWSE_OFFSET = 10**9
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/recipes/{name}/verdicts", response_model=VerdictResponse, tags=["recipes"],
+    responses=RECIPE_ERRORS,
+)
+async def verdicts(name: str, request: Request) -> VerdictResponse:
+    """A person's verdict on images of one label, named by their seeds: ``keep: false``
+    rejects them (never sampled again, on every replica; the label's fill drops and the
+    planner makes replacements), ``keep: true`` restores them (also overriding the judge's
+    reject). All or nothing: a seed the label has no image of is a 404 naming it, and
+    nothing is applied. Answers the seeds that changed and the label's counts now."""
+    state = state_of(request)
+    pools = _pools_for(state, name)
+    body = await read_body(request, state.api.verdicts[name], _hints(state, "verdicts", name))
+    answer = await asyncio.to_thread(pools.verdict, name, body.label, body.seeds, body.keep)
+    return VerdictResponse(**answer)
+
+
+@router.get(
+    "/v1/recipes/{name}/images", response_model=ImagePage, tags=["recipes"],
+    responses=error_responses(404, 422, 503),
+)
+async def list_images(
+    name: str,
+    request: Request,
+    label: Annotated[str, Query(description="The label to list.")],
+    rejected: Annotated[bool, Query(
+        description="false: the accepted images (samples may return them); true: the "
+                    "rejected ones (by the judge or a person).")] = False,
+    offset: Annotated[int, Query(ge=0, le=MAX_BROWSE_OFFSET,
+                                 description="Images to skip.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_BROWSE_LIMIT,
+                                description="Most images to list.")] = 50,
+) -> ImagePage:
+    """One page of a label's accepted (or rejected) images with their judge scores, the
+    least-scored first (unjudged last), then the oldest; each with the path of its PNG."""
+    pools = _pools_for(state_of(request), name)
+    page, stats = await asyncio.to_thread(
+        pools.browse, name, label, rejected=rejected, offset=offset, limit=limit)
+    base = f"/v1/recipes/{name}/images/{label}"
+    return ImagePage(
+        recipe=name, label=label, rejected=rejected, total=page.total, offset=offset,
+        limit=limit, accepted=stats.accepted, rejected_by_judge=stats.rejected,
+        rejected_by_person=stats.rejected_by_person,
+        images=[PoolImageInfo(**image.as_dict(), png=f"{base}/{image.seed}.png")
+                for image in page.images],
+    )
+
+
+@router.get(
+    "/v1/recipes/{name}/images/{label}/{seed}.png",
+    tags=["recipes"],
+    response_class=Response,
+    responses={**binary_answer("The image as a PNG (greyscale for one-channel recipes).",
+                               PNG_MEDIA_TYPE),
+               **error_responses(404, 422, 503)},
+)
+async def image_png(
+    name: str,
+    label: str,
+    seed: Annotated[int, PathParam(ge=0, le=SEED_MAX, description="The image's seed.")],
+    request: Request,
+) -> Response:
+    """One pool image, accepted or rejected, as a PNG (not counted as served)."""
+    pools = _pools_for(state_of(request), name)
+    image = await asyncio.to_thread(pools.image, name, label, seed)
+    payload = encode_png_grid(image[None])
+    return Response(payload, media_type=PNG_MEDIA_TYPE,
+                    headers={"Cache-Control": "private, max-age=3600"})
+
+
+@router.get("/pool/{name}", response_class=HTMLResponse, include_in_schema=False)
+async def pool_page(name: str) -> HTMLResponse:
+    """The pool page of a recipe: each label's images as a paged contact sheet with their
+    judge scores, accepted and rejected apart, and a button per image to reject or restore
+    it. Open (no key, no data in it); its script asks for the key when the API needs one."""
+    return HTMLResponse(POOL_PAGE.read_text(encoding="utf-8"),
+                        headers={"Cache-Control": "no-store"})
