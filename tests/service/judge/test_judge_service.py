@@ -144,3 +144,28 @@ def test_a_label_the_judge_rejects_is_stopped_and_says_why(
     r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"images": 8}, timeout=30)
     assert r.status_code == 409, r.text
     assert "circle, square stopped" in r.text and "'stopped', for the fix" in r.text, r.text
+
+
+def test_a_clip_judge_from_a_model_folder_scores_the_pool(
+        make_service: Any, tmp_path: Path, shapes_recipe: str, tiny_clip_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _shots(tmp_path)
+    recipes = _recipe(tmp_path, shapes_recipe,
+                      f"{{shots: shots, encoder: {tiny_clip_dir}, rule: prompts, "
+                      "min_score: 0.0}")
+    live = make_service(recipes=recipes, pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=2, max_batch_images=4, data_root=tmp_path)
+    detail = _wait(live, lambda d: all(v >= 2 for v in d["fill"].values()))
+    assert detail["judge"]["rule"] == "prompts" and detail["judge"]["encoder"] == str(
+        tiny_clip_dir)
+    store, planner = live.state.store, live.state.pools.planner
+    pid, judge = planner.pool_ids["shapes"], planner.judges["shapes"]
+    assert judge.encoder.device == live.state.model.device  # the generator's device
+    for label, counts in detail["per_label"].items():
+        assert counts["judged_total"] == counts["generated"] == 2, counts
+        for image in store.browse(pid, label, rejected=False, limit=10).images:
+            pixels = store.image(pid, label, image.seed)
+            assert pixels is not None and image.score is not None
+            assert 0.0 <= image.score <= 1.0
+            assert abs(image.score - float(judge.score(pixels[None], label)[0])) < 1e-5
