@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .sources import resolve_images_folder
-from .spec import LABEL_CHARS, Recipe, RecipeError
+from .sources import encoder_config, has_text_tower, resolve_images_folder, resolve_shots
+from .spec import LABEL_CHARS, TINY_ENCODER, Recipe, RecipeError
 
 __all__ = ["check_recipes", "load_recipes", "long_prompts", "parse_recipes"]
 
@@ -35,8 +35,10 @@ def check_recipes(
     path: Path | None = None,
 ) -> None:
     """Start-up checks that need the running configuration: every adapter a recipe names is
-    loaded (``adapters``: the names of ``GENAUG_LORAS``), and every label image folder exists
-    under ``data_root`` and holds images. Schedulers are checked when the file is parsed.
+    loaded (``adapters``: the names of ``GENAUG_LORAS``), every label image folder exists
+    under ``data_root`` and holds images, and a judge's shots folder holds images for every
+    label and its encoder folder exists (with a text tower for the ``prompts`` rule).
+    Schedulers are checked when the file is parsed.
 
     Raises :class:`RecipeError`, one line per problem (the service exits 2 with it)::
 
@@ -59,8 +61,33 @@ def check_recipes(
                     resolve_images_folder(folder, data_root)
                 except ValueError as exc:
                     problems.append(f"{where}: recipe {name!r} labels.{label}.{exc}")
+        if recipe.judge is not None:
+            problems.extend(f"{where}: recipe {name!r} judge.{p}"
+                            for p in _judge_problems(recipe, data_root))
     if problems:
         raise RecipeError(path or Path("recipes"), list(dict.fromkeys(problems)))
+
+
+def _judge_problems(recipe: Recipe, data_root: Path | None) -> list[str]:
+    judge = recipe.judge
+    assert judge is not None
+    problems = []
+    try:
+        resolve_shots(judge.shots, recipe.label_names, data_root)
+    except ValueError as exc:
+        problems.append(str(exc))
+    if judge.encoder != TINY_ENCODER:
+        try:
+            config = encoder_config(judge.encoder)
+        except ValueError as exc:
+            problems.append(str(exc))
+        else:
+            if judge.rule == "prompts" and not has_text_tower(config):
+                problems.append(
+                    f"rule: 'prompts' needs an encoder with a text tower; {judge.encoder!r} "
+                    f"(model_type {config.get('model_type')!r}) is a vision model only: use "
+                    "rule: shots, or a CLIP model folder")
+    return problems
 
 
 def long_prompts(

@@ -22,6 +22,10 @@ from .spec import Recipe
 __all__ = [
     "IMAGE_SUFFIXES",
     "SourceImage",
+    "encoder_config",
+    "has_text_tower",
+    "load_shots",
+    "resolve_shots",
     "load_label_sources",
     "resolve_images_folder",
     "source_hash",
@@ -70,6 +74,87 @@ def resolve_images_folder(folder: str, data_root: Path | None) -> Path:
         raise ValueError(f"images: {folder!r}: {path} holds no image "
                          f"({', '.join(IMAGE_SUFFIXES)}); add the label's real images")
     return path
+
+
+def resolve_shots(folder: str, labels: list[str], data_root: Path | None) -> dict[str, list[Path]]:
+    """A judge's shots: ``data_root / folder / <label> / *`` for every label, each with at
+    least one image (the layout ``genaug adapt`` reads). Raises ``ValueError`` naming the
+    folder or label and the fix."""
+    if data_root is None:
+        raise ValueError(
+            f"shots: {folder!r} needs GENAUG_DATA_ROOT, the folder the judge's shots are read "
+            "from; set it (e.g. GENAUG_DATA_ROOT=/data/real)"
+        )
+    root = Path(data_root).resolve()
+    path = (root / folder).resolve()
+    if Path(folder).is_absolute() or not path.is_relative_to(root):
+        raise ValueError(f"shots: {folder!r} resolves to {path}, outside GENAUG_DATA_ROOT "
+                         f"{root}; keep the shots inside it")
+    if not path.is_dir():
+        raise ValueError(f"shots: {folder!r}: {path} is not a folder under GENAUG_DATA_ROOT "
+                         f"{root}; create it with one subfolder of real images per label")
+    out: dict[str, list[Path]] = {}
+    for label in labels:
+        sub = path / label
+        files = _image_files(sub, root) if sub.is_dir() else []
+        if not files:
+            raise ValueError(
+                f"shots: {folder!r} has no images for label {label!r}: {sub} is missing or "
+                f"holds no image ({', '.join(IMAGE_SUFFIXES)}); every label needs a subfolder "
+                "of its real images"
+            )
+        out[label] = files
+    return out
+
+
+def load_shots(files: list[Path], size: tuple[int, int], channels: int) -> np.ndarray:
+    """Shot images as uint8 ``[n, height, width, channels]`` (resized like the pool's images:
+    the recipe's output size and channels), in file order."""
+    from PIL import Image
+
+    height, width = size
+    out = []
+    for file in files:
+        try:
+            with Image.open(file) as img:
+                conv = img.convert("L" if channels == 1 else "RGB")
+                if conv.size != (width, height):
+                    conv = conv.resize((width, height), Image.Resampling.BICUBIC)
+                pixels = np.asarray(conv, dtype=np.uint8)
+        except OSError as exc:
+            raise ValueError(f"shots: {file} is not a readable image ({exc}); remove or "
+                             "replace it") from None
+        out.append(pixels.reshape(height, width, channels))
+    return np.stack(out)
+
+
+def encoder_config(encoder: str) -> dict[str, object]:
+    """The ``config.json`` of a judge's encoder folder (a path, absolute or relative to the
+    working directory). Raises ``ValueError`` naming the folder and the fix."""
+    import json
+
+    path = Path(encoder).expanduser()
+    config = path / "config.json"
+    if not path.is_dir() or not config.is_file():
+        raise ValueError(
+            f"encoder: {encoder!r} is neither 'tiny-digits-encoder' nor a local transformers "
+            f"model folder ({config} not found); give the folder a CLIP model or a vision "
+            "model was saved to (save_pretrained), or use 'tiny-digits-encoder'"
+        )
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"encoder: {encoder!r}: {config} is not readable JSON ({exc}); "
+                         "save the model again with save_pretrained") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"encoder: {encoder!r}: {config} is not a JSON object; save the "
+                         "model again with save_pretrained")
+    return data
+
+
+def has_text_tower(config: dict[str, object]) -> bool:
+    """Whether an encoder's config describes a model with a text tower (CLIP-like)."""
+    return "text_config" in config
 
 
 def _image_files(path: Path, root: Path) -> list[Path]:
