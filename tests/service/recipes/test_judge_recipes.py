@@ -39,7 +39,7 @@ def test_the_judge_parses_with_defaults_and_keeps_the_pool_id() -> None:
     judged = parse_recipes(_with("{shots: digits/shots}"), path=Path("r.yaml"))["digits"]
     assert judged.judge is not None
     assert (judged.judge.encoder, judged.judge.rule, judged.judge.min_score) == (
-        "tiny-digits-encoder", "shots", 0.8)
+        "tiny-digits-encoder", "shots", 0.9)
     # It changes what is sampled, never what is generated: same pool, same images.
     assert judged.spec_hash() == plain.spec_hash()
     assert pool_id(judged, "m") == pool_id(plain, "m")
