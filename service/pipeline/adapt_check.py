@@ -6,7 +6,9 @@ the new file loaded as ``GENAUG_LORAS`` loads it, active at scale 1; the recipe'
 size, steps, guidance, scheduler and output size), and scores them with the judge's ``shots``
 rule (:class:`~genaug.service.judge.rules.ShotsRule`: a logistic regression on the user's own
 images' embeddings, with augmented views) over the recipe's labels. An image is *drawn as
-asked* when the rule's most probable label is the one it was drawn for.
+asked* when the rule's most probable label is the one it was drawn for, with a probability at
+least the judge's own on the user's images: the :data:`CALIBRATION` quantile (10 %) of the
+probabilities the cross-validated rule gives held-out shots of their own label (below).
 
 **Which images the rule is fitted on.** With a few shots per label there are none to spare:
 holding shots out of the adapter's training would cost it the data it needs most, and holding
@@ -16,14 +18,18 @@ on. The leak this opens is memorisation: an image that copies a shot is scored a
 That is right for this question (a copy of a 7 is drawn as asked) but says nothing about
 variety. What the check must not be is a judge that cannot tell the labels apart, so its own
 reliability is measured by cross-validation on the shots: leave one shot of every label out
-(one fold per shot index), fit on the rest, classify the held-out shots. That figure is
-printed with the table; below :data:`TRUST` the verdict says not to trust the check.
+(one fold per shot index), fit on the rest, classify the held-out shots. That accuracy is
+printed with the table (below :data:`TRUST` the verdict says not to trust the check), and the
+held-out shots' probabilities set the bar a drawn image must reach: a judge that is sure of
+90 % of your own images at p >= 0.7 counts a drawn image only at p >= 0.7. With one shot per
+label there is nothing to hold out: the most probable label decides alone.
 
 **It errs on the kind side.** The rule knows only the recipe's labels (a closed set): an image
 of something else (the base's old classes, a smudge) is counted as the nearest label. On the
 embedded base and digits 5-9 the check read 97 % where an outside 10-way classifier read 86 %
-(per label 0 to +30 points; docs/benchmarks.md). A "not learned" verdict is reliable; a
-"learned" one is an upper bound.
+(per label 0 to +30 points) with the most probable label alone; the calibrated bar brings
+that to 0 to +15 (docs/benchmarks.md). A "not learned" verdict is reliable; a "learned" one
+is an upper bound.
 
 The encoder is the recipe's ``judge.encoder`` when it has a ``judge:`` block, else the
 embedded ``tiny-digits-encoder`` (16x16 grey pixels: right for small drawings such as the
@@ -64,6 +70,8 @@ TRUST = 0.7
 #: The first seed of the check's images (label ``i``'s images: ``FIRST_SEED + i * per_label``
 #: onwards): fixed, so the same LoRA always gets the same table.
 FIRST_SEED = 10_000
+#: The bar a drawn image's probability must reach: this quantile of the held-out shots'.
+CALIBRATION = 0.1
 _SUFFIXES = {".png", ".jpg", ".jpeg"}
 
 
@@ -93,6 +101,7 @@ class CheckResult:
     encoder: str
     seconds: float
     goal: float = GOAL
+    min_score: float = 0.0
 
     @property
     def share(self) -> float:
@@ -126,7 +135,8 @@ class CheckResult:
                     "it cannot be cross-validated")
         return (f"judge: {self.encoder}, fitted on your images; it labels "
                 f"{100 * self.judge_accuracy:.0f} % of {self.judge_held_out} held-out images "
-                "right (one per label left out in turn)")
+                f"right (one per label left out in turn); an image counts at p >= "
+                f"{self.min_score:.2f}")
 
     def verdict(self, steps: int, rank: int) -> str:
         """One line: learned, or the worst label and the fix."""
@@ -160,6 +170,7 @@ class CheckResult:
                 "judge_accuracy": (None if self.judge_accuracy is None
                                    else round(self.judge_accuracy, 4)),
                 "judge_held_out": self.judge_held_out, "encoder": self.encoder,
+                "min_score": round(self.min_score, 4),
                 "seconds": round(self.seconds, 2),
                 "labels": {c.label: {"drawn": c.drawn, "asked": c.asked,
                                      "share": round(c.share, 4), "seen_as": c.seen_as}
@@ -213,15 +224,18 @@ def draw(model: LoadedModel, lora: Path | None, recipe: Recipe, per_label: int,
     return images
 
 
-def cross_validate(encoder: Encoder, shots: Mapping[str, np.ndarray]) -> tuple[float | None, int]:
-    """Leave-one-shot-out accuracy of the ``shots`` rule on the user's images: fold ``j``
-    holds out shot ``j`` of every label that has more than one, fits on the rest, classifies
-    the held-out shots. ``(None, 0)`` when no label has two."""
+def cross_validate(encoder: Encoder,
+                   shots: Mapping[str, np.ndarray]) -> tuple[float | None, np.ndarray]:
+    """Leave-one-shot-out accuracy of the ``shots`` rule on the user's images, and the
+    probability it gave each held-out shot of its own label: fold ``j`` holds out shot ``j``
+    of every label that has more than one, fits on the rest, classifies the held-out shots.
+    ``(None, [])`` when no label has two."""
     from ..judge.rules import ShotsRule
 
     labels = list(shots)
     folds = max(len(v) for v in shots.values())
     right = total = 0
+    own: list[float] = []
     for j in range(folds):
         held = {label: j for label in labels if len(shots[label]) > 1 and j < len(shots[label])}
         if not held:
@@ -231,16 +245,19 @@ def cross_validate(encoder: Encoder, shots: Mapping[str, np.ndarray]) -> tuple[f
         rule = ShotsRule(encoder, train)
         images = np.stack([shots[label][held[label]] for label in held])
         with torch.inference_mode():
-            predicted = rule.probabilities(encoder.images(images)).argmax(dim=1).cpu().numpy()
-        right += int(sum(rule.labels[p] == label for p, label in zip(predicted, held,
-                                                                      strict=True)))
+            p = rule.probabilities(encoder.images(images)).cpu().numpy()
+        columns = [rule.labels.index(label) for label in held]
+        right += int((p.argmax(axis=1) == columns).sum())
+        own += [float(p[i, c]) for i, c in enumerate(columns)]
         total += len(held)
-    return (right / total if total else None), total
+    return (right / total if total else None), np.asarray(own, np.float64)
 
 
 def score(encoder: Encoder, shots: Mapping[str, np.ndarray],
-          drawn: Mapping[str, np.ndarray]) -> list[LabelCheck]:
-    """Each label's drawn images scored by the ``shots`` rule fitted on all of ``shots``."""
+          drawn: Mapping[str, np.ndarray], min_score: float = 0.0) -> list[LabelCheck]:
+    """Each label's drawn images scored by the ``shots`` rule fitted on all of ``shots``: one
+    counts when its label is the most probable at ``min_score`` or more; the others are
+    counted under the most probable label (``"unsure"`` when that is their own)."""
     from ..judge.rules import ShotsRule
 
     rule = ShotsRule(encoder, shots)
@@ -250,8 +267,9 @@ def score(encoder: Encoder, shots: Mapping[str, np.ndarray],
             checks.append(LabelCheck(label, 0, 0))
             continue
         with torch.inference_mode():
-            predicted = rule.probabilities(encoder.images(images)).argmax(dim=1).cpu().numpy()
-        names = [rule.labels[p] for p in predicted]
+            p = rule.probabilities(encoder.images(images)).cpu().numpy()
+        names = [rule.labels[k] if rule.labels[k] != label or p[i, k] >= min_score else "unsure"
+                 for i, k in enumerate(p.argmax(axis=1))]
         seen: dict[str, int] = {}
         for name in names:
             if name != label:
@@ -272,6 +290,8 @@ def check_adapter(model: LoadedModel, lora: Path | None, recipe: Recipe,
     name = recipe.judge.encoder if recipe.judge is not None else TINY_ENCODER
     encoder = load_encoder(name, model.device)
     drawn = draw(model, lora, recipe, per_label, scheduler=scheduler)
-    accuracy, held = cross_validate(encoder, shots)
-    checks = score(encoder, shots, drawn)
-    return CheckResult(checks, accuracy, held, name, time.monotonic() - started)
+    accuracy, own = cross_validate(encoder, shots)
+    bar = float(np.quantile(own, CALIBRATION)) if len(own) else 0.0
+    checks = score(encoder, shots, drawn, bar)
+    return CheckResult(checks, accuracy, len(own), name, time.monotonic() - started,
+                       min_score=bar)

@@ -92,10 +92,12 @@ def test_cross_validation_holds_one_shot_per_label_out(shots_folder: Path) -> No
 
     encoder = load_encoder("tiny-digits-encoder", torch.device("cpu"))
     recipe = digits_recipe([5, 6, 7, 8, 9])
-    accuracy, held = cross_validate(encoder, read_shots(shots_folder, recipe))
-    assert held == 25 and accuracy is not None and accuracy >= 0.8
+    accuracy, own = cross_validate(encoder, read_shots(shots_folder, recipe))
+    assert len(own) == 25 and accuracy is not None and accuracy >= 0.8
+    assert ((own > 0) & (own <= 1)).all() and np.median(own) > 0.5  # p of their own label
     one = {label: images[:1] for label, images in read_shots(shots_folder, recipe).items()}
-    assert cross_validate(encoder, one) == (None, 0)
+    accuracy, own = cross_validate(encoder, one)
+    assert accuracy is None and len(own) == 0
 
 
 def test_table_and_verdict_text() -> None:
@@ -120,6 +122,10 @@ def test_table_and_verdict_text() -> None:
     never = CheckResult([LabelCheck("6", 20, 0, {"9": 13, "8": 7})], None, 0, "e", 1.0)
     assert "0 of 20 drawn as asked, most scored as 9" in never.verdict(steps=10, rank=32)
     assert "cannot be cross-validated" in never.judge_line()
+    barred = CheckResult([LabelCheck("5", 20, 15, {"unsure": 5})], 0.9, 10, "e", 1.0,
+                         min_score=0.68)
+    assert barred.judge_line().endswith("an image counts at p >= 0.68")
+    assert barred.table().splitlines()[1].split()[-2:] == ["unsure:", "5"]
 
 
 def test_default_steps_follow_the_labels() -> None:
