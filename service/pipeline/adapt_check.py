@@ -28,7 +28,7 @@ label there is nothing to hold out: the most probable label decides alone.
 of something else (the base's old classes, a smudge) is counted as the nearest label. On the
 embedded base and digits 5-9 the check read 97 % where an outside 10-way classifier read 86 %
 (per label 0 to +30 points) with the most probable label alone; the calibrated bar brings
-that to 0 to +15 (docs/benchmarks.md). A "not learned" verdict is reliable; a "learned" one
+that to -10 to +15 (docs/benchmarks.md). A "not learned" verdict is reliable; a "learned" one
 is an upper bound.
 
 The encoder is the recipe's ``judge.encoder`` when it has a ``judge:`` block, else the
