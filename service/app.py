@@ -224,7 +224,10 @@ async def _load_and_warm(state: AppState) -> None:
         state.speed_info.update(scheduler=pipeline_worker.schedulers.describe())
         if state.store is not None:
             store = state.store
-            # In a thread: it reads the recipes' label image folders (GENAUG_DATA_ROOT).
+            # In a thread: it reads the recipes' label image folders and the judges' shots
+            # (GENAUG_DATA_ROOT); the judges run on the generator's device.
+            from .judge import build_judges
+
             state.pools = await asyncio.to_thread(
                 lambda: PoolServing(PoolPlanner(
                     state.recipes,
@@ -233,6 +236,7 @@ async def _load_and_warm(state: AppState) -> None:
                     pregenerate=settings.pregenerate,
                     data_root=settings.data_root,
                     need_half_life_s=settings.need_half_life_s,
+                    judges=build_judges(state.recipes, settings.data_root, model.device),
                 ))
             )
         batcher = Batcher(

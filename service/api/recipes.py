@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -50,9 +51,21 @@ async def list_recipes(request: Request) -> RecipeList:
         return RecipeList(recipes=[])
     pools = state.require_pools()
     summaries = await asyncio.to_thread(
-        lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
+        lambda: [summary_of(pools, name) for name in state.recipes]
     )
     return RecipeList(recipes=summaries)
+
+
+def summary_of(pools: PoolServing, name: str) -> RecipeSummary:
+    """The recipe's summary with the labels its judge stopped (blocking: in a thread)."""
+    return RecipeSummary(**pools.summary(name), stopped=pools.planner.stopped(name))
+
+
+def detail_of(pools: PoolServing, name: str, **extra: Any) -> RecipeDetail:
+    """The recipe's detail with its judge and the labels it stopped (blocking)."""
+    judge = pools.planner.judges.get(name)
+    return RecipeDetail(**pools.detail(name), stopped=pools.planner.stopped(name),
+                        judge=judge.describe() if judge is not None else None, **extra)
 
 
 def _hints(state: AppState, route: str, name: str) -> dict[str, str]:
@@ -74,7 +87,7 @@ def _pools_for(state: AppState, name: str) -> PoolServing:
 async def recipe_detail(name: str, request: Request) -> RecipeDetail:
     """Spec, pool identity, per-label fill, generated and served totals, generation rate."""
     pools = _pools_for(state_of(request), name)
-    return RecipeDetail(**await asyncio.to_thread(pools.detail, name))
+    return await asyncio.to_thread(detail_of, pools, name)
 
 
 @router.post(
@@ -168,7 +181,7 @@ async def fill(name: str, request: Request) -> RecipeDetail:
     else:
         assert body.per_label is not None  # the model requires one of the two
         await asyncio.to_thread(pools.raise_target, name, body.per_label)
-    return RecipeDetail(**await asyncio.to_thread(pools.detail, name), budget=budget)
+    return await asyncio.to_thread(lambda: detail_of(pools, name, budget=budget))
 
 
 @router.post(

@@ -197,6 +197,11 @@ class RecipeSummary(BaseModel):
         description="The trainers' combined need per label (POST .../feedback): each "
         "client's report normalised, decayed and averaged; sums to at most 1.")
     need_clients: int = Field(default=0, description="Clients whose need still counts.")
+    stopped: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels the planner stopped generating (the low-acceptance stop: the "
+        "recipe's judge accepted under 10 % of a label's first 50 images judged since "
+        "start-up), each with why and the fix.")
 
 
 class RecipeList(BaseModel):
@@ -227,6 +232,9 @@ class RecipeDetail(RecipeSummary):
     generation_rate: float
     budget: FillBudget | None = Field(
         default=None, description="POST .../fill with images: what the budget does.")
+    judge: dict[str, Any] | None = Field(
+        default=None, description="The recipe's judge (rule, encoder, shots, min_score); "
+        "null without one.")
 
 
 class FeedbackResponse(BaseModel):

@@ -21,6 +21,7 @@ from genaug import __version__
 from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
 
 from ..intake.schemas import MIN_TIMEOUT_S
+from .recipes import summary_of
 from .requests import state_of
 from .responses import (
     READ_ERRORS,
@@ -170,7 +171,7 @@ async def status(request: Request) -> StatusResponse:
     if state.pools is not None:
         pools = state.pools
         recipes = await asyncio.to_thread(
-            lambda: [RecipeSummary(**pools.summary(name)) for name in state.recipes]
+            lambda: [summary_of(pools, name) for name in state.recipes]
         )
     return StatusResponse(
         info=info_of(state),

@@ -200,6 +200,7 @@ def _adapter_names(settings: Settings) -> set[str]:
 def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                      store: PoolStore, stop: threading.Event) -> int:
     from ..batching.items import to_end
+    from ..judge import build_judges
     from ..pipeline.load import load_model
     from ..pipeline.worker import PipelineWorker
     from ..pool.planner import PoolPlanner, pool_model_hash
@@ -211,8 +212,10 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                        device=settings.device, dtype=settings.dtype,
                        single_file_config=settings.single_file_config)
     generator = PipelineWorker(model)
-    planner = PoolPlanner({args.recipe: recipe}, store, model_hash=pool_model_hash(model),
-                          pregenerate=False, data_root=settings.data_root)
+    recipes = {args.recipe: recipe}
+    planner = PoolPlanner(recipes, store, model_hash=pool_model_hash(model),
+                          pregenerate=False, data_root=settings.data_root,
+                          judges=build_judges(recipes, settings.data_root, model.device))
     planner.raise_target(args.recipe, args.per_label, shared=False)
     pid = planner.pool_ids[args.recipe]
     bars = _bars(dict.fromkeys(recipe.label_names, args.per_label))

@@ -12,7 +12,7 @@ Example::
     judges = build_judges(recipes, data_root=Path("/data/real"), device=torch.device("cpu"))
     judge = judges["digits-5-9"]
     scores = judge.score(images, "7")       # float32 [n]: p(the image shows a 7)
-    keep = judge.keep(scores)               # bool [n]: scores >= min_score
+    keep = judge.keep(scores)               # bool [n]: scores >= min_score (0.8)
 """
 
 from __future__ import annotations

@@ -34,6 +34,22 @@ images (read under ``GENAUG_DATA_ROOT`` once, at the recipe's generation size): 
 takes source ``k mod len(images)`` and the k-th seed, and the pool keeps each variant's source
 hash.
 
+The judge. A recipe with a ``judge:`` block has a :class:`~genaug.service.judge.Judge` (built
+once at start-up on the generator's device and handed in as ``judges``): each finished batch
+is scored after decoding, in the store thread, and stored with its ``scores`` and ``keep``
+flags (score >= ``min_score``). The pool stores a rejected image, counts it and never samples
+it; targets count accepted images, so a label is generated until enough images pass. Images
+stored before the recipe had a judge keep no score: they are left unjudged and sampled as
+before (drop the pool with ``genaug pool drop`` to have every image judged).
+
+The low-acceptance stop. When the judge accepts under :data:`STOP_ACCEPTANCE` (10 %) of a
+label's images once :data:`STOP_AFTER` (50) were judged since this process started (the
+pool's ``judged_total`` and ``accepted_total``, every replica's), the planner stops spending on
+the label: it is no longer planned or given a fill budget. :meth:`PoolPlanner.stopped` says
+why with the fix (``GET /v1/recipes/{name}``, the status page); the log says it once. A restart
+(with better shots, a longer-trained adapter or a lower ``min_score``) gives the label a new
+window of 50.
+
 Outages. When the pool database is unreachable, pre-generation pauses (``None``, and the
 batcher is woken again after a back-off) and finished batches are kept in memory and stored
 once the database is back. The batcher runs one idle batch at a time; an interactive request
@@ -71,6 +87,7 @@ from .store import PoolStore
 from .types import LabelStats, PoolConnectionError, PoolError, Reservation
 
 if TYPE_CHECKING:
+    from ..judge import Judge
     from ..pipeline.load import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -80,6 +97,10 @@ _RATE_WINDOW_S = 60.0
 _MAX_BACKOFF_S = 10.0
 _MAX_UNSAVED_BATCHES = 16
 _SHARED_POLL_S = 1.0
+#: The low-acceptance stop: a label whose judge accepted under STOP_ACCEPTANCE of the images
+#: judged since start-up, once STOP_AFTER were judged, is no longer generated.
+STOP_AFTER = 50
+STOP_ACCEPTANCE = 0.10
 
 
 @dataclass
@@ -112,6 +133,8 @@ class _Unsaved:
     indices: list[int]
     sources: list[str | None] | None
     meta: dict[str, Any]
+    scores: np.ndarray | None = None
+    keep: np.ndarray | None = None
 
 
 def _no_wake(delay: float = 0.0) -> None:
@@ -142,6 +165,7 @@ class PoolPlanner:
         pregenerate: bool,
         data_root: Path | None = None,
         need_half_life_s: float = 60.0,
+        judges: Mapping[str, Judge] | None = None,
     ) -> None:
         self.recipes = recipes
         self.store = store
@@ -172,6 +196,12 @@ class PoolPlanner:
         self._backoff_s = 0.0
         #: True while pre-generation waits for the pool database to come back.
         self.paused = False
+        #: Each judged recipe's judge (see the module doc), by recipe name.
+        self.judges: dict[str, Judge] = dict(judges or {})
+        #: (judged_total, accepted_total) per (recipe, label) when first read: the window of
+        #: the low-acceptance stop starts there.
+        self._judged_at_start: dict[tuple[str, str], tuple[int, int]] = {}
+        self._stopped: dict[str, dict[str, str]] = {name: {} for name in recipes}
         #: Test hook: called between reading a label's counts and reserving its batch.
         self.before_reserve: Callable[[str, str], None] | None = None
 
@@ -247,7 +277,9 @@ class PoolPlanner:
         stats = self.store.stats(pid, recipe.label_names)  # one snapshot
         base = {label: max(s.fill + s.reserved, self.asked(name, label, s.target))
                 for label, s in stats.items()}
-        room = {label: max(0, self._limit(name, label) - base[label]) for label in stats}
+        self._check_acceptance(name, stats)
+        room = {label: 0 if label in self._stopped[name]
+                else max(0, self._limit(name, label) - base[label]) for label in stats}
         if sum(room.values()) == 0:
             raise PoolFullError(
                 f"images {images}: no room left in recipe {name!r}'s pool: every label holds, "
@@ -304,9 +336,13 @@ class PoolPlanner:
         for name, recipe in self.recipes.items():
             stats = self.store.stats(self.pool_ids[name], recipe.label_names)
             self.last_stats[name] = stats
+            self._check_acceptance(name, stats)
+            stopped = self._stopped[name]
             tiers = (
-                {label: self.asked(name, label, s.target) for label, s in stats.items()},
-                {label: self.target(name, label, s.target) for label, s in stats.items()},
+                {label: 0 if label in stopped else self.asked(name, label, s.target)
+                 for label, s in stats.items()},
+                {label: 0 if label in stopped else self.target(name, label, s.target)
+                 for label, s in stats.items()},
             )
             # Stored and in flight, every replica's, read in one snapshot.
             planned = {label: replace(s, fill=s.fill + s.reserved) for label, s in stats.items()}
@@ -352,18 +388,30 @@ class PoolPlanner:
             "adapter_scale": key.adapter_scale if key.adapter is not None else None,
         }
 
+        judge = self.judges.get(name)
+
         def on_done(outcome: Outcome) -> None:
             ok = outcome.good()
             if outcome.errors:
                 log.warning("pre-generation: %d of %d images of %s/%s failed: %s",
                             len(outcome.errors), len(items), name, label,
                             next(iter(outcome.errors.values())))
+            images = stack_images([outcome.images[i] for i in ok], out_h, out_w,
+                                  recipe.output_channels)
+            scores = keep = None
+            if judge is not None:
+                try:
+                    scores = judge.score(images, label)
+                except Exception:  # a judge that cannot score must not let images through
+                    log.exception("the judge of recipe %r could not score a batch of %s; "
+                                  "the batch is dropped", name, label)
+                    on_failed(RuntimeError("judge failed"))
+                    return
+                keep = judge.keep(scores)
             batch = _Unsaved(
-                pid, label,
-                stack_images([outcome.images[i] for i in ok], out_h, out_w,
-                             recipe.output_channels),
+                pid, label, images,
                 [items[i].seed for i in ok], reservation, [indices[i] for i in ok],
-                [items[i].source_hash for i in ok] if sources else None, meta,
+                [items[i].source_hash for i in ok] if sources else None, meta, scores, keep,
             )
             try:
                 self._save(batch)
@@ -371,6 +419,10 @@ class PoolPlanner:
                 self._keep_unsaved(batch, exc)
                 return
             self._images_added(name, len(ok))
+            if keep is not None and not keep.all():
+                # Rejected images leave the label below its target although nothing is in
+                # flight for it now: the batcher may sleep, thinking the pools are full.
+                self._wake(0.0)
 
         def on_failed(exc: BaseException) -> None:
             try:
@@ -386,6 +438,8 @@ class PoolPlanner:
         self.store.add(
             batch.pool_id, batch.label, batch.images, batch.seeds, model_hash=self.model_hash,
             reservation=batch.reservation, plan_indices=batch.indices, sources=batch.sources,
+            scores=None if batch.scores is None else [float(v) for v in batch.scores],
+            keep=None if batch.keep is None else [bool(v) for v in batch.keep],
             **batch.meta,
         )
 
@@ -415,6 +469,36 @@ class PoolPlanner:
             name = next(n for n, p in self.pool_ids.items() if p == batch.pool_id)
             log.info("stored %d images kept during the database outage", len(batch.seeds))
             self._images_added(name, len(batch.seeds))
+
+    # -- the low-acceptance stop -------------------------------------------------------------
+
+    def stopped(self, name: str) -> dict[str, str]:
+        """Labels of ``name`` the planner stopped spending on, each with why and the fix."""
+        return dict(self._stopped.get(name, {}))
+
+    def _check_acceptance(self, name: str, stats: Mapping[str, LabelStats]) -> None:
+        """Stop labels whose judge accepts under :data:`STOP_ACCEPTANCE` (module doc)."""
+        judge = self.judges.get(name)
+        if judge is None:
+            return
+        stopped = self._stopped[name]
+        for label, s in stats.items():
+            if label in stopped:
+                continue
+            start = self._judged_at_start.setdefault(
+                (name, label), (s.judged_total, s.accepted_total))
+            judged = s.judged_total - start[0]
+            accepted = s.accepted_total - start[1]
+            if judged < STOP_AFTER or accepted >= STOP_ACCEPTANCE * judged:
+                continue
+            stopped[label] = (
+                f"stopped: the judge accepted {accepted} of the {judged} images of label "
+                f"{label!r} judged since start-up ({100 * accepted / judged:.0f} %, under "
+                f"{100 * STOP_ACCEPTANCE:.0f} %), so generating more would spend the device on "
+                "images that are never sampled. Fix: give the judge more or better shots "
+                f"(judge.shots: {judge.spec.shots}/{label}), train the label's adapter longer, "
+                f"or lower judge.min_score (now {judge.min_score:g}); then restart the service")
+            log.warning("recipe %r label %r: %s", name, label, stopped[label])
 
     @property
     def unsaved_images(self) -> int:

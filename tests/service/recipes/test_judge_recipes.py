@@ -39,7 +39,7 @@ def test_the_judge_parses_with_defaults_and_keeps_the_pool_id() -> None:
     judged = parse_recipes(_with("{shots: digits/shots}"), path=Path("r.yaml"))["digits"]
     assert judged.judge is not None
     assert (judged.judge.encoder, judged.judge.rule, judged.judge.min_score) == (
-        "tiny-digits-encoder", "shots", 0.5)
+        "tiny-digits-encoder", "shots", 0.8)
     # It changes what is sampled, never what is generated: same pool, same images.
     assert judged.spec_hash() == plain.spec_hash()
     assert pool_id(judged, "m") == pool_id(plain, "m")
@@ -49,7 +49,7 @@ def test_the_judge_parses_with_defaults_and_keeps_the_pool_id() -> None:
 
 @pytest.mark.parametrize("judge, where, words", [
     ("{shots: s, min_score: 1.5}", "recipes[0].judge.min_score",
-     ["min_score 1.5 is outside 0..1", "between 0 and 1"]),
+     ["min_score 1.5 is outside 0..1", "between 0 and 1 (e.g. 0.8)"]),
     ("{shots: s, min_score: -0.1}", "recipes[0].judge.min_score", ["-0.1", "outside 0..1"]),
     ("{shots: s, rule: vote}", "recipes[0].judge.rule", ["'vote' is unknown", "'shots'",
                                                          "'prompts'"]),
