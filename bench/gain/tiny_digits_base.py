@@ -110,8 +110,10 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--shots", type=int, default=5)
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
-                        help="genaug adapt's steps (default 200; quick 20)")
-    parser.add_argument("--rank", type=int, default=4)
+                        help="genaug adapt's steps (default: genaug adapt's own, chosen by the "
+                        "data's size; quick 20)")
+    parser.add_argument("--rank", type=int, default=None,
+                        help="genaug adapt's rank (default: its own, 32)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
@@ -130,7 +132,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="judge this LoRA instead of running genaug adapt")
     args = parser.parse_args(argv)
     args.per_digit = args.per_digit or (4 if args.quick else 20)
-    args.steps = args.steps or (20 if args.quick else 200)
+    args.steps = args.steps or (20 if args.quick else None)
 
     import torch
 
@@ -167,8 +169,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     lora = args.out / "five-to-nine.safetensors"
     cmd = [sys.executable, "-m", "genaug.cli", "adapt", str(data), "--recipes", str(recipe),
            "--recipe", "digits-5-9", "--out", str(lora), "--model", "tiny-digits-base",
-           "--steps", str(args.steps), "--rank", str(args.rank), "--lr", str(args.lr),
-           "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--no-progress"]
+           "--lr", str(args.lr), "--batch-size", str(args.batch_size), "--seed", str(args.seed),
+           "--no-progress", "--check-images", str(args.per_digit)]
+    if args.steps is not None:  # else genaug adapt's defaults
+        cmd += ["--steps", str(args.steps)]
+    if args.rank is not None:
+        cmd += ["--rank", str(args.rank)]
     if args.text_encoder:
         cmd.append("--text-encoder")
     env = dict(os.environ, GENAUG_TORCH_THREADS=str(args.threads))
@@ -188,6 +194,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                        - (cpu0.children_user + cpu0.children_system), 1),
         "stdout": proc.stdout.strip(),
     }
+    check_file = lora.with_name(lora.stem + ".check.json")
+    if check_file.is_file():  # genaug adapt's final check, against the outside classifier
+        result["adapt"]["check"] = json.loads(check_file.read_text())
     return finish(judge_lora(model, lora, args.out, result, judged), args.json)
 
 
@@ -205,6 +214,15 @@ def judge_lora(model: Any, lora: Path, out: Path, result: dict[str, Any],
     result["lora"] = str(lora)
     result["adapted"] = judge(adapted, digits, per)
     print("adapted:", json.dumps(result["adapted"]), flush=True)
+    check = result.get("adapt", {}).get("check")
+    if check is not None:  # per label: the final check's share vs the outside classifier's
+        result["check_vs_outside"] = {
+            label: {"check": row["share"], "outside": result["adapted"]["per_digit"][label],
+                    "points": round(100 * (row["share"]
+                                           - result["adapted"]["per_digit"][label]), 1)}
+            for label, row in check["labels"].items() if label in result["adapted"]["per_digit"]
+        }
+        print("check vs outside:", json.dumps(result["check_vs_outside"]), flush=True)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 

@@ -1,7 +1,9 @@
 """Train a LoRA on DATA/<label>/*.png for the served model.
 
-``genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors``, or ``--check FILE
---model MODEL``; the flags and the work are :mod:`genaug.service.commands.adapt`'s.
+``genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors`` (steps and rank
+chosen by the data's size; ends with a check of whether the LoRA draws each label as asked,
+``--no-check`` skips it), or ``--check FILE --model MODEL``; the flags and the work are
+:mod:`genaug.service.commands.adapt`'s.
 """
 
 from __future__ import annotations

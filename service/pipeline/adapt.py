@@ -28,7 +28,8 @@ Example::
     model = load_model(source="tiny-digits", unet_weights=None, device="cpu", dtype="auto")
     data = AdaptData(images=uint8_nhwc, prompts=[["a handwritten three"], ...],
                      data_hash="9c1e...")
-    record = adapt(model, data, Path("threes.safetensors"), AdaptConfig(steps=200, rank=4))
+    record = adapt(model, data, Path("threes.safetensors"),
+                   AdaptConfig(steps=default_steps(1), rank=32))
     record["losses"][-1], record["steps"]
 """
 
@@ -49,7 +50,8 @@ import torch
 if TYPE_CHECKING:
     from .load import LoadedModel
 
-__all__ = ["BASE_HASH_KEY", "AdaptConfig", "AdaptData", "adapt", "read_record"]
+__all__ = ["BASE_HASH_KEY", "DEFAULT_RANK", "STEPS_PER_LABEL", "AdaptConfig", "AdaptData",
+           "adapt", "default_steps", "read_record"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,21 @@ _UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 _TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
 _MAX_LOSSES = 200  # losses recorded: one per step, or means of equal chunks beyond this
 
+#: ``genaug adapt``'s defaults, chosen by the data's size: optimizer steps per label (each
+#: label is a shape the adapter must learn; more shots of one label add no new shape), within
+#: ``[MIN_STEPS, MAX_STEPS]``, at rank 32. Measured on the embedded ``tiny-digits-base`` and 5
+#: shots per class of digits 5-9 (5 labels: 6,000 steps; docs/benchmarks.md).
+STEPS_PER_LABEL = 1200
+MIN_STEPS = 1000
+MAX_STEPS = 12_000
+DEFAULT_RANK = 32
+
+
+def default_steps(labels: int) -> int:
+    """``genaug adapt``'s default steps for ``labels`` labels: 1,200 per label, at least
+    1,000 and at most 12,000 (5 labels: 6,000; 10 labels: 12,000)."""
+    return int(min(MAX_STEPS, max(MIN_STEPS, STEPS_PER_LABEL * labels)))
+
 
 @dataclass(frozen=True)
 class AdaptConfig:
@@ -68,10 +85,12 @@ class AdaptConfig:
     Example::
 
         AdaptConfig(steps=1000, rank=16, lr=1e-4, batch_size=4, accumulation=4)
+
+    ``genaug adapt`` fills ``steps`` with :func:`default_steps` of the recipe's labels.
     """
 
-    steps: int = 200
-    rank: int = 4
+    steps: int = 6000
+    rank: int = DEFAULT_RANK
     seed: int = 0
     lr: float = 1e-3
     batch_size: int = 4
