@@ -21,7 +21,7 @@ missing label folder, an unknown recipe or a bad file gives one line and exit st
 and five images per class of digits 5-9 they reach the 80 % goal below in a few minutes on
 2 CPU cores (docs/benchmarks.md).
 
-**The final check** (:mod:`genaug.service.pipeline.adapt_check`; ``--no-check`` skips it):
+**The final check** (:mod:`genaug.service.commands.adapt_check`; ``--no-check`` skips it):
 the new LoRA, loaded as the service loads it, draws ``--check-images`` images of every label
 with the recipe's prompts and settings; the judge's ``shots`` rule, fitted on DATA, scores
 them; a table per label (drawn as asked, k of N, %) and a one-line verdict with the fix
@@ -256,7 +256,7 @@ def _final_check(args: argparse.Namespace, settings: Any, recipe: Any,
     import gc
     import json
 
-    from ..pipeline.adapt_check import check_adapter, read_shots
+    from .adapt_check import check_adapter, read_shots
 
     gc.collect()
     model = _load(settings)

@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 
 from genaug.cli import main
-from genaug.service.pipeline import adapt as adapt_module
-from genaug.service.pipeline.adapt import default_steps, read_record
-from genaug.service.pipeline.adapt_check import (
+from genaug.service.commands.adapt_check import (
     CheckResult,
     LabelCheck,
     check_adapter,
     cross_validate,
     read_shots,
 )
+from genaug.service.pipeline import adapt as adapt_module
+from genaug.service.pipeline.adapt import default_steps, read_record
 from genaug.service.pipeline.load import load_model
 from genaug.service.recipes.spec import LabelSpec, Recipe
 

@@ -56,8 +56,8 @@ import torch
 
 if TYPE_CHECKING:
     from ..judge.encoders import Encoder
+    from ..pipeline.load import LoadedModel
     from ..recipes.spec import Recipe
-    from .load import LoadedModel
 
 __all__ = ["GOAL", "TRUST", "CheckResult", "LabelCheck", "check_adapter", "cross_validate",
            "draw", "read_shots", "score"]
@@ -196,7 +196,7 @@ def draw(model: LoadedModel, lora: Path | None, recipe: Recipe, per_label: int,
     loaded as ``GENAUG_LORAS`` loads it and active at scale 1 (``None``: the base alone);
     each label's prompts in turn. Returns uint8 images at the recipe's output shape."""
     from ..batching.items import GroupKey, Item, Paused
-    from .worker import PipelineWorker
+    from ..pipeline.worker import PipelineWorker
 
     name = "checked"
     worker = PipelineWorker(model, scheduler=scheduler,
