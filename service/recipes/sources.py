@@ -53,22 +53,33 @@ def source_hash(pixels: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def resolve_images_folder(folder: str, data_root: Path | None) -> Path:
-    """``data_root / folder``, refusing anything that resolves outside ``data_root``
-    (``..``, absolute paths, symlinks out). Raises ``ValueError`` saying what to fix."""
+def _folder_under_root(field: str, folder: str, data_root: Path | None, *, reads: str,
+                       keep: str, create: str) -> tuple[Path, Path]:
+    """``(root, root / folder)`` resolved, for the recipe field ``field``; raises
+    ``ValueError`` when GENAUG_DATA_ROOT is unset, the folder resolves outside it (``..``,
+    absolute paths, symlinks out) or is not a folder, each message with its fix."""
     if data_root is None:
         raise ValueError(
-            f"images: {folder!r} needs GENAUG_DATA_ROOT, the folder that label image folders "
-            "are read from; set it (e.g. GENAUG_DATA_ROOT=/data/real)"
+            f"{field}: {folder!r} needs GENAUG_DATA_ROOT, the folder {reads}; set it "
+            "(e.g. GENAUG_DATA_ROOT=/data/real)"
         )
     root = Path(data_root).resolve()
     path = (root / folder).resolve()
     if Path(folder).is_absolute() or not path.is_relative_to(root):
-        raise ValueError(f"images: {folder!r} resolves to {path}, outside GENAUG_DATA_ROOT "
-                         f"{root}; keep label folders inside it")
+        raise ValueError(f"{field}: {folder!r} resolves to {path}, outside GENAUG_DATA_ROOT "
+                         f"{root}; {keep}")
     if not path.is_dir():
-        raise ValueError(f"images: {folder!r}: {path} is not a folder under GENAUG_DATA_ROOT "
-                         f"{root}; create it or fix the name")
+        raise ValueError(f"{field}: {folder!r}: {path} is not a folder under GENAUG_DATA_ROOT "
+                         f"{root}; {create}")
+    return root, path
+
+
+def resolve_images_folder(folder: str, data_root: Path | None) -> Path:
+    """``data_root / folder``, refusing anything that resolves outside ``data_root``
+    (``..``, absolute paths, symlinks out). Raises ``ValueError`` saying what to fix."""
+    root, path = _folder_under_root(
+        "images", folder, data_root, reads="that label image folders are read from",
+        keep="keep label folders inside it", create="create it or fix the name")
     files = _image_files(path, root)
     if not files:
         raise ValueError(f"images: {folder!r}: {path} holds no image "
@@ -80,19 +91,10 @@ def resolve_shots(folder: str, labels: list[str], data_root: Path | None) -> dic
     """A judge's shots: ``data_root / folder / <label> / *`` for every label, each with at
     least one image (the layout ``genaug adapt`` reads). Raises ``ValueError`` naming the
     folder or label and the fix."""
-    if data_root is None:
-        raise ValueError(
-            f"shots: {folder!r} needs GENAUG_DATA_ROOT, the folder the judge's shots are read "
-            "from; set it (e.g. GENAUG_DATA_ROOT=/data/real)"
-        )
-    root = Path(data_root).resolve()
-    path = (root / folder).resolve()
-    if Path(folder).is_absolute() or not path.is_relative_to(root):
-        raise ValueError(f"shots: {folder!r} resolves to {path}, outside GENAUG_DATA_ROOT "
-                         f"{root}; keep the shots inside it")
-    if not path.is_dir():
-        raise ValueError(f"shots: {folder!r}: {path} is not a folder under GENAUG_DATA_ROOT "
-                         f"{root}; create it with one subfolder of real images per label")
+    root, path = _folder_under_root(
+        "shots", folder, data_root, reads="the judge's shots are read from",
+        keep="keep the shots inside it",
+        create="create it with one subfolder of real images per label")
     out: dict[str, list[Path]] = {}
     for label in labels:
         sub = path / label
