@@ -115,10 +115,13 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rank", type=int, default=None,
                         help="genaug adapt's rank (default: its own, 32)")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr-schedule", default=None, help="genaug adapt's --lr-schedule")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--text-encoder", action="store_true")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="GENAUG_TORCH_THREADS of genaug adapt (default: unset, its own "
+                        "default: all cores but one)")
     parser.add_argument("--no-adapt", action="store_true")
     parser.add_argument("--skip-base", action="store_true")
     parser.add_argument("--guidance", type=float, default=3.0,
@@ -139,7 +142,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from genaug.digits import write_split_folders
     from genaug.service.pipeline.load import load_model
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or 2)  # this process's own sampling
     args.out.mkdir(parents=True, exist_ok=True)
     steps, guidance, per = 20, args.guidance, args.per_digit
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "per_digit": per,
@@ -175,9 +178,13 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cmd += ["--steps", str(args.steps)]
     if args.rank is not None:
         cmd += ["--rank", str(args.rank)]
+    if args.lr_schedule is not None:
+        cmd += ["--lr-schedule", args.lr_schedule]
     if args.text_encoder:
         cmd.append("--text-encoder")
-    env = dict(os.environ, GENAUG_TORCH_THREADS=str(args.threads))
+    env = dict(os.environ)
+    if args.threads is not None:
+        env["GENAUG_TORCH_THREADS"] = str(args.threads)
     t0 = time.monotonic()
     cpu0 = os.times()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)

@@ -79,6 +79,8 @@ def add_adapt_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3; "
                         "1e-4 for SDXL)")
+    parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                        help="constant, or cosine: 5 %% linear warm-up then decay to 0")
     parser.add_argument("--batch-size", type=int, default=4, help="images per step (default 4)")
     parser.add_argument("--accumulation", type=int, default=1,
                         help="micro-batches per optimizer step (default 1)")
@@ -233,8 +235,9 @@ def _adapt(args: argparse.Namespace) -> int:
         log.info("steps: %d (the default for %d labels: %d per label, within %d-%d)", steps,
                  len(labels), STEPS_PER_LABEL, MIN_STEPS, MAX_STEPS)
     config = AdaptConfig(steps=steps, rank=args.rank, seed=args.seed, lr=args.lr,
-                         batch_size=args.batch_size, accumulation=args.accumulation,
-                         text_encoder=args.text_encoder, progress=not args.no_progress)
+                         lr_schedule=args.lr_schedule, batch_size=args.batch_size,
+                         accumulation=args.accumulation, text_encoder=args.text_encoder,
+                         progress=not args.no_progress)
     record = adapt(model, AdaptData(images, prompts, data_hash), args.out, config)
     name = args.out.stem
     print(f"genaug adapt: wrote {args.out} ({record['steps']} steps, rank {record['rank']}, "  # noqa: T201

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -93,6 +94,7 @@ class AdaptConfig:
     rank: int = DEFAULT_RANK
     seed: int = 0
     lr: float = 1e-3
+    lr_schedule: str = "constant"  # or "cosine": 5 % linear warm-up, then cosine to 0
     batch_size: int = 4
     accumulation: int = 1
     text_encoder: bool = False
@@ -172,6 +174,7 @@ def adapt(model: LoadedModel, data: AdaptData, out: Path, config: AdaptConfig) -
         cached = (torch.cat([e for e, _ in parts]), torch.cat([p for _, p in parts]))
 
     optimizer = _optimizer(trained, config.lr, cuda)
+    scheduler = _scheduler(optimizer, config)
     losses: list[float] = []
     interrupted = False
     started = time.monotonic()
@@ -213,6 +216,7 @@ def adapt(model: LoadedModel, data: AdaptData, out: Path, config: AdaptConfig) -
                 step_loss += loss.item() / config.accumulation
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
+            scheduler.step()
             losses.append(step_loss)
             if bar is not None:
                 bar.update(1)
@@ -242,6 +246,7 @@ def adapt(model: LoadedModel, data: AdaptData, out: Path, config: AdaptConfig) -
         "rank": config.rank,
         "seed": config.seed,
         "lr": config.lr,
+        "lr_schedule": config.lr_schedule,
         "batch_size": config.batch_size,
         "accumulation": config.accumulation,
         "text_encoder": config.text_encoder,
@@ -308,6 +313,25 @@ def _optimizer(params: list[torch.nn.Parameter], lr: float, cuda: bool) -> torch
         except ImportError:
             return torch.optim.AdamW(params, lr=lr, weight_decay=1e-4, fused=True)
     return torch.optim.AdamW(params, lr=lr, weight_decay=1e-4)
+
+
+def _scheduler(optimizer: torch.optim.Optimizer,
+               config: AdaptConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    """``constant``: ``lr`` throughout; ``cosine``: linear warm-up over the first 5 % of the
+    steps, then cosine decay to 0 at the last step."""
+    if config.lr_schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    if config.lr_schedule != "cosine":
+        raise ValueError(f"lr_schedule {config.lr_schedule!r} is not one of "
+                         "'constant', 'cosine'")
+    warmup = max(1, config.steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, config.steps - warmup)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def _progress(config: AdaptConfig) -> Any:

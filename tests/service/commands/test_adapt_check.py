@@ -133,6 +133,31 @@ def test_default_steps_follow_the_labels() -> None:
     assert default_steps(0) == 1000
 
 
+def test_the_cosine_schedule_warms_up_then_decays_to_zero() -> None:
+    import torch
+
+    from genaug.service.pipeline.adapt import AdaptConfig, _scheduler
+
+    def rates(schedule: str) -> list[float]:
+        param = torch.nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.SGD([param], lr=0.1)
+        scheduler = _scheduler(optimizer, AdaptConfig(steps=100, lr=0.1, lr_schedule=schedule))
+        out = []
+        for _ in range(100):
+            out.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    assert rates("constant") == [0.1] * 100
+    cosine = rates("cosine")
+    assert cosine[0] == pytest.approx(0.02) and cosine[4] == pytest.approx(0.1)  # 5 steps up
+    assert all(a >= b for a, b in zip(cosine[4:], cosine[5:], strict=False))
+    assert cosine[-1] < 0.001 and cosine[52] == pytest.approx(0.05, abs=0.003)
+    with pytest.raises(ValueError, match="'constant', 'cosine'"):
+        rates("linear")
+
+
 def test_adapt_with_default_steps_prints_the_table_and_verdict(
     tmp_path: Path, shots_folder: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
