@@ -192,7 +192,7 @@ def judge_bar(work: Path, k: int, seed: int) -> float:
     from genaug.service.judge.encoders import load_encoder
     from genaug.service.recipes.spec import TINY_ENCODER, LabelSpec, Recipe
 
-    spec = Recipe(name="digits-5-9", height=64, width=64,
+    spec = Recipe(name="digits-5-9", height=64, width=64, steps=20, guidance=3.0,
                   labels={str(d): LabelSpec(prompts=[f"a handwritten {WORDS[d]}"]) for d in TASK})
     shots = read_shots(shots_folder(work, k, seed), spec)
     _, own = cross_validate(load_encoder(TINY_ENCODER, torch.device("cpu")), shots)
