@@ -185,10 +185,9 @@ def judge_bar(work: Path, k: int, seed: int) -> float:
     shot (0.70-0.92 in the first quick run)."""
     if k < 2:
         return 0.5
-    import numpy as np
     import torch
 
-    from genaug.service.commands.adapt_check import CALIBRATION, cross_validate, read_shots
+    from genaug.service.commands.adapt_check import calibrated_bar, cross_validate, read_shots
     from genaug.service.judge.encoders import load_encoder
     from genaug.service.recipes.spec import TINY_ENCODER, LabelSpec, Recipe
 
@@ -196,7 +195,7 @@ def judge_bar(work: Path, k: int, seed: int) -> float:
                   labels={str(d): LabelSpec(prompts=[f"a handwritten {WORDS[d]}"]) for d in TASK})
     shots = read_shots(shots_folder(work, k, seed), spec)
     _, own = cross_validate(load_encoder(TINY_ENCODER, torch.device("cpu")), shots)
-    return round(min(0.9, float(np.quantile(own, CALIBRATION))), 4)
+    return float(round(min(0.9, calibrated_bar(own)), 4))
 
 
 def kind_recipe(name: str, kind: str, k: int, seed: int, per_class: int,

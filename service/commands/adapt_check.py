@@ -59,8 +59,8 @@ if TYPE_CHECKING:
     from ..pipeline.load import LoadedModel
     from ..recipes.spec import Recipe
 
-__all__ = ["GOAL", "TRUST", "CheckResult", "LabelCheck", "check_adapter", "cross_validate",
-           "draw", "read_shots", "score"]
+__all__ = ["GOAL", "TRUST", "CheckResult", "LabelCheck", "calibrated_bar", "check_adapter",
+           "cross_validate", "draw", "read_shots", "score"]
 
 #: A label is learned when at least this share of its images is drawn as asked.
 GOAL = 0.8
@@ -253,6 +253,13 @@ def cross_validate(encoder: Encoder,
     return (right / total if total else None), np.asarray(own, np.float64)
 
 
+def calibrated_bar(own: np.ndarray) -> float:
+    """The probability a drawn image must reach: the :data:`CALIBRATION` quantile of what the
+    leave-one-shot-out rule gave held-out shots of their own label (``own`` from
+    :func:`cross_validate`); 0.0 when no shot could be held out."""
+    return float(np.quantile(own, CALIBRATION)) if len(own) else 0.0
+
+
 def score(encoder: Encoder, shots: Mapping[str, np.ndarray],
           drawn: Mapping[str, np.ndarray], min_score: float = 0.0) -> list[LabelCheck]:
     """Each label's drawn images scored by the ``shots`` rule fitted on all of ``shots``: one
@@ -291,7 +298,7 @@ def check_adapter(model: LoadedModel, lora: Path | None, recipe: Recipe,
     encoder = load_encoder(name, model.device)
     drawn = draw(model, lora, recipe, per_label, scheduler=scheduler)
     accuracy, own = cross_validate(encoder, shots)
-    bar = float(np.quantile(own, CALIBRATION)) if len(own) else 0.0
+    bar = calibrated_bar(own)
     checks = score(encoder, shots, drawn, bar)
     return CheckResult(checks, accuracy, len(own), name, time.monotonic() - started,
                        min_score=bar)
