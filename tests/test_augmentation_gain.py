@@ -96,6 +96,7 @@ def test_quick_honest_protocol_runs_every_arm_with_the_judge_and_resumes(tmp_pat
              "4j LoRA img2img + judge")
     names = {name.removesuffix(" *") for name in rows}
     for name in ("1 real only, k=1", *kinds, "ref: real only, k=2", "ref: real only, k=4",
+                 "ref: a perfect generator's pool (real 5-9 it never trained on)",
                  "ref: ceiling, all real 5-9"):
         assert name in names, (name, sorted(rows))
     assert any(name.startswith("5 ") and "need-allocated" in name for name in rows), rows
@@ -114,9 +115,14 @@ def test_quick_honest_protocol_runs_every_arm_with_the_judge_and_resumes(tmp_pat
             assert accepted >= pool["target"][lb] or lb in pool["stopped"], (kind, pool)
     for kind in ("base-var", "lora-t2i", "lora-var"):  # unjudged: nothing scored
         assert all(j in (None, 0) for j, _ in pools[f"{kind}-k1-s0"]["judged"].values())
-    mixing = [run for run in result["runs"] if run["p"] > 0]
+    mixing = [run for run in result["runs"] if run["p"] > 0 and run["recipe"] is not None]
     assert len(mixing) == 7, [run["key"] for run in result["runs"]]
     assert all(run["feeder"] > 0 and max(run["reservoir_fill"]) > 0 for run in mixing)
+    # The perfect generator's pool: real generator-split digits, the same slots, no service.
+    perfect = [run for run in result["runs"] if run["reservoir_split"] is not None]
+    assert [run["key"] for run in perfect] == ["perfect-k1-s0"]
+    assert perfect[0]["reservoir_fill"] == [4] * 5 and perfect[0]["feeder"] == 0
+    assert perfect[0]["mixed_fraction"] > 0.3
     assert (work / "lora-k1-s0.safetensors").exists()
     assert "k = 1: the best arm" in proc.stdout
     # Resume: the second run trains nothing and adapts nothing; the table is the same.

@@ -25,8 +25,11 @@ and the judged arms' recipes carry a ``judge:`` block whose ``shots`` are the sa
   its images: arm 1's trainer reports per-class need (its error on the validation images,
   :class:`~genaug.trainer.NeedCallback` -> ``POST /v1/recipes/{name}/feedback``), then
   ``POST /v1/recipes/{name}/fill {"images": B}`` has the planner spend the budget by it;
-* **references**: real only at 2k and 4k shots; the ceiling, all ~500 real 5-9 of the
-  ``generator`` split.
+* **references**: real only at 2k and 4k shots; **a perfect generator's pool**: the k shots
+  mixed at the same p with ``--per-class`` real digits per class of the ``generator`` split
+  (never otherwise seen by the classifier) written straight into the reservoir, what the
+  mixing can give when every pool image is a new real one; the ceiling, all ~500 real 5-9 of
+  the ``generator`` split.
 
 **Settings are fixed once, not tuned per k** (a few-shot user has no labelled validation
 set): img2img strength 0.35 and p = 0.5 were chosen on k = 5's validation split in the
@@ -85,6 +88,7 @@ KINDS = {
 }
 REAL = "1 real only"
 CEILING = "ref: ceiling, all real 5-9"
+PERFECT = "ref: a perfect generator's pool (real 5-9 it never trained on)"
 CHOOSE_ON = 5  # the k whose validation names the best arm for every k
 
 
@@ -126,6 +130,10 @@ class Record:
 
 def real_key(per_class: int | None, seed: int) -> str:
     return f"real-n{per_class}-s{seed}" if per_class is not None else f"ceiling-s{seed}"
+
+
+def perfect_key(k: int, seed: int) -> str:
+    return f"perfect-k{k}-s{seed}"
 
 
 def arm_key(kind: str, k: int, seed: int) -> str:
@@ -329,6 +337,7 @@ def k_table(record: Record, k: int, seeds: Sequence[int], best: str | None,
             arm_key("need-" + best, k, s) for s in seeds]
     rows[f"ref: real only, k={2 * k}"] = [real_key(2 * k, s) for s in seeds]
     rows[f"ref: real only, k={4 * k}"] = [real_key(4 * k, s) for s in seeds]
+    rows[PERFECT] = [perfect_key(k, s) for s in seeds]
     rows[CEILING] = [real_key(None, s) for s in seeds]
     base = [real_key(k, s) for s in seeds]
     summary: dict[str, Any] = {}
@@ -399,15 +408,22 @@ def one_k(work: Path, record: Record, k: int, seeds: Sequence[int], args: argpar
             arm=f"real n={per_class}", seed=s, steps=steps, classes=TASK, **extra,
             service=url if need else None, need_recipes=list(need))
 
-    def mixed(kind: str, s: int, fill: dict[str, Any]) -> tuple[str, Any]:
+    def mixed(name: str, s: int, fill: dict[str, Any]) -> tuple[str, Any]:
         # Training starts once the reservoir holds the pool's smallest label; a label the
         # judge stopped with no image keeps its real examples (the reservoir's rule).
         held = [fill["fill"].get(str(d), 0) for d in TASK]
         least = min([n for n in held if n > 0] or [1])
-        return arm_key(kind, k, s), FewShotRun(
-            arm=arm_key(kind, k, s), seed=s, steps=steps, classes=TASK, service=url,
-            recipe=arm_key(kind, k, s), p=P, slots_per_class=args.per_class,
-            prefill_per_class=least, prefill_timeout_s=30.0 if 0 in held else 300.0)
+        return name, FewShotRun(
+            arm=name, seed=s, steps=steps, classes=TASK, service=url, recipe=name, p=P,
+            slots_per_class=args.per_class, prefill_per_class=least,
+            prefill_timeout_s=30.0 if 0 in held else 300.0)
+
+    def perfect(s: int) -> tuple[str, Any]:
+        # The same mixing from a pool a perfect generator would make: per_class real digits
+        # of each class from the generator split, which the classifier never sees otherwise.
+        return perfect_key(k, s), FewShotRun(
+            arm=perfect_key(k, s), seed=s, steps=steps, classes=TASK, per_class=k, p=P,
+            slots_per_class=args.per_class, reservoir_split="generator")
 
     fills: dict[str, Any] = {}
     with service(work, k, recipes, {s: a["lora"] for s, a in adapted.items()},
@@ -423,9 +439,10 @@ def one_k(work: Path, record: Record, k: int, seeds: Sequence[int], args: argpar
         reals = [real(k, s, need_names[s]) for s in seeds]
         reals += [real(m, s) for m in (2 * k, 4 * k) for s in seeds]
         reals += [real(None, s) for s in seeds]
+        reals += [perfect(s) for s in seeds]
         run_chunks(record, reals, per_run)
         fills = wait_filled(client, pools, 600 + 30.0 * len(pools) * args.per_class)
-        run_chunks(record, [mixed(kind, s, fills[arm_key(kind, k, s)])
+        run_chunks(record, [mixed(arm_key(kind, k, s), s, fills[arm_key(kind, k, s)])
                             for kind in KINDS for s in seeds
                             if arm_key(kind, k, s) in fills], per_run)
         best, how = best_kind(record, k, seeds, choose_seeds)
@@ -443,9 +460,7 @@ def one_k(work: Path, record: Record, k: int, seeds: Sequence[int], args: argpar
                         client.feedback(name, reported)
                     client.fill(name, images=budget)
                 fills[name] = wait_filled(client, [name], 600 + 30.0 * budget)[name]
-                _, run = mixed(best, s, fills[name])
-                run.recipe = run.arm = name
-                need_runs.append((name, run))
+                need_runs.append(mixed(name, s, fills[name]))
             run_chunks(record, need_runs, per_run)
     best, how = best_kind(record, k, seeds, choose_seeds)
     return {"adapted": adapted, "judge_min_score": bars, "pools": fills,

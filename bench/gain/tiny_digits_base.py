@@ -94,6 +94,18 @@ def _grid(images: np.ndarray, per: int, out: Path) -> None:
     Image.fromarray(canvas).save(out)
 
 
+def read_sheet(path: Path, rows: int) -> np.ndarray:
+    """The images of ``genaug adapt``'s check sheet (``OUT.check.png``: one row per label,
+    square cells kept at their pixels), row by row."""
+    from PIL import Image
+
+    sheet = np.asarray(Image.open(path).convert("RGB"))
+    side = sheet.shape[0] // rows
+    cols = sheet.shape[1] // side
+    return np.stack([sheet[r * side:(r + 1) * side, c * side:(c + 1) * side]
+                     for r in range(rows) for c in range(cols)])
+
+
 def write_recipe(path: Path) -> None:
     lines = ["recipes:", "  - name: digits-5-9",
              "    description: digits 5-9, the classes tiny-digits-base never saw",
@@ -106,7 +118,9 @@ def write_recipe(path: Path) -> None:
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = make_parser(__doc__ or "", threads=False)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--per-digit", type=int, default=None, help="default 20 (quick 4)")
+    parser.add_argument("--per-digit", type=int, default=None,
+                        help="images per digit, also genaug adapt's --check-images "
+                        "(default 50, its own; quick 4)")
     parser.add_argument("--shots", type=int, default=5)
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
@@ -134,7 +148,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lora", type=Path, default=None,
                         help="judge this LoRA instead of running genaug adapt")
     args = parser.parse_args(argv)
-    args.per_digit = args.per_digit or (4 if args.quick else 20)
+    args.per_digit = args.per_digit or (4 if args.quick else 50)
     args.steps = args.steps or (20 if args.quick else None)
 
     import torch
@@ -222,12 +236,23 @@ def judge_lora(model: Any, lora: Path, out: Path, result: dict[str, Any],
     result["adapted"] = judge(adapted, digits, per)
     print("adapted:", json.dumps(result["adapted"]), flush=True)
     check = result.get("adapt", {}).get("check")
-    if check is not None:  # per label: the final check's share vs the outside classifier's
+    if check is not None:
+        # The final check's share per label against the outside classifier's, on the very
+        # images the check scored (its sheet): the two judges' agreement, with no sampling
+        # noise between them. And against the outside classifier's reading of this script's
+        # own draws (other seeds, ``sample``): what the check promises of other images.
+        labels = list(check["labels"])
+        on_sheet = judge(read_sheet(Path(check["sheet"]), len(labels)),
+                         [int(x) for x in labels], check["labels"][labels[0]]["asked"])
+        result["check_images_outside"] = on_sheet
         result["check_vs_outside"] = {
-            label: {"check": row["share"], "outside": result["adapted"]["per_digit"][label],
-                    "points": round(100 * (row["share"]
-                                           - result["adapted"]["per_digit"][label]), 1)}
-            for label, row in check["labels"].items() if label in result["adapted"]["per_digit"]
+            label: {"check": row["share"], "outside": on_sheet["per_digit"][label],
+                    "points": round(100 * (row["share"] - on_sheet["per_digit"][label]), 1),
+                    "outside_fresh": result["adapted"]["per_digit"].get(label),
+                    "points_fresh": round(100 * (row["share"]
+                                                 - result["adapted"]["per_digit"][label]), 1)
+                    if label in result["adapted"]["per_digit"] else None}
+            for label, row in check["labels"].items()
         }
         print("check vs outside:", json.dumps(result["check_vs_outside"]), flush=True)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -73,6 +73,10 @@ class FewShotRun:
         need_recipes: report per-class need (error on the validation images, after every
             epoch, :class:`~genaug.trainer.feeding.need.NeedCallback`) to these recipes of
             ``service`` (``POST /v1/recipes/{name}/feedback``, client id from ``arm``).
+        reservoir_split: instead of a service's pool, write up to ``slots_per_class`` real
+            images per class of this split (:data:`genaug.digits.SPLITS`, drawn with
+            ``seed``) into the reservoir and mix them in with ``p``: a perfect generator's
+            pool, the reference that says how much the mixing itself can give.
 
     Every run is also scored on **validation** images: the ``fewshot`` split's images of the
     task's classes that it did not train on (all of them for a run on another split), never
@@ -98,6 +102,7 @@ class FewShotRun:
     synthetic_weight: float | None = None
     rebalance: list[float] | None = None
     need_recipes: list[str] = field(default_factory=list)
+    reservoir_split: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -224,7 +229,20 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
           .repeat().batch(run.batch, drop_remainder=True))
     reservoir = feeder = None
     mixing = run.p > 0 and run.recipe is not None and run.service is not None
-    if mixing:
+    if run.p > 0 and run.reservoir_split is not None:
+        from genaug.trainer.mixing.reservoir import SyntheticReservoir
+
+        reservoir = SyntheticReservoir(len(classes), run.slots_per_class, (64, 64, 3))
+        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed, rebalance=run.rebalance,
+                                  synthetic_weight=run.synthetic_weight),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+        extra_images, extra_labels = load_split(run.reservoir_split)
+        rng = np.random.default_rng(run.seed)
+        for digit in classes:
+            own = np.flatnonzero(extra_labels == digit)
+            pick = rng.choice(own, min(len(own), run.slots_per_class), replace=False)
+            reservoir.write(index[digit], extra_images[pick])
+    elif mixing:
         from genaug.trainer.feeding.feeder import ReservoirFeeder
         from genaug.trainer.mixing.reservoir import SyntheticReservoir
 

@@ -38,7 +38,7 @@ digits, weak for photos: give such a recipe a ``judge:`` with a CLIP folder).
 Example::
 
     result = check_adapter(model, Path("five-to-nine.safetensors"), recipe,
-                           read_shots(Path("DATA"), recipe), per_label=20)
+                           read_shots(Path("DATA"), recipe), per_label=50)
     print(result.table())
     print(result.verdict(steps=6000, rank=32))
 """
@@ -59,8 +59,8 @@ if TYPE_CHECKING:
     from ..pipeline.load import LoadedModel
     from ..recipes.spec import Recipe
 
-__all__ = ["GOAL", "TRUST", "CheckResult", "LabelCheck", "calibrated_bar", "check_adapter",
-           "cross_validate", "draw", "read_shots", "score"]
+__all__ = ["GOAL", "SHEET_SIDE", "TRUST", "CheckResult", "LabelCheck", "calibrated_bar",
+           "check_adapter", "cross_validate", "draw", "read_shots", "score"]
 
 #: A label is learned when at least this share of its images is drawn as asked.
 GOAL = 0.8
@@ -72,6 +72,8 @@ TRUST = 0.7
 FIRST_SEED = 10_000
 #: The bar a drawn image's probability must reach: this quantile of the held-out shots'.
 CALIBRATION = 0.1
+#: The largest side, in pixels, of one image on the check's sheet (``OUT.check.png``).
+SHEET_SIDE = 256
 _SUFFIXES = {".png", ".jpg", ".jpeg"}
 
 
@@ -102,6 +104,8 @@ class CheckResult:
     seconds: float
     goal: float = GOAL
     min_score: float = 0.0
+    #: the images scored, per label (uint8 ``[N, H, W, C]``): what :meth:`sheet` draws
+    drawn: Mapping[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def share(self) -> float:
@@ -164,6 +168,33 @@ class CheckResult:
                 if len(missed) > 1 else "")
         return (f"not learned: label {worst.label}: {worst.drawn} of {worst.asked} {what}: "
                 f"{fix}{more}{unsure}")
+
+    def sheet(self, max_side: int = SHEET_SIDE) -> bytes:
+        """A PNG of every image the check scored: one row per label in the recipe's order,
+        the label's images left to right in the order they were drawn (seed
+        :data:`FIRST_SEED` + ``i * per_label`` onwards). Images up to ``max_side`` pixels keep
+        their pixels, so the sheet can be cut back into the scored images; larger ones (SDXL)
+        are shrunk to fit ``max_side``. ``genaug adapt`` writes it as ``OUT.check.png``."""
+        from PIL import Image
+
+        from genaug.wire import encode_png_grid
+
+        rows = [self.drawn[c.label] for c in self.labels if c.label in self.drawn]
+        if not rows or not any(len(r) for r in rows):
+            raise ValueError("the check kept no images to draw")
+        h, w, ch = next(r for r in rows if len(r)).shape[1:]
+        scale = min(1.0, max_side / max(h, w))
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        columns = max(len(r) for r in rows)
+        cells = np.zeros((len(rows) * columns, size[1], size[0], ch), np.uint8)
+        for i, row in enumerate(rows):
+            for j, image in enumerate(row):
+                if scale < 1.0:
+                    small = Image.fromarray(image[..., 0] if ch == 1 else image).resize(
+                        size, Image.Resampling.LANCZOS)
+                    image = np.asarray(small).reshape(size[1], size[0], ch)
+                cells[i * columns + j] = image
+        return encode_png_grid(cells, columns=columns)
 
     def to_dict(self) -> dict[str, Any]:
         return {"share": round(self.share, 4), "goal": self.goal,
@@ -286,7 +317,7 @@ def score(encoder: Encoder, shots: Mapping[str, np.ndarray],
 
 
 def check_adapter(model: LoadedModel, lora: Path | None, recipe: Recipe,
-                  shots: Mapping[str, np.ndarray], per_label: int = 20,
+                  shots: Mapping[str, np.ndarray], *, per_label: int,
                   scheduler: str = "default") -> CheckResult:
     """Draw ``per_label`` images of every label with ``lora`` (``None``: the base alone) and
     score them against ``shots`` (see the module docstring)."""
@@ -301,4 +332,4 @@ def check_adapter(model: LoadedModel, lora: Path | None, recipe: Recipe,
     bar = calibrated_bar(own)
     checks = score(encoder, shots, drawn, bar)
     return CheckResult(checks, accuracy, len(own), name, time.monotonic() - started,
-                       min_score=bar)
+                       min_score=bar, drawn=drawn)

@@ -13,11 +13,13 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from genaug.cli import main
 from genaug.service.commands.adapt_check import (
@@ -65,6 +67,13 @@ def test_the_check_says_learned_for_a_model_that_draws_its_labels(shots_folder: 
     assert all(c.asked == 4 for c in result.labels)
     assert all(c.share >= 0.75 for c in result.labels), result.table()
     assert result.verdict(steps=100, rank=32).startswith("learned: every label"), result.table()
+    # the sheet holds exactly the images scored, one row per label, pixels kept
+    sheet = np.asarray(Image.open(io.BytesIO(result.sheet())))
+    assert sheet.shape == (3 * 64, 4 * 64, 3)
+    for row, label in enumerate(["0", "1", "2"]):
+        for col in range(4):
+            cell = sheet[row * 64:(row + 1) * 64, col * 64:(col + 1) * 64]
+            assert np.array_equal(cell, result.drawn[label][col])
 
 
 def test_the_check_says_not_learned_with_the_fix_for_a_model_that_cannot(
@@ -126,6 +135,21 @@ def test_table_and_verdict_text() -> None:
                          min_score=0.68)
     assert barred.judge_line().endswith("an image counts at p >= 0.68")
     assert barred.table().splitlines()[1].split()[-2:] == ["unsure:", "5"]
+
+
+def test_the_sheet_shrinks_large_images_and_keeps_one_row_per_label() -> None:
+    rng = np.random.default_rng(0)
+    drawn = {"a": rng.integers(0, 255, (3, 512, 384, 3), dtype=np.uint8),
+             "b": rng.integers(0, 255, (2, 512, 384, 3), dtype=np.uint8)}
+    result = CheckResult([LabelCheck("a", 3, 3), LabelCheck("b", 2, 1)], None, 0, "e", 1.0,
+                         drawn=drawn)
+    sheet = Image.open(io.BytesIO(result.sheet()))
+    assert sheet.size == (3 * 192, 2 * 256)  # 512x384 cells shrunk to fit 256, 3 columns
+    grey = CheckResult([LabelCheck("g", 2, 2)], None, 0, "e", 1.0,
+                       drawn={"g": np.zeros((2, 64, 64, 1), np.uint8)})
+    assert Image.open(io.BytesIO(grey.sheet())).mode == "L"
+    with pytest.raises(ValueError, match="no images"):
+        CheckResult([LabelCheck("a", 0, 0)], None, 0, "e", 1.0).sheet()
 
 
 def test_default_steps_follow_the_labels() -> None:
@@ -194,10 +218,13 @@ def test_adapt_with_default_steps_prints_the_table_and_verdict(
     assert check["verdict"] == lines[head + 6]
     shares = [check["labels"][d]["share"] for d in ("5", "6", "7")]
     assert [float(r.split()[4]) for r in rows] == [round(100 * s) for s in shares]
+    assert check["sheet"] == str(tmp_path / "d.check.png") and f"{tmp_path}/d.check.png" in printed
+    assert Image.open(tmp_path / "d.check.png").size == (4 * 64, 3 * 64)  # 3 labels x 4 images
 
     # --no-check: no images drawn, no table
     (tmp_path / "d.check.json").unlink()
+    (tmp_path / "d.check.png").unlink()
     assert main([*args, "--no-check"]) == 0
     assert "drawn as asked" not in capsys.readouterr().out
-    assert not (tmp_path / "d.check.json").exists()
+    assert not (tmp_path / "d.check.json").exists() and not (tmp_path / "d.check.png").exists()
     assert np.isfinite(read_record(out)["final_loss"])
