@@ -240,7 +240,8 @@ def judge_lora(model: Any, lora: Path, out: Path, result: dict[str, Any],
         # The final check's share per label against the outside classifier's, on the very
         # images the check scored (its sheet): the two judges' agreement, with no sampling
         # noise between them. And against the outside classifier's reading of this script's
-        # own draws (other seeds, ``sample``): what the check promises of other images.
+        # own draws (``sample``: diffusers' own call, the same seeds with --digits 5-9,
+        # others with 0-9).
         labels = list(check["labels"])
         on_sheet = judge(read_sheet(Path(check["sheet"]), len(labels)),
                          [int(x) for x in labels], check["labels"][labels[0]]["asked"])

@@ -137,6 +137,28 @@ def test_table_and_verdict_text() -> None:
     assert barred.table().splitlines()[1].split()[-2:] == ["unsure:", "5"]
 
 
+def test_a_lora_on_a_model_that_draws_its_labels_is_checked_as_learned(
+    tmp_path: Path, shots_folder: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI's check with a LoRA loaded, the "learned" side: a 2-step LoRA on the embedded
+    ``tiny-digits`` (which draws 0-2 already) keeps drawing them, and the verdict says so."""
+    recipes = tmp_path / "recipes.yaml"
+    recipes.write_text(
+        "recipes:\n  - name: d\n    height: 64\n    width: 64\n    steps: 8\n"
+        "    guidance: 3.0\n    labels:\n"
+        + "".join(f'      "{d}": {{prompts: [a handwritten {_WORDS[d]}]}}\n' for d in (0, 1, 2))
+    )
+    out = tmp_path / "keep.safetensors"
+    assert main(["adapt", str(shots_folder), "--recipes", str(recipes), "--recipe", "d",
+                 "--out", str(out), "--model", "tiny-digits", "--steps", "2", "--rank", "4",
+                 "--no-progress", "--check-images", "4"]) == 0
+    printed = capsys.readouterr().out
+    check = json.loads((tmp_path / "keep.check.json").read_text())
+    assert check["verdict"].startswith("learned: every label"), printed
+    assert check["verdict"] in printed and check["lora"] == str(out)
+    assert all(row["asked"] == 4 and row["drawn"] >= 3 for row in check["labels"].values())
+
+
 def test_the_sheet_shrinks_large_images_and_keeps_one_row_per_label() -> None:
     rng = np.random.default_rng(0)
     drawn = {"a": rng.integers(0, 255, (3, 512, 384, 3), dtype=np.uint8),
