@@ -229,27 +229,23 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
           .repeat().batch(run.batch, drop_remainder=True))
     reservoir = feeder = None
     mixing = run.p > 0 and run.recipe is not None and run.service is not None
-    if run.p > 0 and run.reservoir_split is not None:
+    if run.p > 0 and (run.reservoir_split is not None or mixing):
         from genaug.trainer.mixing.reservoir import SyntheticReservoir
 
         reservoir = SyntheticReservoir(len(classes), run.slots_per_class, (64, 64, 3))
         ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed, rebalance=run.rebalance,
                                   synthetic_weight=run.synthetic_weight),
                     num_parallel_calls=tf.data.AUTOTUNE)
+    if reservoir is not None and run.reservoir_split is not None:
         extra_images, extra_labels = load_split(run.reservoir_split)
         rng = np.random.default_rng(run.seed)
         for digit in classes:
             own = np.flatnonzero(extra_labels == digit)
             pick = rng.choice(own, min(len(own), run.slots_per_class), replace=False)
             reservoir.write(index[digit], extra_images[pick])
-    elif mixing:
+    elif reservoir is not None:
         from genaug.trainer.feeding.feeder import ReservoirFeeder
-        from genaug.trainer.mixing.reservoir import SyntheticReservoir
 
-        reservoir = SyntheticReservoir(len(classes), run.slots_per_class, (64, 64, 3))
-        ds = ds.map(reservoir.mix(p=run.p, scale=1.0, seed=run.seed, rebalance=run.rebalance,
-                                  synthetic_weight=run.synthetic_weight),
-                    num_parallel_calls=tf.data.AUTOTUNE)
         feeder = ReservoirFeeder(
             reservoir, url=run.service, recipe=run.recipe,
             label_map={str(d): index[d] for d in classes}, batch=32, interval_s=0.2,

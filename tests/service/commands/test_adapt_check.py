@@ -37,6 +37,16 @@ from genaug.service.recipes.spec import LabelSpec, Recipe
 _WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
+def _write_recipe(path: Path, digits: tuple[int, ...]) -> Path:
+    """Recipe ``d`` at 64 px, 8 steps: one label per digit, prompted by its word."""
+    path.write_text(
+        "recipes:\n  - name: d\n    height: 64\n    width: 64\n    steps: 8\n"
+        "    guidance: 3.0\n    labels:\n"
+        + "".join(f'      "{d}": {{prompts: [a handwritten {_WORDS[d]}]}}\n' for d in digits)
+    )
+    return path
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread() -> None:
     import torch
@@ -142,12 +152,7 @@ def test_a_lora_on_a_model_that_draws_its_labels_is_checked_as_learned(
 ) -> None:
     """The CLI's check with a LoRA loaded, the "learned" side: a 2-step LoRA on the embedded
     ``tiny-digits`` (which draws 0-2 already) keeps drawing them, and the verdict says so."""
-    recipes = tmp_path / "recipes.yaml"
-    recipes.write_text(
-        "recipes:\n  - name: d\n    height: 64\n    width: 64\n    steps: 8\n"
-        "    guidance: 3.0\n    labels:\n"
-        + "".join(f'      "{d}": {{prompts: [a handwritten {_WORDS[d]}]}}\n' for d in (0, 1, 2))
-    )
+    recipes = _write_recipe(tmp_path / "recipes.yaml", (0, 1, 2))
     out = tmp_path / "keep.safetensors"
     assert main(["adapt", str(shots_folder), "--recipes", str(recipes), "--recipe", "d",
                  "--out", str(out), "--model", "tiny-digits", "--steps", "2", "--rank", "4",
@@ -212,12 +217,7 @@ def test_adapt_with_default_steps_prints_the_table_and_verdict(
     then the final check's table, judge line and verdict; 0 when the file was written."""
     monkeypatch.setattr(adapt_module, "STEPS_PER_LABEL", 1)
     monkeypatch.setattr(adapt_module, "MIN_STEPS", 1)
-    recipes = tmp_path / "recipes.yaml"
-    recipes.write_text(
-        "recipes:\n  - name: d\n    height: 64\n    width: 64\n    steps: 8\n"
-        "    guidance: 3.0\n    labels:\n"
-        + "".join(f'      "{d}": {{prompts: [a handwritten {_WORDS[d]}]}}\n' for d in (5, 6, 7))
-    )
+    recipes = _write_recipe(tmp_path / "recipes.yaml", (5, 6, 7))
     out = tmp_path / "d.safetensors"
     args = ["adapt", str(shots_folder), "--recipes", str(recipes), "--recipe", "d", "--out",
             str(out), "--model", "tiny-digits-base", "--rank", "4", "--no-progress",
