@@ -11,8 +11,9 @@ STAMP := $(VENV)/.genaug-installed
 $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# The constraints file pins the CPU torch wheel; GPU users install without it.
-	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev,trainer]'
+	# The constraints file pins the CPU torch wheel; GPU users install without it. fp8 (torchao):
+	# its tests run the product's FP8 path on the CPU, and the service's quiet start with it.
+	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev,trainer,fp8]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -42,6 +42,19 @@ BUILTIN_MODELS: dict[str, dict[str, float]] = {
 }
 
 
+def regional_cuda_graphs_refusal(compile_mode: str) -> str:
+    """The one line that refuses ``GENAUG_COMPILE=regional`` with a CUDA-graph mode (the
+    settings and the pipeline's speed options both say it)."""
+    return (
+        f"GENAUG_COMPILE=regional cannot replay CUDA graphs (GENAUG_COMPILE_MODE="
+        f"{compile_mode}): its one compiled transformer block replays many times within one "
+        "UNet call, and each replay overwrites what the one before returned (RuntimeError: "
+        "accessing tensor output of CUDAGraphs that has been overwritten); set "
+        "GENAUG_COMPILE=unet for CUDA graphs, or GENAUG_COMPILE_MODE=default (or "
+        "max-autotune-no-cudagraphs) with regional"
+    )
+
+
 def builtin_model(model: str | Path | None) -> str | None:
     """The built-in model ``model`` names (``None`` means the default), or ``None`` for a path.
 
@@ -296,6 +309,13 @@ class Settings(BaseSettings):
         "diffusers/peft format); none is active unless a recipe or request names it.",
     )
 
+    lora_max_rank: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="With GENAUG_COMPILE: the rank of the one adapter slot every LoRA is "
+        "hotswapped into (switching never recompiles); a larger adapter is refused at start. "
+        "Unset: the largest loaded adapter's rank.",
+    )
+
     @field_validator("loras", mode="before")
     @classmethod
     def _parse_loras(cls, value: object) -> object:
@@ -336,9 +356,9 @@ class Settings(BaseSettings):
     ] = Field(
         default="default",
         description="torch.compile's mode for GENAUG_COMPILE: reduce-overhead and "
-        "max-autotune replay CUDA graphs (a batch is then padded to the next of a few batch "
-        "sizes, all compiled at warm-up); max-autotune also tunes its kernels (longer "
-        "warm-up).",
+        "max-autotune replay CUDA graphs, with GENAUG_COMPILE=unet only (a batch is then "
+        "padded to the next of a few batch sizes, all compiled at warm-up); max-autotune "
+        "also tunes its kernels (longer warm-up).",
     )
     quantize: Literal["none", "fp8"] = Field(
         default="none",
@@ -384,6 +404,9 @@ class Settings(BaseSettings):
                 f"GENAUG_COMPILE_MODE={self.compile_mode} needs compilation; set "
                 "GENAUG_COMPILE=unet or regional, or GENAUG_COMPILE_MODE=default"
             )
+        if self.compile == "regional" and self.compile_mode in ("reduce-overhead",
+                                                                "max-autotune"):
+            raise ValueError(regional_cuda_graphs_refusal(self.compile_mode))
         return self
 
     @model_validator(mode="after")

@@ -77,7 +77,7 @@ def test_the_hopper_plan_adds_each_new_option_to_todays_best_then_all(bench: Any
     assert [o.label for o in added] == [
         "compile=regional+attention=auto+fuse_qkv",
         "compile=regional+quantize=fp8+fuse_qkv",
-        "compile=regional+compile_mode=reduce-overhead+fuse_qkv",
+        "compile=unet+compile_mode=reduce-overhead+fuse_qkv",
         "compile=unet+compile_mode=max-autotune+fuse_qkv",
     ]
     new = bench.options_of("new-best", bench.BEST)
@@ -176,3 +176,63 @@ def test_tiny_mode_compiles_the_best_combination_and_checks_the_warm_cache(
     assert warm < cold  # the new process found the compiled code in the cache
     assert result["cells"][0]["service_recompiles"] == 0
     assert result["cells"][0]["graphs_compiled_while_measuring"] == 0
+
+
+def test_the_speed_plan_is_baseline_best_and_new_best_at_8_and_16(bench: Any) -> None:
+    cells = bench.plan_cells(bench.parse_args(["--plan", "speed"]))
+    assert cells == [("baseline", [8, 16]), ("best", [8, 16]), ("new-best", [8, 16])]
+    for config, _ in cells:  # each is a combination the service accepts
+        bench.options_of(config, bench.BEST)
+
+
+def test_gpu_run_carries_the_whole_package_and_dispatches_the_acceptance_plan(
+    tmp_path: Path,
+) -> None:
+    """gpu_run.sh with stand-ins for python3 and nvidia-smi (they record their arguments):
+    the site it builds holds all of genaug/ (commands/, experiments/), and `--plan
+    acceptance` runs bench.gpu.acceptance with its JSON in $OUT; other plans go to
+    gpu_sdxl."""
+    import os
+
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    calls = tmp_path / "calls.txt"
+    for name in ("python3", "nvidia-smi"):
+        stub = stubs / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> "{calls}"\ncat > /dev/null\nexit 0\n')
+        stub.chmod(0o755)
+    site, out = tmp_path / "site", tmp_path / "out"
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "OUT": str(out),
+           "GENAUG_SITE": str(site)}
+    for plan in ("acceptance", "speed"):
+        calls.write_text("")
+        done = subprocess.run(["bash", "bench/gpu/gpu_run.sh", "--plan", plan], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr
+        last = calls.read_text().strip().splitlines()[-1]
+        if plan == "acceptance":
+            assert f"-m bench.gpu.acceptance --json {out}/acceptance.json" in last
+        else:
+            assert "-m bench.gpu.gpu_sdxl" in last and last.endswith("--plan speed")
+    for part in ("cli.py", "commands/adapt.py", "experiments/fewshot.py", "py.typed"):
+        assert (site / "genaug" / part).is_file(), part
+    assert not list((site / "genaug").rglob("__pycache__"))
+    for part in ("service", "client", "trainer"):
+        assert (site / "genaug" / part).resolve() == ROOT / part
+
+
+@pytest.mark.slow  # every check of the GPU acceptance plan on the tiny model: 1-3 min on 2 cores
+@pytest.mark.timeout(1200)
+def test_the_acceptance_plan_passes_on_the_tiny_model(tmp_path: Path) -> None:
+    out = tmp_path / "acceptance.json"
+    done = subprocess.run([sys.executable, "-m", "bench.gpu.acceptance", "--tiny", "--json",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1100)
+    report = json.loads(out.read_text())
+    failed = {c["name"]: c["error"] for c in report["checks"] if not c["ok"]}
+    assert done.returncode == 0 and failed == {}, (failed, done.stdout[-3000:])
+    checks = {c["name"]: c for c in report["checks"]}
+    assert list(checks) == ["http", "nan_guard", "judge", "adapt", "adapters", "fp8_cuda_graphs"]
+    assert checks["adapters"]["found"]["recompiles"] == 0
+    assert checks["adapters"]["found"]["graphs_after_warmup"] == 0
+    assert checks["fp8_cuda_graphs"]["found"]["marked_steps"] == 8

@@ -42,6 +42,7 @@ measures what matters most, two more the rest)::
     python -m bench.gpu.gpu_sdxl --plan hopper   # today's best, then FP8, CUDA graphs and
                                                  # the attention kernel each added to it,
                                                  # and all (--new-best), at batch 1, 8, 16
+    python -m bench.gpu.gpu_sdxl --plan speed    # baseline, best, new best at batch 8, 16
     python -m bench.gpu.gpu_sdxl --tiny --quick  # the same code, tiny model, CPU (in CI)
     python -m bench.gpu.gpu_sdxl --configs baseline,compile=unet+channels_last --batches 8
 
@@ -91,7 +92,7 @@ NEW_BEST = "compile=unet+compile_mode=max-autotune+fuse_qkv+quantize=fp8+attenti
 HOPPER_ADDED = (
     "best+attention=auto",
     "best+quantize=fp8",
-    "best+compile_mode=reduce-overhead",
+    "compile=unet+compile_mode=reduce-overhead+fuse_qkv",  # CUDA graphs: whole UNet only
     "compile=unet+compile_mode=max-autotune+fuse_qkv",
 )
 #: Image drift (docs/benchmarks.md): images per config, compared seed by seed with the
@@ -111,7 +112,7 @@ SINGLES = (
     "compile=unet",
     "attention=auto",
     "quantize=fp8",
-    "compile=regional+compile_mode=reduce-overhead",
+    "compile=unet+compile_mode=reduce-overhead",
 )
 GIB = 1024**3
 # What "Model and device" lists of versions() (docs/benchmarks.md records them).
@@ -138,11 +139,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--tiny", action="store_true", help="tiny model on the CPU (CI)")
     p.add_argument("--quick", action="store_true", help="fewest rounds and steps")
-    p.add_argument("--plan", choices=("first", "sizes", "options", "hopper", "all"),
+    p.add_argument("--plan", choices=("first", "sizes", "options", "hopper", "speed", "all"),
                    default="first",
                    help="first: baseline and best at batch 1 and 8, warm-cache warm-up; "
                    "sizes: both at 4 and 16; options: baseline and each option alone at 8; "
-                   "hopper: best, each new option added to it, and the new best, at 1, 8, 16")
+                   "hopper: best, each new option added to it, and the new best, at 1, 8, 16; "
+                   "speed: baseline, best and new best at 8 and 16 (about 5 minutes)")
     p.add_argument("--configs", default=None,
                    help="comma-separated configs, options joined by '+' "
                    "(baseline, fuse_qkv, compile=regional+channels_last, best)")
@@ -204,6 +206,10 @@ def plan_cells(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
         # The baseline only for the drift reference and the MFU's bf16 anchor, at batch 8.
         "hopper": [("baseline", small[1:]), ("best", three),
                    *((added, small[1:]) for added in HOPPER_ADDED), ("new-best", three)],
+        # The three that matter at the batches a trainer's service runs: one command.
+        "speed": [("baseline", large[1:] if args.tiny else [8, 16]),
+                  ("best", large[1:] if args.tiny else [8, 16]),
+                  ("new-best", large[1:] if args.tiny else [8, 16])],
         "all": [("baseline", small + large), ("best", small + large),
                 *((single, small[1:]) for single in SINGLES)],
     }

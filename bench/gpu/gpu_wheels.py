@@ -26,6 +26,11 @@ Then one device call runs the benchmark (``carry: [".whl"]``)::
 
 ``bench/gpu/gpu_run.sh`` installs the wheels into ``/tmp/site`` and puts genaug on the path from the
 working tree (no build). genaug itself is never a wheel here: the tree travels with each call.
+
+Beside them, in a folder of its own that ``gpu_run.sh`` does not install (:data:`SIDE_WHEELS`):
+torchao 0.17, torchao's release for torch 2.11 (the GPU machine's torch), which the FP8
+diagnosis (``bash bench/gpu/gpu_run.sh --plan fp8``, :mod:`bench.gpu.fp8_diagnose`) tries in a
+process of its own against the 0.18 that the ``fp8`` extra pins.
 """
 
 from __future__ import annotations
@@ -80,6 +85,9 @@ wheel wrapt xarray xxhash yarl zipp
 """.split())
 FORCE = frozenset({"typing-extensions"})
 NEVER = frozenset({"torch", "genaug"})
+#: Folder under .whl/ -> a pinned wheel fetched into it, beside the ones installed (pure
+#: Python or abi3: the same wheel for CPython 3.12).
+SIDE_WHEELS = {"torchao-0.17": "torchao==0.17.0"}
 
 
 def normalize(name: str) -> str:
@@ -161,7 +169,19 @@ def download(carry: dict[str, str]) -> list[Path]:
              *platforms, "-d", str(WHEELS), f"{name}=={version}"],
             check=True,
         )
+    for folder, requirement in SIDE_WHEELS.items():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+             "--only-binary=:all:", "--python-version", PYTHON, "--implementation", "cp",
+             *platforms, "-d", str(WHEELS / folder), requirement],
+            check=True,
+        )
     return sorted(WHEELS.glob("*.whl"))
+
+
+def side_wheels() -> list[Path]:
+    """The wheels of :data:`SIDE_WHEELS` fetched into their folders."""
+    return sorted(w for folder in SIDE_WHEELS for w in (WHEELS / folder).glob("*.whl"))
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -171,18 +191,23 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     carry = to_carry()
     for name, version in carry.items():
         print(f"{name}=={version}")
-    result: dict[str, Any] = {"benchmark": "gpu_wheels", "carry": carry}
+    for folder, requirement in SIDE_WHEELS.items():
+        print(f"{requirement} (.whl/{folder}/, not installed: the FP8 diagnosis tries it)")
+    result: dict[str, Any] = {"benchmark": "gpu_wheels", "carry": carry,
+                              "side": dict(SIDE_WHEELS)}
     if args.dry_run:
         return finish(result, args.json)
     exclude_wheels_from_git()
     wheels = download(carry)
-    total = sum(w.stat().st_size for w in wheels)
-    print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB in {WHEELS.relative_to(ROOT)}/")
+    total = sum(w.stat().st_size for w in [*wheels, *side_wheels()])
+    print(f"{len(wheels)} wheels (+{len(side_wheels())} beside), {total / 2**20:.1f} MiB in "
+          f"{WHEELS.relative_to(ROOT)}/")
     if total > LIMIT_BYTES:
         print(f"warning: over {LIMIT_BYTES / 2**20:.0f} MiB; the device call carries 64 MiB "
               "with the working tree", file=sys.stderr)
     print('device run: command "bash bench/gpu/gpu_run.sh", carry [".whl"]')
-    result.update(wheels=[w.name for w in wheels], bytes=total)
+    result.update(wheels=[w.name for w in wheels],
+                  side_wheels=[str(w.relative_to(WHEELS)) for w in side_wheels()], bytes=total)
     return finish(result, args.json)
 
 

@@ -11,33 +11,46 @@ is large: :func:`fp8_layer_filter` keeps the small ones, and those whose input i
 per image, in bf16.
 
 torchao is an optional extra (``pip install 'genaug[fp8]'``): nothing here imports it until
-the option is used, and the service runs without it.
+the option is used, and the service runs without it. Its import-time noise (libraries it could
+not load, pytree deprecations) is held back by :mod:`~genaug.service.pipeline.quiet` and logged
+here, once, when FP8 is actually used: then it may matter.
+
+FP8 needs a bfloat16 UNet (per-row scales are computed from bf16 weights); a float32 one is
+refused in one line. ``skip`` keeps more layers in bf16 by name (e.g. the layer
+``python -m bench.gpu.fp8_diagnose`` names as the first whose output goes non-finite).
 
 Example::
 
     check_fp8(torch.device("cuda:0"))       # raises SpeedError on a device without FP8
     layers = quantize_fp8(pipeline.unet)    # 'down_blocks.2.attentions.0...to_q', ...
     fp8_layer_filter(torch.nn.Linear(1280, 1280), "mid_block.attentions.0...to_q")  # True
+    quantize_fp8(unet, skip=("up_blocks.0.",))  # the first up block's layers stay bf16
+    fp8_layers(unet)                        # the names quantize_fp8 returned, or []
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import SpeedError
+from .quiet import held_back
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "FP8_ACTIVATION_LB",
     "FP8_MIN_CAPABILITY",
     "FP8_MIN_FEATURES",
     "FP8_SKIP_NAMES",
     "check_fp8",
     "fp8_layer_filter",
+    "fp8_layers",
     "fp8_refusal",
     "load_torchao",
+    "nonfinite_advice",
     "quantize_fp8",
 ]
 
@@ -67,7 +80,17 @@ FP8_SKIP_NAMES = (
     "attn2.to_kv",
 )
 
+#: The least activation row maximum torchao divides by (``activation_value_lb``). Without it a
+#: row of zeros gets a scale of 0 and quantizes to 0/0 = NaN, and SDXL has such rows on every
+#: step with guidance: the unconditional half's text states are zeros
+#: (``force_zeros_for_empty_prompt``), its cross-attention values (no bias) are zeros, so
+#: each ``attn2.to_out`` sees rows of zeros. 1e-12 is torchao's own float8 training EPS.
+FP8_ACTIVATION_LB = 1e-12
+
 _EXTRA_HINT = "pip install 'genaug[fp8]' (torchao)"
+# Where quantize_fp8 records, on the UNet itself, the names of the layers it quantized: the
+# output guard and the reports read the model, not the settings it was made with.
+_LAYERS_ATTR = "_genaug_fp8_layers"
 
 
 def fp8_refusal(device: str, capability: tuple[int, int] | None, name: str = "") -> str | None:
@@ -120,36 +143,96 @@ def load_torchao() -> tuple[Any, Any, Any]:
 
 
 def fp8_layer_filter(
-    module: torch.nn.Module, fqn: str, *, min_features: int = FP8_MIN_FEATURES
+    module: torch.nn.Module,
+    fqn: str,
+    *,
+    min_features: int | None = None,
+    skip: Sequence[str] = (),
 ) -> bool:
     """Whether to quantize ``module`` (named ``fqn`` in the UNet): a ``torch.nn.Linear``
-    with in and out features at least ``min_features`` and multiples of 16 (what the FP8
-    product requires), not one of :data:`FP8_SKIP_NAMES`."""
+    with in and out features at least ``min_features`` (:data:`FP8_MIN_FEATURES` when
+    ``None``) and multiples of 16 (what the FP8 product requires), whose name contains none
+    of :data:`FP8_SKIP_NAMES` nor of ``skip``."""
     import torch
 
     if not isinstance(module, torch.nn.Linear):
         return False
-    if any(part in fqn for part in FP8_SKIP_NAMES):
+    if any(part in fqn for part in (*FP8_SKIP_NAMES, *skip)):
         return False
     k, n = module.in_features, module.out_features
-    return k % 16 == 0 and n % 16 == 0 and min(k, n) >= min_features
+    least = FP8_MIN_FEATURES if min_features is None else min_features
+    return k % 16 == 0 and n % 16 == 0 and min(k, n) >= least
 
 
-def quantize_fp8(unet: torch.nn.Module, *, min_features: int = FP8_MIN_FEATURES) -> list[str]:
+def quantize_fp8(
+    unet: torch.nn.Module,
+    *,
+    min_features: int | None = None,
+    skip: Sequence[str] = (),
+    config: Any = None,
+) -> list[str]:
     """Quantize ``unet``'s chosen linear layers in place (:func:`fp8_layer_filter`); return
-    their names. Call :func:`check_fp8` first (torchao refuses a device without FP8 with an
-    assertion that names no setting)."""
+    their names (also recorded on ``unet``: :func:`fp8_layers`). Call :func:`check_fp8` first
+    (torchao refuses a device without FP8 with an assertion that names no setting).
+
+    ``config`` replaces the product's torchao configuration (per-row dynamic activation and
+    weight); the diagnosis (``bench/gpu/fp8_diagnose.py``) passes per-tensor and weight-only
+    ones. Raises :class:`SpeedError` when a chosen layer is not bfloat16.
+    """
+    import torch
+
     quantize_, config_class, per_row = load_torchao()
+    for line in held_back("torchao", take=True):
+        # torchao said this at import (FP8 off, held back by quiet.py); with FP8 on it matters:
+        # a compiled kernel library that did not load changes which FP8 kernels run.
+        log.warning("torchao at import: %s", line)
+    layers = dict(unet.named_modules())
     chosen = [
-        fqn for fqn, module in unet.named_modules()
-        if fp8_layer_filter(module, fqn, min_features=min_features)
+        fqn for fqn, module in layers.items()
+        if fp8_layer_filter(module, fqn, min_features=min_features, skip=skip)
     ]
+    dtypes = {layers[fqn].weight.dtype for fqn in chosen}
+    if dtypes - {torch.bfloat16}:
+        found = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        raise SpeedError(
+            f"GENAUG_QUANTIZE=fp8 quantizes bfloat16 layers (per-row scales); the UNet's are "
+            f"{found}. Set GENAUG_DTYPE=bfloat16 (or auto on CUDA), or GENAUG_QUANTIZE=none"
+        )
     if chosen:
         names = set(chosen)
         quantize_(
             unet,
-            config_class(granularity=per_row()),
+            config if config is not None
+            else config_class(granularity=per_row(), activation_value_lb=FP8_ACTIVATION_LB),
             filter_fn=lambda module, fqn: fqn in names,
         )
+    object.__setattr__(unet, _LAYERS_ATTR, list(chosen))
     log.info("FP8: %d linear layers of the UNet quantized (per-row scales)", len(chosen))
     return chosen
+
+
+def fp8_layers(unet: Any) -> list[str]:
+    """The layers :func:`quantize_fp8` quantized in ``unet`` ([] for a UNet it never saw)."""
+    return list(getattr(unet, _LAYERS_ATTR, None) or [])
+
+
+def nonfinite_advice(unet: Any) -> str:
+    """The output guard's fix for an image whose latents came out NaN/Inf (the VAE already in
+    float32), by what the UNet runs: FP8 layers first (their product is where a NaN starts
+    when they are on), then its dtype."""
+    layers = fp8_layers(unet)
+    if layers:
+        return (
+            f"with GENAUG_QUANTIZE=fp8 ({len(layers)} UNet layers in float8) the UNet's "
+            "latents are NaN/Inf; set GENAUG_QUANTIZE=none (python -m bench.gpu.fp8_diagnose "
+            "names the first layer that goes non-finite)"
+        )
+    dtype = str(getattr(unet, "dtype", "")).removeprefix("torch.")
+    if dtype == "float16":
+        return "the UNet overflows in float16; use GENAUG_DTYPE=bfloat16 or float32"
+    if dtype == "bfloat16":
+        return "the UNet overflows in bfloat16; use GENAUG_DTYPE=float32"
+    return (
+        f"the UNet's latents are NaN/Inf in {dtype or 'its dtype'}; check the model's weights "
+        "(GENAUG_MODEL, GENAUG_UNET_WEIGHTS)"
+    )

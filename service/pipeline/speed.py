@@ -9,7 +9,11 @@ The options (``GENAUG_*`` settings, all off by default):
   once, at warm-up or on its first batch.
 - ``compile_mode``: torch.compile's ``mode``. ``reduce-overhead`` and ``max-autotune`` replay
   CUDA graphs (no launch gaps between the kernels of a step; ``max-autotune`` also benchmarks
-  kernel choices at compile time). A graph is recorded per shape and holds its memory, so with
+  kernel choices at compile time), with ``compile=unet`` only: each UNet call is marked a new
+  step and its output copied (:class:`StepMarked`), so nothing of one replay is read after the
+  next. With ``regional`` one compiled block replays many times inside one UNet call and each
+  replay would overwrite the last one's output: refused at start in one line. A graph is
+  recorded per shape and holds its memory, so with
   them the batch sizes are kept to a small set (:func:`~genaug.service.pipeline.warmup.
   batch_sizes`: powers of two up to ``max_batch_images``): a batch is padded to the next size
   (:class:`~genaug.service.pipeline.tracked.PaddedWorker`; the padding rows' images are
@@ -54,6 +58,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..batching.items import Worker
+from ..settings import regional_cuda_graphs_refusal
 from .attention import ATTENTION_CHOICES, AttentionSetting
 from .errors import SpeedError
 from .tracked import PaddedWorker, TrackedWorker
@@ -80,6 +85,7 @@ __all__ = [
     "Speed",
     "SpeedError",
     "SpeedOptions",
+    "StepMarked",
     "apply_speed",
     "check_speed_settings",
 ]
@@ -159,6 +165,8 @@ class SpeedOptions:
                 f"GENAUG_COMPILE_MODE={self.compile_mode} needs compilation; set "
                 "GENAUG_COMPILE=unet or regional, or GENAUG_COMPILE_MODE=default"
             )
+        if self.compile == "regional" and uses_cuda_graphs(self.compile_mode):
+            raise SpeedError(regional_cuda_graphs_refusal(self.compile_mode))
 
     @property
     def cuda_graphs(self) -> bool:
@@ -303,7 +311,12 @@ def _apply_structural(
         _raise_recompile_limit()
         # mode=None is torch's default; reduce-overhead and max-autotune record CUDA graphs.
         mode = None if options.compile_mode == "default" else options.compile_mode
-        if options.compile == "unet":
+        if options.compile == "unet" and options.cuda_graphs:
+            # The compiled forward inside a wrapper that marks each call a new CUDA-graph step
+            # and clones what it returns (StepMarked): the wrapper runs eagerly, outside the
+            # compiled frame (unet.compile() would trace it).
+            unet.forward = StepMarked(torch.compile(unet.forward, dynamic=False, mode=mode))
+        elif options.compile == "unet":
             unet.compile(dynamic=False, mode=mode)
         else:
             try:
@@ -316,6 +329,37 @@ def _apply_structural(
     # Plain attributes on the pipeline object (not registered components).
     object.__setattr__(pipeline, _APPLIED_ATTR, options)
     log.info("speed options applied: %s", options.label)
+
+
+class StepMarked:
+    """A compiled UNet forward that replays CUDA graphs, called as one denoising step each.
+
+    Each call first marks the beginning of a step (``torch.compiler.
+    cudagraph_mark_step_begin()``: the graph may reuse its output memory from here on), then
+    returns a copy of what the graph returned, so nothing of one replay is read after the next
+    (a scheduler that kept a step's model output, or a view of it, would otherwise read the
+    next step's). The copy is one latent-sized tensor per step. Without CUDA graphs (the CPU)
+    the mark is a counter and the copy is all it costs.
+
+    Example::
+
+        unet.forward = StepMarked(torch.compile(unet.forward, mode="reduce-overhead"))
+        unet(sample, t, encoder_hidden_states=embeds)   # marked, replayed, copied
+        unet.forward.calls                              # 1
+    """
+
+    def __init__(self, compiled: Callable[..., Any]) -> None:
+        self.compiled = compiled
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.utils._pytree import tree_map_only
+
+        torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
+        self.calls += 1
+        out = self.compiled(*args, **kwargs)
+        return tree_map_only(torch.Tensor, lambda t: t.clone(), out)
 
 
 def applied_report(pipeline: Any) -> dict[str, Any]:
@@ -340,6 +384,10 @@ def _device_of(module: Any) -> torch.device:
 def check_speed_settings(settings: Settings, device: torch.device) -> None:
     """Refuse, before anything loads, the options ``device`` cannot run: FP8 without compute
     capability 8.9 (or without torchao installed), an attention kernel it does not have.
+
+    ``device`` is where the model will be loaded (``GENAUG_DEVICE``). A model handed in
+    already loaded may live elsewhere: :func:`apply_speed` checks it on its UNet's own device
+    (:func:`_device_of`, its parameters'), and the app skips this check for it.
 
     Raises :class:`SpeedError` (one line naming the device and the fix).
     """

@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 #: the compiled code once more (and a multistep scheduler's second-order branch).
 WARMUP_STEPS = 2
 
-# A batch's compiled shape: height, width, batch size, adapter ("name@scale") or None.
-Shape = tuple[int, int, int, str | None]
+# A batch's compiled shape: height, width, batch size.
+Shape = tuple[int, int, int]
 
 #: torch.compile modes that record and replay CUDA graphs (GENAUG_COMPILE_MODE).
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -115,7 +115,8 @@ def warmup_plan(
     ``max_batch_images`` (what a saturated service runs), each for ``WARMUP_STEPS`` steps. With
     CUDA graphs (``GENAUG_COMPILE_MODE`` reduce-overhead or max-autotune) each recipe size and
     the default size at every one of :func:`batch_sizes`, largest first, and a listed shape at
-    the size its batch is padded to. A shape (size, batch, adapter) is never repeated.
+    the size its batch is padded to. A shape (size, batch) is never repeated: an adapter
+    needs no warm-up of its own (it is hotswapped into the compiled UNet).
     """
     size, steps, guidance = defaults
     full = settings.max_batch_images
@@ -204,24 +205,22 @@ def run_warmup(
 
 
 def _shape_of(key: GroupKey, batch: int) -> Shape:
-    # What makes torch.compile (static shapes) compile again: the latent size, the batch, and
-    # a LoRA adapter with its scale (the active adapter and its scale are attributes of the
-    # injected layers, which the compiled code is guarded on). Steps, scheduler, guidance
-    # values, prompts and seeds do not.
-    adapter = None if key.adapter is None else f"{key.adapter}@{key.adapter_scale:g}"
-    return key.height, key.width, batch, adapter
+    # What makes torch.compile (static shapes) compile again: the latent size and the batch.
+    # Not the LoRA adapter nor its scale: with compilation on they are hotswapped into one
+    # slot whose tensors the compiled graph reads (adapters.py). Nor steps, scheduler,
+    # guidance values, prompts and seeds.
+    return key.height, key.width, batch
 
 
 def _shape_text(shape: Shape) -> str:
-    height, width, batch, adapter = shape
-    text = f"{height}x{width}:{batch}"
-    return f"{text} (adapter {adapter})" if adapter is not None else text
+    height, width, batch = shape
+    return f"{height}x{width}:{batch}"
 
 
 class ShapeTracker:
     """Which batch shapes the compiled pipeline has seen; counts batches of new ones.
 
-    A shape is (generation size, batch size, adapter). With compilation on, a batch of a
+    A shape is (generation size, batch size). With compilation on, a batch of a
     shape not compiled before makes torch compile again (seconds to minutes on a GPU): the
     worker reports each batch with :meth:`observe`, which counts such a batch as a recompile
     (``on_recompile``, the ``genaug_recompiles_total`` counter) and remembers the shape. With
@@ -286,6 +285,6 @@ class ShapeTracker:
     @property
     def compiled_shapes(self) -> list[str]:
         """``HxW:batch`` of every shape compiled so far (warm-up first), as GENAUG_WARMUP_SHAPES
-        writes them; an adapter is added in parentheses."""
+        writes them."""
         with self._lock:
             return [_shape_text(s) for s in self._shapes]

@@ -18,7 +18,8 @@ is where the per-image guarantees are kept:
   scheduler config and cached (:class:`~genaug.service.pipeline.schedulers.Schedulers`).
 - **LoRA adapters.** All of ``GENAUG_LORAS`` (``loras=``) are loaded at construction, none
   active; each batch activates its key's adapter at its scale, or none
-  (:class:`~genaug.service.pipeline.adapters.Adapters`). Switching costs no reload.
+  (:class:`~genaug.service.pipeline.adapters.Adapters`). Switching costs no reload; with a
+  compiled UNet (``hotswap=``) a switch copies the adapter into one slot and never compiles.
 - **img2img.** Built from the same components (``StableDiffusionXLImg2ImgPipeline.from_pipe``,
   no second copy of the weights). An item whose source is missing or not uint8
   ``[key.height, key.width, 3]`` fails alone; its batch mates are made.
@@ -57,6 +58,7 @@ from ..metrics import Metrics
 from .adapters import Adapters
 from .denoising import Denoising
 from .load import LoadedModel
+from .quantize import nonfinite_advice
 from .sampler import Sampler
 from .schedulers import Schedulers
 from .vae import Vae
@@ -129,6 +131,8 @@ class PipelineWorker:
         scheduler: str = "default",
         loras: Mapping[str, Path] | None = None,
         cut_rows: bool = True,
+        hotswap: bool = False,
+        lora_max_rank: int | None = None,
     ) -> None:
         self.model = model
         self.cut_rows = cut_rows
@@ -137,7 +141,7 @@ class PipelineWorker:
         self.metrics = metrics
         self.schedulers = Schedulers(self.pipe, default=scheduler)
         self.adapters = Adapters(self.pipe, loras or {}, base_hash=model.weights_hash,
-                                base_name=model.source)
+                                base_name=model.source, hotswap=hotswap, max_rank=lora_max_rank)
         self.vae = Vae(self.pipe, device=model.device)
         self.sampler = Sampler(
             self.pipe, device=model.device, schedulers=self.schedulers, vae=self.vae
@@ -149,9 +153,12 @@ class PipelineWorker:
     ) -> PipelineWorker:
         """The worker the service runs: ``GENAUG_SCHEDULER`` and ``GENAUG_LORAS`` applied;
         dropped rows are cut from a batch only when nothing is compiled (with
-        ``GENAUG_COMPILE`` a smaller batch would compile anew)."""
+        ``GENAUG_COMPILE`` a smaller batch would compile anew), and a compiled UNet's adapters
+        are hotswapped into one slot (``GENAUG_LORA_MAX_RANK``), so none compiles anew."""
+        compiled = settings.compile != "off"
         return cls(model, metrics, scheduler=settings.scheduler, loras=settings.loras,
-                   cut_rows=settings.compile == "off")
+                   cut_rows=not compiled, hotswap=compiled,
+                   lora_max_rank=settings.lora_max_rank)
 
     @property
     def device(self) -> torch.device:
@@ -278,10 +285,12 @@ class PipelineWorker:
         errors: dict[int, str] = {}
         pixels, bad = self.vae.decode(latents)
         if bad.any():
+            # The fix depends on what the UNet runs (FP8 layers, its dtype): read the model.
+            advice = nonfinite_advice(self.pipe.unet)
             for i in bad.nonzero().flatten().tolist():
                 errors[i] = (
                     "the model produced NaN/Inf pixels for this image even with a float32 VAE "
-                    "(UNet overflow); use GENAUG_DTYPE=bfloat16 or float32"
+                    f"(UNet overflow): {advice}"
                 )
             if self.metrics is not None:
                 self.metrics.nonfinite_images.inc(len(errors))

@@ -99,7 +99,7 @@ def test_compile_mode_needs_compilation() -> None:
 
 
 def test_warmup_with_cuda_graphs_compiles_every_size_of_every_shape() -> None:
-    s = Settings(compile="regional", compile_mode="reduce-overhead", max_batch_images=4,
+    s = Settings(compile="unet", compile_mode="reduce-overhead", max_batch_images=4,
                  warmup_shapes="128x128:3")
     recipe = SimpleNamespace(name="r", height=96, width=96, guidance=3.0)
     plan = warmup_plan(s, [recipe], defaults=(64, 4, 5.0))
@@ -188,7 +188,7 @@ def test_dropping_every_real_row_stops_the_padded_batch(generator: PipelineWorke
 
 def test_speed_pads_outside_the_tracker_so_warm_sizes_are_no_recompile() -> None:
     speed = Speed.setup(build_tiny_pipeline(), Settings(
-        compile="regional", compile_mode="reduce-overhead", max_batch_images=4))
+        compile="unet", compile_mode="reduce-overhead", max_batch_images=4))
     info = speed.info()
     assert (info["compile_mode"], info["batch_sizes"]) == ("reduce-overhead", [1, 2, 4])
 
@@ -216,7 +216,7 @@ def test_cuda_graph_mode_warms_every_size_and_serves_any_batch_without_compiling
     torch._dynamo.reset()
     try:
         model = dataclasses.replace(load_tiny(), pipeline=build_tiny_pipeline())
-        with start_service(model, compile="regional", compile_mode="reduce-overhead",
+        with start_service(model, compile="unet", compile_mode="reduce-overhead",
                            max_batch_images=3, ready_timeout=900) as live:
             import httpx
 

@@ -392,3 +392,73 @@ def test_listed_warmup_shapes_are_compiled_before_ready(fresh_dynamo: None) -> N
                 client.generate(PROMPT, n=n, seed=1, height=size, width=size, steps=2,
                                 timeout_s=600)
         assert live.metric("genaug_recompiles_total") == 0
+
+
+# -- CUDA graphs: the whole UNet, each call a marked step -----------------------------------
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_regional_compile_with_cuda_graphs_is_refused_in_one_line(mode: str) -> None:
+    """One compiled block replays many times inside one UNet call: each replay would
+    overwrite what the last one returned (the H100 crash), so it is refused at start."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        Settings(compile="regional", compile_mode=mode)
+    message = str(info.value.errors()[0]["msg"])
+    with pytest.raises(SpeedError) as refused:
+        SpeedOptions(compile="regional", compile_mode=mode)
+    for text in (message, str(refused.value)):
+        assert "\n" not in text
+        assert f"GENAUG_COMPILE=regional cannot replay CUDA graphs (GENAUG_COMPILE_MODE={mode})"\
+            in text
+        assert "set GENAUG_COMPILE=unet for CUDA graphs, or GENAUG_COMPILE_MODE=default" in text
+    # What stays allowed: regional without graphs, the whole UNet with them.
+    assert not SpeedOptions(compile="regional",
+                            compile_mode="max-autotune-no-cudagraphs").cuda_graphs
+    assert Settings(compile="unet", compile_mode=mode).compile_mode == mode
+
+
+class Replay:
+    """A stand-in for a CUDA-graph replay on the CPU: the eager UNet's output copied into one
+    static buffer, returned as is, and overwritten with NaN when the next call begins (what
+    a replay does to what the one before returned)."""
+
+    def __init__(self, forward: Any) -> None:
+        self.forward = forward
+        self.buffer: torch.Tensor | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor]:
+        if self.buffer is not None:
+            self.buffer.fill_(float("nan"))
+        out = self.forward(*args, **kwargs)[0]
+        if self.buffer is None or self.buffer.shape != out.shape:
+            self.buffer = torch.empty_like(out)
+        self.buffer.copy_(out)
+        return (self.buffer,)
+
+
+@pytest.mark.parametrize("scheduler", ["euler", "dpmpp_2m", "unipc"])
+def test_whole_unet_cuda_graphs_mark_each_call_and_read_nothing_of_an_old_replay(
+    scheduler: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GENAUG_COMPILE=unet with CUDA graphs: every UNet call (each denoising step) begins with
+    cudagraph_mark_step_begin, and the images are the eager UNet's although each replay
+    overwrites the last one's output (multistep schedulers keep history across steps)."""
+    from genaug.service.pipeline.speed import StepMarked
+
+    model = batched_tiny()
+    unet = model.pipeline.unet
+    eager = unet.forward
+    apply_speed(model.pipeline, SpeedOptions(compile="unet", compile_mode="reduce-overhead"))
+    assert isinstance(unet.forward, StepMarked)
+    unet.forward.compiled = Replay(eager)  # no compile on the CPU: the replay's semantics
+    marks: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    key = GroupKey(64, 64, 3, scheduler=scheduler)
+    batch = [*items(2), Item(PROMPT, seed=99, guidance=1.0, output_height=64, output_width=64)]
+    got = PipelineWorker(model).run(key, batch)
+    assert got.errors == {}
+    assert len(marks) == unet.forward.calls == 3  # one per step: the batch is one UNet call
+    want = PipelineWorker(batched_tiny()).run(key, batch)
+    np.testing.assert_array_equal(np.stack(got.images), np.stack(want.images))
