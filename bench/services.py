@@ -206,12 +206,15 @@ def wait_generated(
     which slows a CPU pipeline; sleeping through most of the expected duration and then
     polling often keeps both the disturbance and the timing error small.
     """
+    from genaug.experiments.fewshot import raise_if_stopped
+
     deadline = time.monotonic() + timeout
     time.sleep(quiet_s)
     while True:
         detail = http.get(f"{url}/v1/recipes/{name}").json()
         if detail["totals"]["generated"] >= total:
             return time.perf_counter(), detail
+        raise_if_stopped(detail, None)  # a label the judge stopped is generated no more
         if time.monotonic() > deadline:
             raise RuntimeError(f"pool {name} reached {detail['totals']} of {total} in time")
         time.sleep(poll_s)

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any, Generic, TypedDict, TypeVar, Unpack
 import numpy as np
 
 from genaug.wire import (
+    CLIENT_ID_PATTERN,
     PNG_MEDIA_TYPE,
     SAFETENSORS_MEDIA_TYPE,
     WireError,
@@ -69,7 +71,16 @@ class SampleResult:
     is a variant of (``None`` for a text-to-image one, the hash ``/v1/variants`` answers);
     ``None`` when no image of the sample is a variant. ``empty_labels``: labels asked for
     that the sample holds no image of (their pool is still filling; ``[]`` from a service
-    that does not say).
+    that does not say). ``stopped``: labels asked for that the service's judge stopped (it
+    accepted too few of their images, so no more are made and ``wait_s`` does not wait for
+    them), each with the judge's reason and fix (``{}`` from a service that does not say).
+    A loop that waits for a label to fill ends when it appears here.
+
+    Example::
+
+        result = client.sample("digits", labels=["3", "8"], n=64, wait_s=30.0)
+        for label, why in result.stopped.items():
+            print(label, why)   # "stopped: the judge accepted 2 of the 50 images ... Fix: ..."
     """
 
     images: np.ndarray
@@ -80,6 +91,7 @@ class SampleResult:
     metadata: dict[str, Any] = field(default_factory=dict)
     source_hashes: list[str | None] | None = None
     empty_labels: list[str] = field(default_factory=list)
+    stopped: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -203,6 +215,11 @@ class RetryState:
         return delay
 
 
+def _client_id_fix(given: str) -> str:
+    """``given`` made a valid client id: other characters become '-', cut to 64."""
+    return (re.sub(r"[^A-Za-z0-9._:@/-]+", "-", given).strip("-")[:64]) or "trainer-a"
+
+
 class BaseClient:
     """Shared, I/O-free state of a client."""
 
@@ -218,6 +235,10 @@ class BaseClient:
         urls = [url] if isinstance(url, str) else list(url) if url is not None else _env_urls()
         self.endpoints = Endpoints(urls)
         self.api_key = api_key if api_key is not None else os.environ.get("GENAUG_API_KEY")
+        if client_id is not None and not re.match(CLIENT_ID_PATTERN, client_id):
+            raise ValueError(
+                f"client_id {client_id[:80]!r} is not 1-64 characters of letters, digits and "
+                f"'._:@/-'; use a short name such as {_client_id_fix(client_id)!r}")
         self.client_id = client_id
         self.timeout = timeout
         self.retry_deadline = retry_deadline
@@ -364,16 +385,37 @@ def source_images(images: Any) -> np.ndarray:
     Raises:
         ValueError: another dtype or shape, or no image (nothing was sent).
     """
-    arr = np.asarray(images)
-    if arr.ndim == 3:
-        arr = arr[None]
+    given = np.asarray(images)
+    # the message quotes ``given``, not the batch of one made below: a user who passed
+    # (2, 64, 64) must read (2, 64, 64), or the shape they are told to fix is not theirs
+    arr = given[None] if given.ndim == 3 else given
     if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3 or arr.shape[0] == 0:
         raise ValueError(
-            f"variants() takes uint8 images [N, H, W, 3] or one [H, W, 3]; got {arr.dtype} "
-            f"{tuple(arr.shape)}. Convert with np.clip(x * 255, 0, 255).astype(np.uint8) "
-            "for float images in [0, 1], or np.repeat(x, 3, axis=-1) for one channel"
+            f"variants() takes uint8 images [N, H, W, 3] or one [H, W, 3]; got {given.dtype} "
+            f"{tuple(given.shape)}. {_source_fix(given)}"
         )
     return arr
+
+
+def _source_fix(given: np.ndarray) -> str:
+    """The conversion that turns ``given`` into what ``variants()`` takes."""
+    if given.ndim in (3, 4) and given.shape[0] == 0:
+        return "Send at least one image"
+    fixes: list[str] = []
+    if given.dtype != np.uint8:
+        fixes.append("np.clip(x * 255, 0, 255).astype(np.uint8) for floats in [0, 1]")
+    channels = given.shape[-1] if given.ndim else 0
+    if given.ndim == 2 or (given.ndim == 3 and channels not in (1, 3, 4)):
+        # [H, W] or [N, H, W]: gray images without a channel axis
+        fixes.append("np.repeat(x[..., None], 3, axis=-1) for gray images without a channel "
+                     "axis")
+    elif given.ndim in (3, 4) and channels == 1:
+        fixes.append("np.repeat(x, 3, axis=-1) for one channel")
+    elif given.ndim in (3, 4) and channels == 4:
+        fixes.append("x[..., :3] to drop the alpha channel")
+    if not fixes:
+        fixes.append("np.stack(images) for a list of [H, W, 3] images")
+    return "Convert with " + ", then ".join(fixes)
 
 
 Multipart = list[tuple[str, tuple[str | None, bytes, str]]]
@@ -410,8 +452,29 @@ def need_body(need: Mapping[str, float]) -> dict[str, float]:
 def sample_body(labels: str | Sequence[str] | None, n: int, wait_s: float) -> dict[str, Any]:
     body: dict[str, Any] = {"n": n, "wait_s": wait_s}
     if labels is not None:
-        body["labels"] = [labels] if isinstance(labels, str) else list(labels)
+        body["labels"] = sample_labels(labels)
     return body
+
+
+def sample_labels(labels: str | Iterable[str]) -> list[str]:
+    """``labels`` as the list of names the service takes; a number (``labels=3``, or one in
+    a list) raises ``TypeError`` naming the value and the fix: a recipe's labels are names
+    (strings), even where they are digits."""
+    if isinstance(labels, str):
+        return [labels]
+    if not isinstance(labels, Iterable):
+        raise TypeError(
+            f"labels={labels!r}: give a label name or a list of names, e.g. "
+            f"labels={str(labels)!r} or labels=[{str(labels)!r}]; a recipe's labels are "
+            "strings, even digits (client.recipe(name)['labels'] lists them)")
+    given = list(labels)
+    wrong = [x for x in given if not isinstance(x, str)]
+    if wrong:
+        raise TypeError(
+            f"labels={given!r}: {wrong[0]!r} ({type(wrong[0]).__name__}) is not a label "
+            f"name; a recipe's labels are strings, even digits: pass "
+            f"labels={[str(x) for x in given]!r} (client.recipe(name)['labels'] lists them)")
+    return [str(x) for x in given]
 
 
 def decode_generate(payload: bytes) -> GenerateResult:
@@ -441,6 +504,7 @@ def decode_sample(payload: bytes, recipe: str) -> SampleResult:
         images=batch.images, labels=labels, seeds=batch.seeds, label_names=list(names),
         recipe=recipe, metadata=batch.metadata, source_hashes=hashes,
         empty_labels=[str(x) for x in batch.metadata.get("empty_labels") or []],
+        stopped={str(k): str(v) for k, v in (batch.metadata.get("stopped") or {}).items()},
     )
 
 

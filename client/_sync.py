@@ -168,10 +168,14 @@ class Client:
         self, recipe: str, *, labels: str | Sequence[str] | None = None, n: int = 64,
         wait_s: float = 0.0,
     ) -> SampleResult:
-        """Up to ``n`` pre-generated images of ``recipe``, spread over ``labels`` (default all).
+        """Up to ``n`` pre-generated images of ``recipe``, spread over ``labels`` (default all:
+        label names, strings even where they are digits; a number raises ``TypeError``).
 
         With ``wait_s`` > 0 the service waits up to that long for generation when its pool
-        holds too few; the count returned may still be below ``n`` (never an error).
+        holds too few; the count returned may still be below ``n`` (never an error). It does
+        not wait for a label its judge stopped (no more images of it are made): it answers at
+        once with what it has, and ``result.stopped`` names those labels with the judge's
+        reason and fix.
         """
         return self._call(self._base.calls.sample(recipe, labels, n, wait_s))
 

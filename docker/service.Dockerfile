@@ -43,9 +43,12 @@ COPY trainer/ ./trainer/
 COPY recipes/ /opt/genaug/recipes/
 
 # Same extras and constraints as CI (which installs -e .[dev] = [service] + test tools).
+# The last check imports with -P: from this WORKDIR, the source folder genaug/ (which has no
+# service/ inside: that mapping lives in the install) would hide the installed package.
+# tests/test_compose_install.py runs these steps in a fresh environment.
 RUN python -m pip install -c constraints/cpu.txt ".[service]" \
  && python -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '${TORCH_VERSION}' and torch.version.cuda else 'torch in the image is ' + torch.__version__ + ', expected ${TORCH_VERSION} with CUDA: keep TORCH_VERSION equal to the pin in constraints/cpu.txt')" \
- && python -c "import genaug.service, genaug.client"
+ && python -P -c "import genaug.service, genaug.client"
 
 # Non-root. /data is the mount point of the pool volume: a fresh named volume copies this
 # directory's ownership, so the service can create pool.db there.

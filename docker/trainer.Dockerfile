@@ -30,11 +30,12 @@ COPY client/ ./client/
 COPY trainer/ ./trainer/
 
 # PIP_BREAK_SYSTEM_PACKAGES: the base image's Python is the system Python; installing into it
-# is the point (it holds the GPU tensorflow), and the container is the isolation.
+# is the point (it holds the GPU tensorflow), and the container is the isolation. The import
+# check runs with -P: from this WORKDIR the source folder genaug/ would hide the install.
 RUN python3 -c "import sys; sys.exit(0 if sys.version_info >= (3, 11) else 'genaug needs Python >= 3.11, base image has ' + sys.version)" \
  && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -c constraints/cpu.txt ".[trainer]" \
  && python3 -c "import sys, tensorflow as tf; sys.exit(0 if tf.__version__ == '${TF_VERSION}' else 'tensorflow was replaced: ' + tf.__version__)" \
- && python3 -c "import genaug.trainer, genaug.client"
+ && python3 -P -c "import genaug.trainer, genaug.client"
 
 RUN useradd --uid ${GENAUG_UID} --user-group --create-home --shell /usr/sbin/nologin genaug \
  && mkdir -p /runs \

@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
-from genaug.trainer import configure_devices
+from genaug.client import GenaugError
+from genaug.trainer import DeviceError, FeederConfigError, configure_devices
 
 URL = os.environ.get("GENAUG_URL", "http://127.0.0.1:8000")
 PHASES = ["I", "P", "R"]
@@ -149,4 +151,10 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--cpu-replicas", type=int, default=None)
     args = parser.parse_args()
-    main(args.url, args.recipe, args.epochs, args.cpu_replicas)
+    try:
+        main(args.url, args.recipe, args.epochs, args.cpu_replicas)
+    except (GenaugError, DeviceError, FeederConfigError) as exc:  # the message says the fix
+        sys.exit(f"multimodal_trainer: {exc}")
+    except KeyboardInterrupt:
+        print("multimodal_trainer: interrupted; nothing is saved, run it again", file=sys.stderr)
+        sys.exit(130)

@@ -26,9 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
-from genaug.trainer import configure_devices
+from genaug.client import GenaugError
+from genaug.trainer import DeviceError, FeederConfigError, configure_devices
 
 URL = os.environ.get("GENAUG_URL", "http://127.0.0.1:8000")
 
@@ -120,4 +122,11 @@ if __name__ == "__main__":
     parser.add_argument("--recipe", default="wound-phases")
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
-    main(args.url, args.recipe, args.steps)
+    try:
+        main(args.url, args.recipe, args.steps)
+    except (GenaugError, DeviceError, FeederConfigError) as exc:  # the message says the fix
+        sys.exit(f"multiworker_trainer: {exc}")
+    except KeyboardInterrupt:
+        print("multiworker_trainer: interrupted; nothing is saved, run it again",
+              file=sys.stderr)
+        sys.exit(130)

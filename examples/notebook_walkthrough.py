@@ -186,3 +186,8 @@ if __name__ == "__main__":
         if in_notebook():
             raise
         sys.exit(f"genaug: {exc}")
+    except KeyboardInterrupt:  # Ctrl-C: one line, exit status 130 (a kernel shows its own)
+        if in_notebook():
+            raise
+        print("genaug: interrupted; the images saved so far are kept", file=sys.stderr)
+        sys.exit(130)

@@ -4,14 +4,18 @@
     python examples/trainer_example.py [URL] [--recipe wound-phases] [--epochs 2]
 
 Random arrays stand in for your real dataset; swap in yours (same image size and classes).
+A misconfiguration (no service at URL, no such recipe) ends in one line and exit status 1;
+Ctrl-C in one line and 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from genaug.trainer import configure_devices
+from genaug.client import GenaugError
+from genaug.trainer import DeviceError, FeederConfigError, configure_devices
 
 
 def main(url: str, recipe: str = "wound-phases", epochs: int = 2, steps: int = 4) -> dict:
@@ -66,4 +70,10 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4, help="batches of 16 per epoch")
     args = parser.parse_args()
-    main(args.url, args.recipe, args.epochs, args.steps)
+    try:
+        main(args.url, args.recipe, args.epochs, args.steps)
+    except (GenaugError, DeviceError, FeederConfigError) as exc:  # the message says the fix
+        sys.exit(f"trainer_example: {exc}")
+    except KeyboardInterrupt:
+        print("trainer_example: interrupted; nothing is saved, run it again", file=sys.stderr)
+        sys.exit(130)

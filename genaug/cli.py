@@ -15,15 +15,23 @@ command runs: ``serve`` loads torch, ``train`` loads tensorflow, no command load
     genaug convert-unet SRC DST [--base MODEL] --trust-this-file
     genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors [--steps N] ...
     genaug doctor [--url URL] [--recipe NAME] [--json]   check this host and the service
+
+Ctrl-C ends every command in one line on stderr, ``genaug COMMAND: interrupted; <what was
+kept, what to run>``, and exit status 130 (SIGTERM: ``terminated``, 143), after the command's
+own cleanup ran (its child processes stopped: :mod:`genaug.local_service`). A command module
+may say what its interruption leaves with ``interrupted(args) -> str``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
-from collections.abc import Sequence
-from types import ModuleType
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType, ModuleType
 
 from genaug.commands import MissingExtraError
 
@@ -63,14 +71,56 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C raises ``KeyboardInterrupt``: the same
+    cleanup runs (children stopped, files closed) instead of the process vanishing."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` inside the block (main thread only: Python runs
+    signal handlers there); the previous handler comes back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_line(command: str | None, args: argparse.Namespace | None,
+                     exc: KeyboardInterrupt) -> str:
+    """The one line an interrupted command ends with: what happened, and the command's own
+    word on what was kept and what to run (its module's ``interrupted(args)``, if any)."""
+    what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+    hint = ""
+    if command in COMMANDS and args is not None:
+        said = getattr(importlib.import_module(COMMANDS[command]), "interrupted", None)
+        hint = said(args) if callable(said) else ""
+    name = f"genaug {command}" if command in COMMANDS else "genaug"
+    return f"{name}: {what}" + (f"; {hint}" if hint else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    args: argparse.Namespace | None = None
     try:
-        args = build_parser(argv[0] if argv else None).parse_args(argv)
-        code: int = importlib.import_module(COMMANDS[args.command]).run(args)
+        with _sigterm_raises():
+            args = build_parser(argv[0] if argv else None).parse_args(argv)
+            code: int = importlib.import_module(COMMANDS[args.command]).run(args)
     except MissingExtraError as exc:  # one line: which extra to install
         print(exc, file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, never a traceback
+        command = args.command if args is not None else (argv[0] if argv else None)
+        print(interrupted_line(command, args, exc), file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     return code
 
 

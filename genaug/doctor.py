@@ -11,7 +11,8 @@ api-key  the service accepts the key sent (``--api-key`` / ``GENAUG_API_KEY``)
 model    the model, device and dtype it serves
 recipe   ``--recipe`` exists, and its labels (without ``--recipe``: the recipes it has)
 pool     the recipe pool's fill per label against the reservoir's slots, and its fill rate:
-         full before the first epoch ends (``--epoch-s``)?
+         full before the first epoch ends (``--epoch-s``)? Labels the judge stopped
+         (no more of their images are made): the judge's fix, not a fill that cannot end
 gpus     the GPUs TensorFlow would use here (NVML UUIDs, ``CUDA_VISIBLE_DEVICES``) against
          the service's GPU
 xla      when TensorFlow was built with CUDA: XLA's CUDA data directory (``XLA_FLAGS=
@@ -82,7 +83,11 @@ def check_pool(detail: Mapping[str, Any], *, slots: int, epoch_s: float | None,
                pregenerate: bool, url: str) -> Check:
     """The pool's fill per label against what the reservoir holds (``slots`` per class, at
     most the pool's capacity), and whether the service fills it before the first epoch ends:
-    only up to its targets (``target_per_label``), at its recent ``generation_rate``."""
+    only up to its targets (``target_per_label``), at its recent ``generation_rate``.
+
+    A short label the recipe's judge stopped (``stopped``: it accepted under 10 % of the
+    label's images, so none more are made) gets the judge's fix, never a ``genaug
+    pregenerate`` that could not finish."""
     name = str(detail.get("name"))
     fill = {str(k): int(v) for k, v in (detail.get("fill") or {}).items()}
     rate = float(detail.get("generation_rate") or 0.0)
@@ -101,6 +106,18 @@ def check_pool(detail: Mapping[str, Any], *, slots: int, epoch_s: float | None,
         return Check("pool", "warn", f"{found}: the recipe has no label", "check the recipe file")
     if missing == 0:
         return ok("pool", found + ": full")
+    stopped = {str(label): str(why) for label, why in (detail.get("stopped") or {}).items()
+               if fill.get(str(label), want) < want}
+    if stopped:
+        # No fill ends while the judge stops these labels (pregenerate exits 3): the fix is
+        # the judge's, then a restart (a new window) lets generation try them again.
+        whys = "; ".join(f"{label} ({fill.get(label, 0)} held): {_judge_why(why)}"
+                         for label, why in stopped.items())
+        fixes = "; ".join(f"{label}: {_judge_fix(why)}" for label, why in stopped.items())
+        return Check("pool", "warn", (
+            f"{found}: the judge stopped {len(stopped)} label(s), so no more of their images "
+            f"are made and the reservoir mixes only what the pool holds of them: {whys}"),
+            f"{fixes}; then fill the pool: {pregen}")
     empty = [label for label, n in fill.items() if n == 0]
     state = ("empty" if len(empty) == len(fill) else
              f"labels {empty} empty" if empty else f"{missing} image(s) short")
@@ -121,6 +138,17 @@ def check_pool(detail: Mapping[str, Any], *, slots: int, epoch_s: float | None,
             else " (pass --epoch-s to compare with an epoch)")
     return Check("pool", "warn", f"{found}: {when}{late}", (
         f"fill it before training: {pregen} (it waits for the fill), or train more epochs"))
+
+
+def _judge_why(reason: str) -> str:
+    """The finding of a stop's reason (``stopped: the judge accepted ... Fix: ...``)."""
+    return reason.split(" Fix: ", 1)[0].removeprefix("stopped: ")
+
+
+def _judge_fix(reason: str) -> str:
+    """The fix of a stop's reason: what follows ``Fix:`` (the whole reason without one)."""
+    parts = reason.split(" Fix: ", 1)
+    return parts[1] if len(parts) == 2 else reason
 
 
 def _duration(seconds: float) -> str:

@@ -42,6 +42,10 @@ from safetensors.numpy import load
 
 SAFETENSORS_MEDIA_TYPE = "application/vnd.genaug.safetensors"
 PNG_MEDIA_TYPE = "image/png"
+#: What an ``X-Client-Id`` may be (the service refuses any other with a 422; the clients check
+#: their ``client_id`` against it when they are made, so a bad one fails at once, not as
+#: every request's 422 inside a feeder thread).
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9._:@/-]{1,64}$"
 CHANNELS = (1, 3)
 """Channel counts a batch may carry: RGB, or one channel (luminance, depth)."""
 

@@ -131,7 +131,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
     """Open what requests need, load the model in the background, and undo it all at exit."""
     state: AppState = app.state.genaug
     settings = state.settings
-    state.device_info = check_startup(settings)
+    # A model handed in by a loader (tests, the GPU bench) lives where it was built, maybe
+    # not on GENAUG_DEVICE: Speed.setup checks the speed options on its UNet's device.
+    state.device_info = check_startup(settings, speed=state.startup.loader is None)
     state.replica_info = replica_info(settings)
     if state.recipes:
         state.store = await asyncio.to_thread(open_pool_store, settings)
@@ -156,9 +158,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
         state.model = None
 
 
-def check_startup(settings: Settings) -> dict[str, str]:
+def check_startup(settings: Settings, *, speed: bool = True) -> dict[str, str]:
     """Fail fast, before the server listens, on settings that can never work; return the
-    device's name, type and dtype.
+    device's name, type and dtype. ``speed=False`` leaves the speed options to
+    :meth:`Speed.setup`, which reads the loaded model's device.
 
     Raises :class:`~genaug.service.pipeline.load.ModelLoadError`.
     """
@@ -167,7 +170,8 @@ def check_startup(settings: Settings) -> dict[str, str]:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     try:  # FP8 and attention kernels the device lacks, torchao missing: one line each
-        check_speed_settings(settings, device)
+        if speed:
+            check_speed_settings(settings, device)
     except SpeedError as exc:
         raise ModelLoadError(str(exc)) from exc
     for name, path in (
@@ -221,7 +225,8 @@ async def _load_and_warm(state: AppState) -> None:
             startup.wrap_worker(pipeline_worker) if startup.wrap_worker else pipeline_worker
         )
         state.adapters_info = pipeline_worker.adapters.info()
-        state.speed_info.update(scheduler=pipeline_worker.schedulers.describe())
+        state.speed_info.update(scheduler=pipeline_worker.schedulers.describe(),
+                                **pipeline_worker.adapters.swap_info())
         if state.store is not None:
             store = state.store
             # In a thread: it reads the recipes' label image folders and the judges' shots
@@ -300,7 +305,7 @@ def is_refusal(exc: BaseException) -> bool:
     from .pipeline.adapters import AdapterLoadError
     from .pipeline.device import ModelLoadError
 
-    return isinstance(exc, ModelLoadError | AdapterLoadError)
+    return isinstance(exc, ModelLoadError | AdapterLoadError | SpeedError)
 
 
 def _sample_device_memory(state: AppState) -> None:

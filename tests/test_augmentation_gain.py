@@ -75,6 +75,23 @@ def test_demo_without_training_writes_the_digit_grid(tmp_path: Path) -> None:
         assert grid.getpixel((grid.width - 64, grid.height - 64)) != (255, 255, 255)
 
 
+@pytest.mark.timeout(1200)
+def test_the_readme_demo_end_to_end_feeds_the_mixing_run(tmp_path: Path) -> None:
+    """``make demo``'s command as the README runs it, training included: both runs train, and
+    the mixing run is really fed from the pool (its arm's name, with spaces and '=', once made
+    an X-Client-Id the service refused, and the run fed 0 images while reporting success)."""
+    import re
+
+    out = tmp_path / "demo.png"
+    proc = subprocess.run([sys.executable, "-m", "genaug.cli", "demo", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fed = re.search(r"\((\d+)% of examples synthetic, (\d+) images fed\)", proc.stdout)
+    assert fed is not None, proc.stdout[-3000:]
+    assert int(fed.group(1)) >= 20 and int(fed.group(2)) >= 160, fed.group(0)  # 16 per digit
+    assert re.search(r"real only .*\s0\.\d{3}\n", proc.stdout) and out.is_file()
+
+
 @pytest.mark.timeout(1800)  # a LoRA, a service, 6 pools, 11 TensorFlow runs, then a resume
 def test_quick_honest_protocol_runs_every_arm_with_the_judge_and_resumes(tmp_path: Path) -> None:
     """python -m bench.gain.honest_gain --quick: the few-shot protocol end to end at k = 1

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,59 @@ def test_serve_overrides_only_the_flags_given(monkeypatch: pytest.MonkeyPatch) -
 
     assert main(["serve", "--port", "9", "--lora", "a=x", "--lora", "b=y"]) == 0
     assert seen == [{"port": "9", "loras": "a=x,b=y"}]
+
+
+def test_ctrl_c_in_any_command_ends_in_one_line_and_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The one place for every command: KeyboardInterrupt out of ``run`` is one line naming
+    the command and what it leaves (its module's ``interrupted(args)``), never a traceback.
+    The processes themselves are interrupted in tests/test_interrupt.py."""
+    import genaug.commands.train as train
+
+    def run(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "run", run)
+    from genaug.cli import main
+
+    assert main(["train", "--epochs", "1"]) == 130
+    err = capsys.readouterr().err
+    assert err == ("genaug train: interrupted; nothing is saved (the reference trainer keeps no "
+                   "checkpoint); run it again\n")
+
+
+def test_sigterm_runs_the_same_cleanup_and_ends_in_one_line_with_143(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real SIGTERM while a command runs raises where the command is (so its ``finally``
+    blocks stop its children), ends in one line with 143, and the caller's handler is back."""
+    import signal
+
+    import genaug.commands.pregenerate as pregenerate
+
+    cleaned: list[str] = []
+
+    def run(args: object) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises during this sleep
+            return 0
+        finally:
+            cleaned.append("children stopped")
+
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        monkeypatch.setattr(pregenerate, "run", run)
+        from genaug.cli import main
+
+        code = main(["pregenerate", "--recipe", "digits", "--per-label", "1"])
+        restored = signal.getsignal(signal.SIGTERM)
+    finally:
+        handler = signal.signal(signal.SIGTERM, previous)
+    assert code == 143 and cleaned == ["children stopped"] and received == []
+    assert restored is handler  # this test's own handler, back after main
+    assert capsys.readouterr().err == (
+        "genaug pregenerate: terminated (SIGTERM); every batch stored before the interrupt is "
+        "kept; run the same command again to resume\n")

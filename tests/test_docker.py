@@ -1,253 +1,88 @@
 """What docker/ and docker/k8s/ declare, checked without a Docker engine or a cluster.
 
 No engine runs where the tests run, so `docker build` and `docker compose up` cannot be tried.
-These tests parse the files instead (compose and manifests with PyYAML, Dockerfiles with a small
-line parser, pyproject.toml with tomllib) and pin the properties a deployment depends on: GPU
-sets never overlap, the trainer waits for a ready generator, the pool lives on a named volume,
-weights are read-only, ports stay on loopback, processes are not root, probes point at the
-right endpoints, and the images install what CI tests with the same pins.
+The files are validated instead as the tools would: the compose file (as written and as
+interpolated with .env.example) against the Compose Specification's JSON schema, which
+check-jsonschema ships, and every Kubernetes manifest against the API's schemas with
+kubernetes-validate (strict: an unknown field is an error). The schemas catch misspelt keys
+and wrong types; the tests below pin what no schema can say: GPU sets never overlap, the
+trainer waits for a ready generator, every service has a profile so the CPU one starts alone,
+the pool lives on a named volume, weights, adapters and shots are read-only, every file
+.env.example names ships, ports stay on loopback, processes are not root, probes point at
+the right endpoints, and the images install what CI tests with the same pins. The CPU
+profile's journey is tests/test_compose_cpu.py; the image's install steps run outside Docker
+in tests/test_compose_install.py.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
+import importlib.resources
+import json
 import re
 import shlex
 import tomllib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from itertools import combinations
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
+import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
+from _docker_files import (
+    CONSTRAINTS,
+    CPU_SERVICE,
+    DOCKER,
+    DOCKERFILES,
+    ENV_EXAMPLE,
+    K8S,
+    ROOT,
+    EveryVariableSet,
+    arg_defaults,
+    base_images,
+    container_to_host,
+    image_to_repo,
+    interpolate,
+    load_compose,
+    lora_paths,
+    mounts,
+    parse_dockerfile,
+    read_env_file,
+    required_variables,
+    resolve,
+    walk_strings,
+)
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCKER = ROOT / "docker"
-COMPOSE = DOCKER / "docker-compose.yml"
-ENV_EXAMPLE = DOCKER / ".env.example"
-K8S = DOCKER / "k8s"
-CONSTRAINTS = ROOT / "constraints" / "cpu.txt"
-DOCKERFILES = {
-    "service": DOCKER / "service.Dockerfile",
-    "trainer": DOCKER / "trainer.Dockerfile",
-}
 GENERATOR = "generator"
-
-
-# --- parsers --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Instruction:
-    keyword: str  # upper case: FROM, RUN, ...
-    args: str  # continuation lines joined with single spaces
-    line: int  # 1-based line of the instruction's first line
-
-
-def parse_dockerfile(path: Path) -> list[Instruction]:
-    """Instructions of a Dockerfile, continuation lines joined, comments dropped.
-
-    Follows the builder: a trailing backslash continues the instruction, and comment lines
-    (also those inside a continued instruction) are removed before joining.
-    """
-    out: list[Instruction] = []
-    parts: list[str] = []
-    start = 0
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
-        stripped = raw.strip()
-        if not parts and (not stripped or stripped.startswith("#")):
-            continue
-        if parts and stripped.startswith("#"):
-            continue
-        if not parts:
-            start = number
-        continued = stripped.endswith("\\")
-        parts.append(stripped[:-1].strip() if continued else stripped)
-        if not continued:
-            text = " ".join(p for p in parts if p)
-            keyword, _, args = text.partition(" ")
-            out.append(Instruction(keyword.upper(), args.strip(), start))
-            parts = []
-    assert not parts, f"{path.name}: the last instruction ends with a dangling backslash"
-    return out
-
-
-def _arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
-    """ARG defaults declared before the first FROM (the ones FROM may use)."""
-    defaults: dict[str, str] = {}
-    for ins in instructions:
-        if ins.keyword == "FROM":
-            break
-        if ins.keyword == "ARG":
-            name, _, value = ins.args.partition("=")
-            defaults[name.strip()] = value.strip().strip('"')
-    return defaults
-
-
-def base_images(path: Path) -> list[str]:
-    """Every FROM image with its build-arg defaults substituted."""
-    instructions = parse_dockerfile(path)
-    args = _arg_defaults(instructions)
-
-    def substitute(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        assert name in args, f"{path.name}: FROM uses ${name} without an ARG default before it"
-        return args[name]
-
-    images = []
-    for ins in instructions:
-        if ins.keyword == "FROM":
-            image = ins.args.split()[0]
-            if image.startswith("--platform"):
-                image = ins.args.split()[1]
-            images.append(re.sub(r"\$\{(\w+)\}|\$(\w+)", substitute, image))
-    return images
-
-
-_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def interpolate(text: str, env: Mapping[str, str], seen: set[str] | None = None) -> str:
-    """Compose-style interpolation: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR:+r}.
-
-    Nested defaults (``${A:-${B}}``) are supported; ``$$`` is a literal ``$``. Names met are
-    added to ``seen``. A required variable that is missing raises KeyError.
-    """
-    seen = set() if seen is None else seen
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c != "$":
-            out.append(c)
-            i += 1
-            continue
-        if text.startswith("$$", i):
-            out.append("$")
-            i += 2
-            continue
-        if text.startswith("${", i):
-            depth, j = 1, i + 2
-            while depth:
-                assert j < len(text), f"unclosed ${{ in {text!r}"
-                if text.startswith("${", j):
-                    depth, j = depth + 1, j + 2
-                    continue
-                depth += {"{": 0, "}": -1}.get(text[j], 0)
-                j += 1
-            inner = text[i + 2 : j - 1]
-            name_match = _VAR.match(inner)
-            assert name_match, f"bad variable reference ${{{inner}}} in {text!r}"
-            name = name_match.group()
-            rest = inner[len(name) :]
-            seen.add(name)
-            value = env.get(name)
-            op = next((o for o in (":-", ":?", ":+", "-", "?", "+") if rest.startswith(o)), "")
-            assert op or not rest, f"unknown operator in ${{{inner}}}"
-            word = interpolate(rest[len(op) :], env, seen) if op else ""
-            if op in (":-", "-"):
-                use_default = not value if op == ":-" else value is None
-                out.append(word if use_default else str(value))
-            elif op in (":?", "?"):
-                if not value if op == ":?" else value is None:
-                    raise KeyError(f"{name} is required: {word}")
-                out.append(str(value))
-            elif op in (":+", "+"):
-                out.append(word if (value if op == ":+" else value is not None) else "")
-            else:
-                out.append(value or "")
-            i = j
-            continue
-        name_match = _VAR.match(text, i + 1)
-        if name_match:
-            seen.add(name_match.group())
-            out.append(env.get(name_match.group(), ""))
-            i = name_match.end()
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-class _EveryVariableSet(Mapping[str, str]):
-    """An environment in which every variable is set: interpolation then visits all names."""
-
-    def __getitem__(self, key: str) -> str:
-        return "x"
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
-def walk_strings(node: Any) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, Mapping):
-        for value in node.values():
-            yield from walk_strings(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from walk_strings(value)
-
-
-def resolve(node: Any, env: Mapping[str, str]) -> Any:
-    if isinstance(node, str):
-        return interpolate(node, env)
-    if isinstance(node, Mapping):
-        return {k: resolve(v, env) for k, v in node.items()}
-    if isinstance(node, list):
-        return [resolve(v, env) for v in node]
-    return node
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, value = line.partition("=")
-        assert sep and _VAR.fullmatch(name), f"{path.name}:{number}: not NAME=value: {raw!r}"
-        assert name not in env, f"{path.name}:{number}: {name} is set twice"
-        env[name] = value.strip().strip("\"'")
-    return env
-
-
-@dataclass(frozen=True)
-class Mount:
-    type: str
-    source: str
-    target: str
-    read_only: bool
-
-
-def mounts(service: Mapping[str, Any], top_volumes: Mapping[str, Any]) -> list[Mount]:
-    """Volume entries of a compose service, short or long syntax, normalized."""
-    out = []
-    for entry in service.get("volumes", []):
-        if isinstance(entry, str):
-            fields = entry.split(":")
-            source, target = fields[0], fields[1]
-            options = fields[2].split(",") if len(fields) > 2 else []
-            kind = "volume" if source in top_volumes else "bind"
-            out.append(Mount(kind, source, target, "ro" in options))
-        else:
-            out.append(
-                Mount(
-                    entry["type"],
-                    str(entry.get("source", "")),
-                    entry["target"],
-                    bool(entry.get("read_only", False)),
-                )
-            )
-    return out
+#: The Kubernetes release the manifests are validated against (kubernetes-validate's newest).
+K8S_VERSION = "1.37.0"
+#: Profiles run together as docs/deploy.md runs them: "gpu" is the base of the GPU setups,
+#: "second-trainer" and "replicas" are added to it (alternatives: they share GPUs 5-7), and
+#: "cpu" runs alone. Every profile of the compose file must appear here.
+RUN_TOGETHER = {
+    "gpu": ["gpu"],
+    "gpu + second-trainer": ["gpu", "second-trainer"],
+    "gpu + replicas": ["gpu", "replicas"],
+    "cpu": ["cpu"],
+}
+#: .env.example's folders of yours, which no repo or image can ship: each must be a bind
+#: mount's source; the reason it need not exist in a fresh checkout is beside it.
+YOUR_FOLDERS = {
+    "GENAUG_MODELS_DIR": "your weights, a placeholder under /srv",
+    "GENAUG_TRAIN_DATA": "your training images, a placeholder under /srv",
+    "GENAUG_TRAIN_DATA_2": "the same",
+    "GENAUG_TRAIN_DATA_R": "the same",
+    "GENAUG_RUNS_DIR": "made by the setup's `mkdir -p runs` (owned by the trainer's uid)",
+    "GENAUG_RUNS_DIR_2": "the same",
+    "GENAUG_RUNS_DIR_R": "the same",
+    "GENAUG_ADAPTERS_DIR": "compose creates it, empty (create_host_path)",
+    "GENAUG_SHOTS_DIR": "compose creates it, empty (create_host_path)",
+}
 
 
 # --- fixtures -------------------------------------------------------------------------------
@@ -255,9 +90,7 @@ def mounts(service: Mapping[str, Any], top_volumes: Mapping[str, Any]) -> list[M
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    data = yaml.safe_load(COMPOSE.read_text())
-    assert isinstance(data, dict) and "services" in data, f"{COMPOSE} has no services"
-    return data
+    return load_compose()
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +144,17 @@ def trainer_services(compose: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def generator_services(compose: Mapping[str, Any]) -> dict[str, Any]:
+    """Services that build the service image and serve on a GPU (the CPU profile's aside)."""
+    return {
+        name: svc
+        for name, svc in compose["services"].items()
+        if str(svc.get("build", {}).get("dockerfile", "")).endswith("service.Dockerfile")
+        and name != CPU_SERVICE
+    }
+
+
+def serving_services(compose: Mapping[str, Any]) -> dict[str, Any]:
+    """Every service running the service image: the GPU generators and the CPU one."""
     return {
         name: svc
         for name, svc in compose["services"].items()
@@ -327,16 +171,38 @@ def command_option(command: list[str], option: str) -> str:
 
 
 def run_together(compose: Mapping[str, Any]) -> dict[str, list[str]]:
-    """The sets of services that run at once: the unprofiled ones plus one profile's (the
-    profiles are alternatives, as the compose file's header says)."""
+    """The sets of services that run at once (RUN_TOGETHER's profile sets)."""
     services = compose["services"]
-    base = [n for n, s in services.items() if not s.get("profiles")]
-    profiles = sorted({p for s in services.values() for p in s.get("profiles", [])})
-    sets = {"(default)": base}
-    for profile in profiles:
-        sets[profile] = base + [n for n, s in services.items()
-                                if profile in s.get("profiles", [])]
-    return sets
+    return {
+        label: [n for n, s in services.items() if set(s.get("profiles", [])) & set(profiles)]
+        for label, profiles in RUN_TOGETHER.items()
+    }
+
+
+def test_every_service_has_a_profile_so_the_cpu_one_starts_alone(
+    compose: dict[str, Any],
+) -> None:
+    # `docker compose --profile cpu up` starts the CPU profile's services *and every service
+    # without a profile*: one unprofiled GPU service and it fails on a machine without GPUs.
+    services = compose["services"]
+    unprofiled = sorted(n for n, s in services.items() if not s.get("profiles"))
+    assert not unprofiled, (
+        f"{unprofiled} have no profile: `--profile cpu up` would start them too; give each "
+        "one (gpu, second-trainer, replicas, cpu)"
+    )
+    declared = {p for s in services.values() for p in s["profiles"]}
+    listed = {p for profiles in RUN_TOGETHER.values() for p in profiles}
+    assert declared == listed, (
+        f"profiles {sorted(declared ^ listed)}: add them to RUN_TOGETHER, with the profiles "
+        "docs/deploy.md runs them with, so the GPU checks see them"
+    )
+    assert run_together(compose)["cpu"] == [CPU_SERVICE]
+    # A dependency whose profiles are all off is an error in compose ("service ... is not
+    # enabled by the active profiles"): every depends_on target runs with its dependant.
+    for label, names in run_together(compose).items():
+        for name in names:
+            for dep in services[name].get("depends_on", {}):
+                assert dep in names, f"{name} depends on {dep}, which {label} does not start"
 
 
 def test_gpu_sets_are_explicit_and_disjoint_among_services_that_run_together(
@@ -384,12 +250,13 @@ def test_trainer_gpu_flags_use_the_containers_own_numbering(resolved: dict[str, 
 
 def test_second_trainer_profile_shares_the_generator(compose: dict[str, Any]) -> None:
     trainers = trainer_services(compose)
-    always = [n for n, s in trainers.items() if not s.get("profiles")]
-    profiled = [n for n, s in trainers.items() if "second-trainer" in s.get("profiles", [])]
-    assert always, "the default `docker compose up` must start a trainer (no profile)"
-    assert profiled, "no trainer under the profile 'second-trainer'"
-    assert not compose["services"][GENERATOR].get("profiles"), "the generator must always run"
-    for name in always + profiled:
+    together = run_together(compose)
+    first = [n for n in trainers if n in together["gpu"]]
+    second = [n for n in trainers if "second-trainer" in trainers[n].get("profiles", [])]
+    assert first, "profile gpu starts no trainer"
+    assert second, "no trainer under the profile 'second-trainer'"
+    assert GENERATOR in together["gpu"] and GENERATOR in together["gpu + second-trainer"]
+    for name in first + second:
         url = trainers[name]["environment"]["GENAUG_URL"]
         assert url == f"http://{GENERATOR}:8000", f"{name}: GENAUG_URL={url}, not the generator"
         service_flag = command_option(trainers[name]["command"], "--service")
@@ -397,20 +264,21 @@ def test_second_trainer_profile_shares_the_generator(compose: dict[str, Any]) ->
 
 
 def test_trainers_start_only_when_their_generators_are_healthy(compose: dict[str, Any]) -> None:
-    generators = generator_services(compose)
-    for name, generator in generators.items():
+    serving = serving_services(compose)
+    for name, generator in serving.items():
         check = generator.get("healthcheck", {})
         assert check.get("test"), f"{name} has no healthcheck; depends_on cannot wait for it"
         command = " ".join(check["test"]) if isinstance(check["test"], list) else check["test"]
         assert "/readyz" in command, f"{name}: healthcheck must probe /readyz: {command}"
         assert "curl" not in command and "wget" not in command, "healthcheck must not assume curl"
-        assert check.get("start_period"), f"{name}: loading SDXL takes minutes: start_period"
+        assert check.get("start_period"), f"{name}: loading a model takes time: start_period"
     for name, svc in trainer_services(compose).items():
         depends = svc.get("depends_on")
         assert isinstance(depends, dict), f"{name}: depends_on must be the long form"
-        # a trainer waits for every generator of its profile (the default one without)
-        profiles = set(svc.get("profiles", [])) - {"second-trainer"}
-        mine = [g for g, s in generators.items() if set(s.get("profiles", [])) == profiles]
+        # a trainer waits for every GPU generator of its own profile
+        profiles = set(svc.get("profiles", []))
+        mine = [g for g, s in generator_services(compose).items()
+                if profiles & set(s.get("profiles", []))]
         assert mine, f"{name}: no generator runs with it"
         for generator in mine:
             assert generator in depends, f"{name} does not wait for {generator}"
@@ -456,9 +324,12 @@ def test_replicas_profile_shares_one_postgres_pool(
     assert sorted(partitions) == [f"{i}/{count}" for i in range(count)], partitions
 
 
-def test_pool_on_a_named_volume(compose: dict[str, Any], resolved: dict[str, Any]) -> None:
+@pytest.mark.parametrize("name", [GENERATOR, CPU_SERVICE])
+def test_pool_on_a_named_volume(
+    name: str, compose: dict[str, Any], resolved: dict[str, Any]
+) -> None:
     top = compose.get("volumes") or {}
-    generator = resolved["services"][GENERATOR]
+    generator = resolved["services"][name]
     pool = PurePosixPath(generator["environment"]["GENAUG_POOL_PATH"])
     holding = [m for m in mounts(generator, top) if pool.is_relative_to(m.target)]
     assert holding, f"GENAUG_POOL_PATH={pool} is on no mount: the pool would die with the container"
@@ -535,7 +406,7 @@ def test_every_compose_variable_is_documented_in_env_example(
 ) -> None:
     used: set[str] = set()
     for text in walk_strings(compose):
-        interpolate(text, _EveryVariableSet(), used)
+        interpolate(text, EveryVariableSet(), used)
     missing = sorted(used - env_example.keys())
     assert not missing, f"docker/.env.example does not document {missing}"
     stale = sorted(env_example.keys() - used)
@@ -550,6 +421,154 @@ def test_compose_images_and_users(resolved: dict[str, Any]) -> None:
         assert ":" in image and not image.endswith(":latest"), f"{name}: image {image} unpinned"
         user = str(svc.get("user", ""))
         assert user.split(":")[0] not in ("0", "root"), f"{name}: runs as root ({user})"
+
+
+def _compose_schema() -> dict[str, Any]:
+    # The Compose Specification's schema as check-jsonschema vendors it (refreshed with each
+    # of its releases; `check-jsonschema --builtin-schema vendor.compose-spec FILE` is the CLI).
+    text = (importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+            / "compose-spec.json").read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def _schema_errors(document: Any) -> list[str]:
+    schema = _compose_schema()
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return sorted(
+        f"{'.'.join(str(p) for p in error.absolute_path) or '(top)'}: {error.message}"
+        for error in validator.iter_errors(document)
+    )
+
+
+def test_compose_file_follows_the_compose_specification(
+    compose: dict[str, Any], resolved: dict[str, Any]
+) -> None:
+    # As written (anchors merged, ${...} unresolved) and as compose validates it: after
+    # interpolation with .env.example as .env.
+    assert _schema_errors(compose) == []
+    assert _schema_errors(resolved) == []
+
+
+def test_compose_schema_check_catches_a_misspelt_key(compose: dict[str, Any]) -> None:
+    # The check above is live: one misspelt key in a GPU reservation is caught.
+    broken = copy.deepcopy(compose)
+    devices = broken["services"][GENERATOR]["deploy"]["resources"]["reservations"]["devices"]
+    devices[0]["device_id"] = devices[0].pop("device_ids")
+    assert any("device_id" in e for e in _schema_errors(broken)), _schema_errors(broken)
+
+
+def test_env_example_sets_every_variable_compose_requires(
+    compose: dict[str, Any], env_example: dict[str, str]
+) -> None:
+    required = required_variables(compose)
+    assert required, "docker-compose.yml requires no variable (${X:?...}): was the parser lost?"
+    unset = sorted(n for n in required if not env_example.get(n))
+    assert not unset, (
+        f"docker/.env.example leaves {unset} unset, which compose requires (${{X:?...}}): "
+        "`cp .env.example .env && docker compose ...` would stop at once; set each there"
+    )
+
+
+def test_every_file_env_example_names_ships(
+    compose: dict[str, Any], resolved: dict[str, Any], env_example: dict[str, str]
+) -> None:
+    """Each path compose hands a service (with .env.example as .env) exists where it says:
+    a bind mount's source in the repo, or a file the image COPYs; folders of yours are
+    YOUR_FOLDERS. And every path-like value of .env.example reaches one of those checks."""
+    top = compose.get("volumes") or {}
+    checked: set[str] = set()
+    problems: list[str] = []
+    for name, raw in compose["services"].items():
+        svc = resolved["services"][name]
+        image = "service" if name in serving_services(compose) else "trainer"
+        yours: set[str] = set()  # mount targets holding a folder of yours
+        for mount_raw, mount in zip(raw.get("volumes", []), mounts(svc, top), strict=True):
+            if mount.type != "bind":
+                continue
+            source = str(mount_raw["source"] if isinstance(mount_raw, dict) else mount_raw)
+            names: set[str] = set()
+            interpolate(source, EveryVariableSet(), names)
+            checked |= names
+            host = (DOCKER / mount.source).resolve()
+            if names & YOUR_FOLDERS.keys():
+                yours.add(mount.target)
+            elif not (host.exists() or mount.create_host_path):
+                problems.append(f"{name}: bind source {mount.source} -> {host} does not exist")
+        for key, value in svc.get("environment", {}).items():
+            paths = lora_paths(value) if key == "GENAUG_LORAS" else [value]
+            for path in (str(v) for v in paths if str(v).startswith("/")):
+                interpolate(str(raw["environment"][key]), EveryVariableSet(), checked)
+                origin = container_to_host(path, svc, top, image=image)
+                if origin.mount and origin.mount.target in yours:
+                    continue
+                if origin.path is None or not origin.path.is_relative_to(ROOT):
+                    continue  # a named volume, or the image's own files (/tmp, ...)
+                if origin.path.exists():
+                    continue
+                mount = origin.mount
+                if mount and mount.create_host_path and mount.target == path:
+                    continue  # compose makes the folder itself at start
+                problems.append(f"{name}: {key}={value} -> {origin.path} does not exist")
+    assert not problems, "files .env.example names do not ship:\n" + "\n".join(problems)
+    for name, value in env_example.items():
+        if "/" in value or re.search(r"\.(ya?ml|safetensors|pt|db|json)$", value):
+            assert name in checked or name in YOUR_FOLDERS, (
+                f".env.example: {name}={value} looks like a path that no test maps to the repo "
+                "or the image"
+            )
+    for name in YOUR_FOLDERS:
+        assert name in env_example, f"YOUR_FOLDERS lists {name}, which .env.example lacks"
+
+
+def test_trainers_recipes_are_in_the_recipe_file(
+    resolved: dict[str, Any], env_example: dict[str, str]
+) -> None:
+    recipes_file = ROOT / "recipes" / env_example["GENAUG_RECIPES_FILE"]
+    assert (DOCKER / env_example["GENAUG_RECIPES_DIR"]).resolve() == ROOT / "recipes"
+    assert recipes_file.is_file(), f"GENAUG_RECIPES_FILE: {recipes_file} does not ship"
+    names = {r["name"] for r in yaml.safe_load(recipes_file.read_text())["recipes"]}
+    for name, svc in trainer_services(resolved).items():
+        recipe = command_option(svc["command"], "--recipe")
+        assert recipe in names, (
+            f"{name}: --recipe {recipe} is not in {recipes_file.name} ({sorted(names)}): set "
+            "GENAUG_RECIPE in .env.example to one of them"
+        )
+
+
+def test_every_server_mounts_adapters_and_shots_read_only(
+    compose: dict[str, Any], resolved: dict[str, Any]
+) -> None:
+    top = compose.get("volumes") or {}
+    example = "wounds=/adapters/wounds.safetensors"  # as .env.example and deploy.md write it
+    assert example in ENV_EXAMPLE.read_text()
+    for name, svc in serving_services(resolved).items():
+        env = svc["environment"]
+        raw_env = compose["services"][name]["environment"]
+        assert "${GENAUG_LORAS" in str(raw_env.get("GENAUG_LORAS")), (
+            f"{name}: GENAUG_LORAS must come from docker/.env"
+        )
+        by_target = {m.target: m for m in mounts(svc, top)}
+        root = env.get("GENAUG_DATA_ROOT")
+        assert root in by_target, f"{name}: GENAUG_DATA_ROOT={root} is not a mount of its own"
+        for path in [root, *lora_paths(example)]:
+            origin = container_to_host(path, svc, top, image="service")
+            assert origin.kind == "bind" and origin.mount and origin.mount.read_only, (
+                f"{name}: {path} must come from a read-only bind mount of your folder, "
+                f"not {origin}"
+            )
+
+
+def test_cpu_profile_serves_the_tiny_model_without_a_gpu(resolved: dict[str, Any]) -> None:
+    svc = resolved["services"][CPU_SERVICE]
+    assert svc["profiles"] == ["cpu"]
+    assert not gpu_ids(svc) and "deploy" not in svc and "gpus" not in svc, (
+        f"{CPU_SERVICE}: reserves a GPU"
+    )
+    env = svc["environment"]
+    assert env["GENAUG_DEVICE"] == "cpu" and env["GENAUG_MODEL"] == "tiny-digits", env
+    recipes = image_to_repo(env["GENAUG_RECIPES"], image="service")
+    assert recipes.path == ROOT / "recipes" / "digits.yaml", recipes
 
 
 # --- Dockerfiles ----------------------------------------------------------------------------
@@ -663,7 +682,7 @@ def test_torch_policy_consistent_with_constraints(pyproject: dict[str, Any]) -> 
         f"constraints/cpu.txt pins torch {pin}: a local label would force that build into the "
         "GPU image; pin the public version and pick the CPU wheel by index URL in CI"
     )
-    args = _arg_defaults(parse_dockerfile(DOCKERFILES["service"]))
+    args = arg_defaults(parse_dockerfile(DOCKERFILES["service"]))
     assert Version(args.get("TORCH_VERSION", "0")) == pin, (
         f"service.Dockerfile TORCH_VERSION={args.get('TORCH_VERSION')} but constraints pin "
         f"torch=={pin}: pip would replace the base image's CUDA torch"
@@ -846,6 +865,59 @@ def test_k8s_services_select_the_generator_pods(
             names = {s["metadata"]["name"] for s in headless}
             assert workload["spec"]["serviceName"] in names, (
                 f"{file}: serviceName must be a headless Service (stable per-replica names)"
+            )
+
+
+def test_k8s_manifests_follow_the_kubernetes_api(
+    k8s_docs: list[tuple[str, dict[str, Any]]],
+) -> None:
+    problems = []
+    for file, doc in k8s_docs:
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(p) for p in error.absolute_path) or "(top)"
+            problems.append(f"{file} {doc.get('kind')}: {path}: {error.message}")
+    assert not problems, "\n".join(problems)
+
+
+def test_k8s_validation_catches_a_misspelt_field(
+    k8s_docs: list[tuple[str, dict[str, Any]]],
+) -> None:
+    # The check above is live: a readOnly mount written read_only is refused.
+    _, workload = _workloads(k8s_docs)[0]
+    broken = copy.deepcopy(workload)
+    mount = broken["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
+    mount["read_only"] = mount.pop("readOnly")
+    with pytest.raises(kubernetes_validate.ValidationError, match="read_only"):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_k8s_workloads_mount_adapters_and_shots_and_name_shipped_recipes(
+    k8s_docs: list[tuple[str, dict[str, Any]]],
+) -> None:
+    claims = {d["metadata"]["name"] for _, d in k8s_docs if d["kind"] == "PersistentVolumeClaim"}
+    example = "wounds=/adapters/wounds.safetensors"  # as docs/deploy.md writes it
+    for file, workload in _workloads(k8s_docs):
+        pod = workload["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        recipes = image_to_repo(str(env["GENAUG_RECIPES"]), image="service")
+        assert recipes.path and recipes.path.is_file(), (
+            f"{file}: GENAUG_RECIPES={env['GENAUG_RECIPES']} is not a file the image ships "
+            f"({recipes})"
+        )
+        assert "GENAUG_LORAS" in env, f"{file}: no GENAUG_LORAS to name adapters in"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for path in [str(env.get("GENAUG_DATA_ROOT")), *lora_paths(example)]:
+            holding = [m for m in container["volumeMounts"]
+                       if PurePosixPath(path).is_relative_to(m["mountPath"])]
+            assert holding, f"{file}: {path} is on no volume"
+            mount = max(holding, key=lambda m: len(m["mountPath"]))
+            assert mount.get("readOnly") is True, f"{file}: {mount['mountPath']} must be readOnly"
+            claim = volumes[mount["name"]].get("persistentVolumeClaim", {})
+            assert claim.get("claimName") in claims and claim.get("readOnly") is True, (
+                f"{file}: {mount['mountPath']} must be a read-only claim declared in docker/k8s/"
             )
 
 

@@ -416,6 +416,40 @@ def test_pool_full_filling_and_empty() -> None:
     assert low.fix.startswith("genaug pregenerate --recipe wounds --per-label 128")
 
 
+def _stop_reason(label: str, accepted: int, judged: int) -> str:
+    """The planner's reason for a stopped label, word for word (a live one is checked in
+    tests/service/pool/test_pool_stopped.py)."""
+    return (f"stopped: the judge accepted {accepted} of the {judged} images of label "
+            f"{label!r} judged since start-up ({100 * accepted / judged:.0f} %, under 10 %), so "
+            "generating more would spend the device on images that are never sampled. Fix: "
+            f"give the judge more or better shots (judge.shots: wounds/shots/{label}), train "
+            "the label's adapter longer, or lower judge.min_score (now 0.9); then restart the "
+            "service")
+
+
+def test_a_label_the_judge_stopped_gets_the_judges_fix_not_a_fill_that_cannot_end() -> None:
+    detail = {**DETAIL, "fill": {"I": 40, "P": 3, "R": 128}, "generation_rate": 1.0,
+              "target_per_label": {"I": 128, "P": 128, "R": 128},
+              "stopped": {"P": _stop_reason("P", 3, 52), "R": _stop_reason("R", 4, 50)}}
+    check = check_pool(detail, slots=128, epoch_s=None, pregenerate=True, url=URL)
+    assert check.status == "warn"
+    # R is stopped but full: only P is named, with what it holds and why
+    assert ("the judge stopped 1 label(s), so no more of their images are made and the "
+            "reservoir mixes only what the pool holds of them: P (3 held): the judge accepted "
+            "3 of the 52 images of label 'P' judged since start-up (6 %, under 10 %)"
+            ) in check.message, check.message
+    assert "'R'" not in check.message
+    assert check.fix == (
+        "P: give the judge more or better shots (judge.shots: wounds/shots/P), train the "
+        "label's adapter longer, or lower judge.min_score (now 0.9); then restart the service; "
+        "then fill the pool: genaug pregenerate --recipe wounds --per-label 128 --url "
+        "http://127.0.0.1:8000")
+    # without the stop the same pool gets the fill
+    del detail["stopped"]
+    assert check_pool(detail, slots=128, epoch_s=None, pregenerate=True,
+                      url=URL).fix.startswith("fill it before training: genaug pregenerate")
+
+
 def test_format_prints_a_fix_line_under_each_problem() -> None:
     text = format_checks([Check("service", "ok", "ready"),
                           Check("xla", "fail", "no libdevice", "export XLA_FLAGS=...")])

@@ -169,6 +169,35 @@ def test_trainer_example_trains_with_the_service(make_service: Any, tmp_path: Pa
     assert "tensorflow" not in sys.modules
 
 
+def run_misconfigured(name: str, args: list[str], cwd: Path, timeout: float = 240) -> str:
+    """Run ``examples/NAME.py ARGS``, which must fail; return the one line it ended with."""
+    cmd = [sys.executable, str(EXAMPLES / f"{name}.py"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=tf_env(),
+                          cwd=cwd)
+    output = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 1, output
+    assert "Traceback" not in proc.stdout + proc.stderr, output
+    ours = [line for line in proc.stderr.splitlines() if line.startswith(f"{name}: ")]
+    assert len(ours) == 1 and proc.stderr.rstrip().endswith(ours[0]), output  # its last line
+    return ours[0]
+
+
+def test_trainer_example_without_its_recipe_ends_in_one_line(
+    service: Any, tmp_path: Path
+) -> None:
+    """A service started without recipes/wound_phases.yaml: the example names the recipe it
+    asked for and what the service has (before: a 5-frame traceback)."""
+    line = run_misconfigured("trainer_example", [service.url], tmp_path)
+    assert "'wound-phases'" in line and "GENAUG_RECIPES" in line, line
+
+
+@pytest.mark.slow  # the client retries a refused connection for its retry_deadline (30 s)
+def test_trainer_example_without_a_service_ends_in_one_line(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    line = run_misconfigured("trainer_example", [url], tmp_path, timeout=300)
+    assert url in line and "genaug serve" in line, line
+
+
 # -- what a notebook user is told --------------------------------------------------------------
 
 

@@ -1,11 +1,15 @@
 """The pool page (``GET /pool/{name}``) in a real browser: headless Debian Chromium via
 Playwright, on a live tiny service with API keys.
 
-The pool is seeded through the service's own store (500 images of one label, judge scores,
-some images the judge rejected), as the planner stores them; nothing is generated. The test
-goes from the status page to the pool page by its link (the key entered once), pages through
-the label of 500, rejects an image with a click and checks through the API that it is
-rejected and never sampled, then restores it. A screenshot lands in
+The pool is filled the way a service fills its own: ``POST /v1/recipes/shapes/fill`` runs the
+service's planner and the tiny pipeline, so every image has a 63-bit seed as the planner draws
+it (above 2**53, where JavaScript numbers lose digits: the page must use the listing's
+``seed_str``). One label also holds judged squares, some below the judge's bar, stored as the
+planner stores a judged batch (its next plan seeds, with scores); their drawings make the
+screenshot check meaningful. The test goes from the status page to the pool page by its link
+(the key entered once), checks that every thumbnail of the first page loads and every seed
+fits its cell, pages through a label, rejects an image with a click and checks through the API
+that it is rejected by a person and never sampled, then restores it. A screenshot lands in
 ``artifacts/pool-page.png`` (git-ignored) and is checked: its size, that it is not blank, and
 that it shows the thumbnails the page lists.
 """
@@ -13,6 +17,7 @@ that it shows the thumbnails the page lists.
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,35 +29,43 @@ from test_status_page import ARTIFACTS, KEY, Console, browser  # noqa: F401 (fix
 from genaug.wire import decode_batch
 
 PER_PAGE = 24
-N_CIRCLE = 500
-N_SQUARE = 30  # 10 of them below the judge's bar
+N_FILL = 50  # per label, by the planner: three pages of circles
+N_JUDGED = 30  # judged squares after those, 10 of them below the judge's bar
+JS_EXACT = 2**53  # the largest integer a JavaScript number holds exactly (and all below it)
 
 
-def _shapes(n: int, kind: str, seed: int) -> np.ndarray:
-    """n distinct 32x32 RGB drawings: a disc or a square of varying size and colour."""
-    rng = np.random.default_rng(seed)
+def _squares(n: int) -> np.ndarray:
+    """n distinct 32x32 RGB drawings: a square of varying size and colour."""
+    rng = np.random.default_rng(2)
     yy, xx = np.mgrid[:32, :32]
     out = np.full((n, 32, 32, 3), 235, np.uint8)
     for k in range(n):
         r = 5 + k % 9
-        colour = rng.integers(30, 200, 3)
-        mask = ((yy - 16) ** 2 + (xx - 16) ** 2 <= r * r) if kind == "circle" else (
-            (abs(yy - 16) <= r) & (abs(xx - 16) <= r))
-        out[k][mask] = colour
+        out[k][(abs(yy - 16) <= r) & (abs(xx - 16) <= r)] = rng.integers(30, 200, 3)
     return out
 
 
-def _seed_pool(live: Any) -> str:
+def _fill_pool(live: Any, headers: dict[str, str]) -> list[int]:
+    """Every label filled to N_FILL by the service's planner, then N_JUDGED judged squares at
+    the square plan's next indices; returns those squares' seeds."""
+    r = httpx.post(live.url + "/v1/recipes/shapes/fill", headers=headers,
+                   json={"per_label": N_FILL})
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 60
+    while True:
+        fill = httpx.get(live.url + "/v1/recipes/shapes", headers=headers).json()["fill"]
+        if all(v >= N_FILL for v in fill.values()):
+            break
+        assert time.monotonic() < deadline, f"the fill did not finish: {fill}"
+        time.sleep(0.2)
     pools = live.state.pools
-    pid: str = pools.pool_ids["shapes"]
-    scores = np.linspace(0.5, 1.0, N_CIRCLE)
-    pools.store.add(pid, "circle", _shapes(N_CIRCLE, "circle", 1), range(1000, 1000 + N_CIRCLE),
-                    model_hash="m", scores=scores, keep=[True] * N_CIRCLE)
-    square_scores = np.linspace(0.0, 1.0, N_SQUARE)
-    pools.store.add(pid, "square", _shapes(N_SQUARE, "square", 2), range(5000, 5000 + N_SQUARE),
-                    model_hash="m", scores=square_scores, keep=np.arange(N_SQUARE) >= 10,
-                    next_index=N_SQUARE)
-    return pid
+    recipe = live.state.recipes["shapes"]
+    seeds = [item.seed for item in recipe.plan_batch("square", N_FILL, N_JUDGED)]
+    pools.store.add(pools.pool_ids["shapes"], "square", _squares(N_JUDGED), seeds,
+                    model_hash=pools.planner.model_hash,
+                    scores=np.linspace(0.0, 1.0, N_JUDGED), keep=np.arange(N_JUDGED) >= 10,
+                    next_index=N_FILL + N_JUDGED)
+    return seeds
 
 
 def _range(page: Any, label: str) -> str:
@@ -67,6 +80,42 @@ def _wait_thumbnails(page: Any, label: str, count: int) -> None:
             'section[data-label="{label}"] .cell img[data-loaded="1"]');
           return cells.length === {count} && loaded.length === {count};
         }}""", timeout=20_000)
+
+
+def _cells(page: Any, label: str) -> list[dict[str, Any]]:
+    """Per cell of a label: its seed as the page holds it, the seed it shows, whether its
+    thumbnail has pixels, and whether its content fits its width."""
+    cells: list[dict[str, Any]] = page.eval_on_selector_all(
+        f'section[data-label="{label}"] .cell',
+        """cells => cells.map(c => {
+             const seed = c.querySelector('.seed');
+             return {seed: c.dataset.seed, shown: seed.textContent,
+                     width: c.querySelector('img').naturalWidth,
+                     fits: c.scrollWidth <= c.clientWidth &&
+                           seed.getBoundingClientRect().right <=
+                           c.getBoundingClientRect().right};
+           })""")
+    return cells
+
+
+def _listed(url: str, headers: dict[str, str], **params: Any) -> list[dict[str, Any]]:
+    r = httpx.get(url + "/v1/recipes/shapes/images", headers=headers,
+                  params={"limit": PER_PAGE, **params})
+    assert r.status_code == 200, r.text
+    images: list[dict[str, Any]] = r.json()["images"]
+    return images
+
+
+def _circle_counts(url: str, headers: dict[str, str], *, accepted: int) -> dict[str, Any]:
+    """The circle label's counts in the recipe's detail, once it holds ``accepted`` images."""
+    deadline = time.monotonic() + 30
+    while True:
+        counts: dict[str, Any] = httpx.get(url + "/v1/recipes/shapes", headers=headers).json()[
+            "per_label"]["circle"]
+        if counts["accepted"] == accepted:
+            return counts
+        assert time.monotonic() < deadline, f"circle never held {accepted} images: {counts}"
+        time.sleep(0.1)
 
 
 def _sampled(url: str, headers: dict[str, str]) -> set[int]:
@@ -84,10 +133,15 @@ def test_pool_page_pages_rejects_and_restores(
 ) -> None:
     live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pregenerate=False, api_keys=[KEY])
-    _seed_pool(live)
     headers = {"Authorization": f"Bearer {KEY}"}
+    _fill_pool(live, headers)
+    first = _listed(live.url, headers, label="circle")
+    # The planner's seeds are the ones a browser cannot read as numbers.
+    assert sum(int(i["seed_str"]) > JS_EXACT for i in first) >= PER_PAGE - 2
+    assert all(i["seed_str"] == str(i["seed"]) for i in first)
     assert httpx.post(live.url + "/v1/recipes/shapes/verdicts",  # keys protect verdicts
-                      json={"label": "circle", "seeds": [1000], "keep": False}).status_code == 401
+                      json={"label": "circle", "seeds": [first[0]["seed"]],
+                            "keep": False}).status_code == 401
 
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     console = Console(page)
@@ -105,51 +159,67 @@ def test_pool_page_pages_rejects_and_restores(
 
         labels = page.eval_on_selector_all("section[data-label]",
                                            "s => s.map(x => x.dataset.label)")
-        assert labels == ["circle", "square", "triangle"]  # every label, the empty one too
-        _wait_thumbnails(page, "circle", PER_PAGE)
-        _wait_thumbnails(page, "square", N_SQUARE - 10)
-        assert _range(page, "circle") == f"1–{PER_PAGE} of {N_CIRCLE}"
-        assert _range(page, "square") == "1–20 of 20"
-        assert "no accepted images yet" in str(page.text_content('section[data-label="triangle"]'))
+        assert labels == ["circle", "square", "triangle"]
+        for label in labels:  # every thumbnail of each first page has its pixels
+            _wait_thumbnails(page, label, PER_PAGE)
+            cells = _cells(page, label)
+            assert all(c["width"] == 32 for c in cells), cells
+            assert all(c["fits"] for c in cells), cells  # 19 digits fit their cell
+            assert all(c["shown"] == c["seed"] for c in cells)
+        # The page holds the listing's seeds digit for digit.
+        assert [c["seed"] for c in _cells(page, "circle")] == [i["seed_str"] for i in first]
+        assert _range(page, "circle") == f"1–{PER_PAGE} of {N_FILL}"
+        assert _range(page, "square") == f"1–{PER_PAGE} of {N_FILL + N_JUDGED - 10}"
         counts = page.text_content('section[data-label="square"] .counts')
-        assert counts is not None and "accepted 20" in counts and "judge 10" in counts
+        assert counts is not None and f"accepted {N_FILL + N_JUDGED - 10}" in counts
+        assert "judge 10" in counts
+        assert not page.is_visible("#error")
 
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / "pool-page.png"
         page.screenshot(path=str(shot), full_page=True)
         thumbnails = page.eval_on_selector_all(".cell img[data-loaded='1']", "s => s.length")
 
-        # Page through the label of 500: next, then the last page.
+        # The judge's rejects are listed apart; an empty tab says so.
+        page.click('section[data-label="square"] [data-tab="rejected"]')
+        _wait_thumbnails(page, "square", 10)
+        assert all(c["width"] == 32 for c in _cells(page, "square"))
+        page.click('section[data-label="triangle"] [data-tab="rejected"]')
+        page.wait_for_function(
+            """() => document.querySelector('section[data-label="triangle"] .empty')
+                 ?.textContent === 'no rejected images'""", timeout=10_000)
+
+        # Page through the circles: next, then the last page.
         page.click('section[data-label="circle"] [data-go="next"]')
         page.wait_for_function(
-            """() => document.querySelector('section[data-label="circle"] .range')
-                 .textContent.startsWith('25–48')""", timeout=10_000)
+            f"""() => document.querySelector('section[data-label="circle"] .range')
+                 .textContent.startsWith('{PER_PAGE + 1}–{2 * PER_PAGE}')""", timeout=10_000)
         _wait_thumbnails(page, "circle", PER_PAGE)
         page.click('section[data-label="circle"] [data-go="last"]')
-        last = N_CIRCLE - (N_CIRCLE - 1) // PER_PAGE * PER_PAGE
+        last = N_FILL - (N_FILL - 1) // PER_PAGE * PER_PAGE
         page.wait_for_function(
             f"""() => document.querySelector('section[data-label="circle"] .range')
-                 .textContent === '{N_CIRCLE - last + 1}–{N_CIRCLE} of {N_CIRCLE}'""",
+                 .textContent === '{N_FILL - last + 1}–{N_FILL} of {N_FILL}'""",
             timeout=10_000)
         _wait_thumbnails(page, "circle", last)
-        seeds = page.eval_on_selector_all('section[data-label="circle"] .cell',
-                                          "s => s.map(x => Number(x.dataset.seed))")
-        assert seeds == list(range(1000 + N_CIRCLE - last, 1000 + N_CIRCLE))  # by score
+        seeds = [c["seed"] for c in _cells(page, "circle")]
+        assert seeds == [i["seed_str"] for i in _listed(live.url, headers, label="circle",
+                                                        offset=N_FILL - last)]
 
-        # A click rejects an image.
-        victim = seeds[0]
+        # A click rejects an image: its 63-bit seed reaches the verdicts route intact.
+        victim = max(seeds, key=int)
+        assert int(victim) > JS_EXACT
         page.click(f'section[data-label="circle"] .cell[data-seed="{victim}"] button.reject')
         page.wait_for_function(
             """() => document.querySelector('section[data-label="circle"] .n-person')
                  .textContent === '1'""", timeout=10_000)
-        listed = httpx.get(live.url + "/v1/recipes/shapes/images", headers=headers,
-                           params={"label": "circle", "rejected": "true"}).json()
-        assert [(i["seed"], i["rejected_by"]) for i in listed["images"]] == [(victim, "person")]
-        detail = httpx.get(live.url + "/v1/recipes/shapes", headers=headers).json()
-        assert detail["per_label"]["circle"]["rejected_by_person"] == 1
-        assert detail["per_label"]["circle"]["accepted"] == N_CIRCLE - 1
+        listed = _listed(live.url, headers, label="circle", rejected="true")
+        assert [(i["seed_str"], i["rejected_by"]) for i in listed] == [(victim, "person")]
+        # The fill target stands, so the planner makes a replacement for it.
+        circle = _circle_counts(live.url, headers, accepted=N_FILL)
+        assert circle["rejected_by_person"] == 1
         sampled = _sampled(live.url, headers)
-        assert victim not in sampled and len(sampled) == N_CIRCLE - 1
+        assert int(victim) not in sampled and len(sampled) == N_FILL
 
         # ... and the rejected tab restores it.
         page.click('section[data-label="circle"] [data-tab="rejected"]')
@@ -160,18 +230,21 @@ def test_pool_page_pages_rejects_and_restores(
         page.wait_for_function(
             """() => document.querySelector('section[data-label="circle"] .n-person')
                  .textContent === '0'""", timeout=10_000)
-        assert victim in _sampled(live.url, headers)
+        circle = _circle_counts(live.url, headers, accepted=N_FILL + 1)
+        assert circle["rejected_by_person"] == 0
+        assert int(victim) in _sampled(live.url, headers)
+        assert not page.is_visible("#error")
     finally:
         page.close()
 
-    # Only the first, keyless status poll may fail (401).
+    # Only the first, keyless status poll may fail (401): no thumbnail answered 404.
     assert [e for e in console.errors if "401" not in e] == []
 
     # The screenshot: the whole page, not blank, showing the thumbnails it lists.
-    assert thumbnails == 2 * PER_PAGE - 4  # 24 circles + 20 accepted squares
+    assert thumbnails == 3 * PER_PAGE
     image = np.asarray(Image.open(io.BytesIO(shot.read_bytes())).convert("RGB"))
     assert image.shape[1] == 1280 and image.shape[0] >= 600
     assert image.std() > 20  # not blank
-    # the thumbnails' drawings: many pixels of the discs' and squares' saturated colours
+    # the thumbnails' pixels: many pixels of saturated colour (the squares' drawings)
     colourful = (image.max(axis=2).astype(int) - image.min(axis=2)) > 60
     assert colourful.mean() > 0.02

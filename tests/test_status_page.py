@@ -1,7 +1,8 @@
 """The status page (``GET /``) in a real browser: headless Debian Chromium via Playwright.
 
 The page is loaded from a live tiny service that has served requests and filled a recipe
-pool; the tests read what the page rendered and compare it with the JSON API. A screenshot
+pool that trainers sample (each listed with its samples, as a generating client is); the
+tests read what the page rendered and compare it with the JSON API. A screenshot
 lands in ``artifacts/status-page.png`` (git-ignored) for a human to look at.
 
 Chromium comes from the distribution (``apt-get install chromium``), never from
@@ -89,6 +90,10 @@ def page_state(page: Any) -> dict[str, Any]:
             rows[tr.dataset.client] = {
               requests: Number(tr.querySelector('.requests').textContent),
               images: Number(tr.querySelector('.images').textContent),
+              samples: Number(tr.querySelector('.samples').textContent),
+              sampled_images: Number(tr.querySelector('.sampled-images').textContent),
+              recipes: tr.querySelector('.sampled-recipes').textContent,
+              last_seen: tr.querySelector('.last-seen').textContent,
             };
           }
           const pools = {};
@@ -124,6 +129,11 @@ def test_status_page_shows_live_numbers(make_service: Any, tmp_path: Path, brows
         for seed in (1, 2):
             client.generate("a red square", n=2, steps=2, seed=seed)
     fill = wait_pool(live.url, {})
+    # Two trainers that only sample the pool: listed beside the one that generates.
+    sampled: dict[str, int] = {}
+    for trainer, n in (("trainer-a", 6), ("trainer-b", 2)):
+        with Client(live.url, client_id=trainer) as client:
+            sampled[trainer] = sum(len(client.sample("wound-phases", n=n)) for _ in range(3))
     info = httpx.get(live.url + "/v1/info").json()
 
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -145,7 +155,13 @@ def test_status_page_shows_live_numbers(make_service: Any, tmp_path: Path, brows
     assert (state["device"], state["dtype"]) == (info["device"]["name"], info["model"]["dtype"])
     assert state["ready"] == "ready"
     assert state["queue"].isdigit()
-    assert state["clients"]["notebook-a"] == {"requests": 2, "images": 4}, state["clients"]
+    notebook = state["clients"]["notebook-a"]
+    assert (notebook["requests"], notebook["images"], notebook["samples"]) == (2, 4, 0), notebook
+    for trainer, images in sampled.items():
+        row = state["clients"][trainer]
+        assert images > 0 and row["last_seen"].endswith(" ago"), row
+        assert row == {"requests": 0, "images": 0, "samples": 3, "sampled_images": images,
+                       "recipes": "wound-phases", "last_seen": row["last_seen"]}, row
     pool = state["pools"]["wound-phases"]
     assert set(pool) == {"I", "P", "R"}
     assert all(n > 0 for n in pool.values()), pool
@@ -240,9 +256,8 @@ def test_status_page_asks_for_the_key(make_service: Any, browser: Any) -> None:
     assert stored == KEY
     assert state["hash"] == info["model"]["hash"]
     assert not state["auth_visible"]
-    assert state["clients"][next(c for c in state["clients"] if c.endswith("/keyed"))] == {
-        "requests": 1, "images": 1,
-    }
+    keyed = state["clients"][next(c for c in state["clients"] if c.endswith("/keyed"))]
+    assert (keyed["requests"], keyed["images"], keyed["samples"]) == (1, 1, 0), keyed
     assert state["recent_width"] > 0
     # Only the unauthenticated / wrong-key requests may show up, as failed loads.
     unexpected = [e for e in console.errors if "401" not in e]

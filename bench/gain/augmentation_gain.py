@@ -101,19 +101,19 @@ def write_recipes(work: Path, seeds: Sequence[int], *, with_variants: bool,
     return path
 
 
-def pool_fill(url: str, recipe: str) -> dict[str, int]:
+def wait_fill(url: str, recipes: Sequence[str], per_label: int, timeout: float) -> None:
     import httpx
 
-    fill: dict[str, int] = httpx.get(f"{url}/v1/recipes/{recipe}", timeout=10).json()["fill"]
-    return fill
+    from genaug.experiments.fewshot import raise_if_stopped
 
-
-def wait_fill(url: str, recipes: Sequence[str], per_label: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        fills = {r: pool_fill(url, r) for r in recipes}
+        details = {r: httpx.get(f"{url}/v1/recipes/{r}", timeout=10).json() for r in recipes}
+        fills = {r: d["fill"] for r, d in details.items()}
         if all(min(f.values()) >= per_label for f in fills.values()):
             return
+        for detail in details.values():  # a label the judge stopped never fills: say why
+            raise_if_stopped(detail, per_label)
         if time.monotonic() > deadline:
             raise TimeoutError(f"pools hold {fills} after {timeout:.0f} s; wanted {per_label}")
         time.sleep(2)

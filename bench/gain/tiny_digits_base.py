@@ -96,14 +96,12 @@ def _grid(images: np.ndarray, per: int, out: Path) -> None:
 
 def read_sheet(path: Path, rows: int) -> np.ndarray:
     """The images of ``genaug adapt``'s check sheet (``OUT.check.png``: one row per label,
-    square cells kept at their pixels), row by row."""
-    from PIL import Image
+    cells kept at their pixels; the sheet's own layout says where), row by row."""
+    from genaug.service.commands.adapt_check import read_sheet as cut
 
-    sheet = np.asarray(Image.open(path).convert("RGB"))
-    side = sheet.shape[0] // rows
-    cols = sheet.shape[1] // side
-    return np.stack([sheet[r * side:(r + 1) * side, c * side:(c + 1) * side]
-                     for r in range(rows) for c in range(cols)])
+    per_label = list(cut(path).values())
+    assert len(per_label) == rows, f"the sheet has {len(per_label)} rows, not {rows}"
+    return np.concatenate(per_label)
 
 
 def write_recipe(path: Path) -> None:

@@ -91,6 +91,8 @@ def fill_once(url: str, worker: TimedWorker, recipe: str, labels: list[str], per
     was full, and that time."""
     import httpx
 
+    from genaug.experiments.fewshot import raise_if_stopped
+
     needed = labels[0]
     with httpx.Client(base_url=url, timeout=60, headers={"X-Client-Id": "trainer-a"}) as http:
         if need:
@@ -100,14 +102,17 @@ def fill_once(url: str, worker: TimedWorker, recipe: str, labels: list[str], per
         started = time.perf_counter()
         http.post(f"/v1/recipes/{recipe}/fill", json={"per_label": per_label}).raise_for_status()
         deadline = time.monotonic() + 600
-        while http.get(f"/v1/recipes/{recipe}").json()["fill"][needed] < per_label:
+        while (detail := http.get(f"/v1/recipes/{recipe}").json())["fill"][needed] < per_label:
+            raise_if_stopped(detail, per_label, [needed])  # a stopped label never fills
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{recipe}: {needed} not filled in time")
             time.sleep(0.05)
         if need:  # leave the next arm a service without this need
             http.post(f"/v1/recipes/{recipe}/feedback", json={"need": {}}).raise_for_status()
         # the rest of the pool fills before the next arm starts: arms never overlap
-        while min(http.get(f"/v1/recipes/{recipe}").json()["fill"].values()) < per_label:
+        while min((detail := http.get(f"/v1/recipes/{recipe}").json())["fill"].values()
+                  ) < per_label:
+            raise_if_stopped(detail, per_label)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{recipe}: not filled in time")
             time.sleep(0.1)

@@ -22,3 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     code: int = library(_LIBRARY, "adapt", "service").run_adapt(args)
     return code
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    # Ctrl-C during training itself is adapt's own: it saves what was learned and says so.
+    return "nothing was written; run the same command again"

@@ -7,7 +7,8 @@ client for a column of images per digit and writes them as one labelled grid PNG
 process, with and without pool images mixed in through the reservoir, prints both test
 accuracies, and stops everything; the orchestration is
 :func:`genaug.experiments.demo.run_full_demo`. With ``--no-train`` it waits for the recipe pool to
-fill instead.
+fill instead. Ctrl-C stops the service and the training process, then ends in one line
+(exit status 130).
 """
 
 from __future__ import annotations
@@ -28,3 +29,9 @@ def run(args: argparse.Namespace) -> int:
 
     code: int = run_full_demo(port=args.port, grid_out=Path(args.out), train=not args.no_train)
     return code
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    from genaug.experiments.demo import interrupted_note
+
+    return interrupted_note(Path(args.out))

@@ -4,6 +4,12 @@
 batch); ``--images B --url URL`` spends ``B`` more images by the trainers' need. Without
 ``--url`` it generates in this process. The work is
 :func:`genaug.service.commands.pool.run_pregenerate`.
+
+A label the recipe's judge stopped (under 10 % of its images accepted) gets no more images:
+the command fills every other label, then ends with exit status 3, naming each stopped label
+with the judge's reason and fix, instead of waiting for ever. Exit statuses: 0 filled, 1 the
+service refused or failed, 2 bad arguments, recipe file or pool, 3 a label the judge stopped,
+130 Ctrl-C (also in ``--help``).
 """
 
 from __future__ import annotations
@@ -13,8 +19,17 @@ import argparse
 from . import library
 from .pool import pool_arguments
 
+#: The exit statuses, for ``--help``; 3 is the library's ``STOPPED_EXIT``.
+EXIT_STATUSES = (
+    "exit status: 0 every label filled; 1 the service refused or failed; 2 bad arguments, "
+    "recipe file or pool; 3 the judge stopped a label (under 10 % of its images accepted: "
+    "no more are made), every other label is filled and the stopped ones are named with "
+    "the judge's reason and fix; 130 Ctrl-C (every finished batch is kept)"
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXIT_STATUSES
     amount = parser.add_mutually_exclusive_group(required=True)
     amount.add_argument("--per-label", type=int, help="fill every label to this many images")
     amount.add_argument("--images", type=int,
@@ -29,3 +44,10 @@ def run(args: argparse.Namespace) -> int:
     pool = library("genaug.service.commands.pool", "pregenerate", "service")
     code: int = pool.run_pregenerate(args)
     return code
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    if args.url:
+        return ("a fill the service accepted goes on there; run the same command again to "
+                "watch it")
+    return "every batch stored before the interrupt is kept; run the same command again to resume"

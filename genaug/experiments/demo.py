@@ -40,12 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from genaug.experiments.fewshot import FewShotRun, run_fewshot
+from genaug.experiments.fewshot import FewShotRun, PoolStoppedError, run_fewshot
 
 __all__ = [
     "BENCHMARK",
     "DEMO_RECIPE",
     "default_recipes_path",
+    "interrupted_note",
     "labelled_grid",
     "run_full_demo",
     "verdict",
@@ -92,19 +93,25 @@ def wait_for_pool(
 ) -> dict[str, int]:
     """Poll ``GET /v1/recipes/{recipe}`` until every label's pool fill reaches ``per_label``.
 
-    Returns the last fill seen. Raises ``TimeoutError`` naming the fill after ``timeout`` s.
+    Returns the last fill seen. Raises ``TimeoutError`` naming the fill after ``timeout`` s,
+    and :class:`~genaug.experiments.fewshot.PoolStoppedError` (with the judge's reason and
+    fix) as soon as the recipe's judge stopped a label short of ``per_label``: the service
+    makes no more of its images, so the wait could never end.
     """
     from genaug.client import Client
+    from genaug.experiments.fewshot import raise_if_stopped
     from genaug.trainer.feeding.labels import recipe_description
 
     deadline = time.monotonic() + timeout
     fill: dict[str, int] = {}
     with Client(url, client_id="genaug-demo", timeout=10.0) as client:
         while True:
-            labels, fill, _ = recipe_description(client.recipe(recipe))
+            detail = client.recipe(recipe)
+            labels, fill, _ = recipe_description(detail)
             fill = {label: fill.get(label, 0) for label in labels}
             if labels and min(fill.values()) >= per_label:
                 return fill
+            raise_if_stopped({**detail, "fill": fill}, per_label)
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"pool of recipe {recipe!r} at {url} holds {fill} after {timeout:.0f} s; "
@@ -262,6 +269,9 @@ def run_full_demo(
                     print(f"[3/4] after {time.monotonic() - started:.1f} s the pool of "  # noqa: T201
                           f"{DEMO_RECIPE!r} holds {fill} (filled while the service was idle)")
                     return 0
+            except PoolStoppedError as exc:  # the judge stopped a label: no wait fills it
+                print(f"genaug demo: {exc}", file=sys.stderr)  # noqa: T201
+                return 1
             except (GenaugError, TimeoutError) as exc:
                 print(f"genaug demo: the service did not get ready: {exc} (log: {service_log})",  # noqa: T201
                       file=sys.stderr)
@@ -299,11 +309,22 @@ def run_full_demo(
             tmp.cleanup()
 
 
+def interrupted_note(grid_out: Path | None = None) -> str:
+    """What an interrupted demo leaves, and what to run: the rest of its one line."""
+    grid = f" ({grid_out} kept if it was written)" if grid_out is not None else ""
+    return (f"its service and training processes are stopped, its temporary pool removed{grid}; "
+            "run genaug demo again to start over")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m genaug.experiments.demo``: the demo (the same as ``genaug demo --out
-    genaug-demo.png`` without the grid)."""
+    genaug-demo.png`` without the grid); Ctrl-C ends it in one line, exit status 130."""
     argparse.ArgumentParser(prog="python -m genaug.experiments.demo").parse_args(argv)
-    return run_full_demo()
+    try:
+        return run_full_demo()
+    except KeyboardInterrupt:  # run_full_demo's blocks stopped the children on the way out
+        print(f"genaug demo: interrupted; {interrupted_note()}", file=sys.stderr)  # noqa: T201
+        return 130
 
 
 if __name__ == "__main__":

@@ -35,7 +35,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["FewShotRun", "fewshot_child", "run_fewshot", "tf_child_env"]
+from genaug.local_service import INTERRUPT_GRACE_S, start_child, stop_child
+
+__all__ = ["FewShotRun", "PoolStoppedError", "fewshot_child", "raise_if_stopped", "run_fewshot",
+           "tf_child_env"]
 
 _RESULT = "GENAUG_FEWSHOT_RESULT "  # prefix of the child's JSON result lines
 # Progress lines of the child start with this; only they are echoed (a library's warning,
@@ -106,17 +109,59 @@ class FewShotRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class PoolStoppedError(RuntimeError):
+    """A pool wait that cannot end: the recipe's judge stopped labels the wait needs (it
+    accepted under 10 % of their images, so the service makes no more). ``stopped`` maps each
+    to the judge's reason and fix, which the message quotes.
+
+    Example::
+
+        try:
+            wait_for_pool(url, "digits", 32)
+        except PoolStoppedError as exc:
+            sys.exit(f"{exc}")   # names each stopped label, why, and the fix
+    """
+
+    def __init__(self, recipe: str, stopped: dict[str, str], fill: dict[str, int],
+                 want: int | None) -> None:
+        self.recipe, self.stopped = recipe, dict(stopped)
+        held = ", ".join(f"{label} {fill.get(label, 0)}" for label in stopped)
+        short = f" short of {want} images" if want is not None else ""
+        super().__init__(
+            f"recipe {recipe!r}: the judge stopped {len(stopped)} label(s){short} ({held} "
+            "held), so no more of their images are made and waiting cannot fill them:\n"
+            + "\n".join(f"  {label}: {why}" for label, why in stopped.items()))
+
+
+def raise_if_stopped(detail: dict[str, Any], want: int | None,
+                     labels: Sequence[str] | None = None) -> None:
+    """Raise :class:`PoolStoppedError` when the judge stopped a label of ``detail`` (a
+    ``GET /v1/recipes/{name}`` answer) that holds fewer than ``want`` images (``None``: any
+    stopped label, for a wait on the pool's totals); ``labels`` limits the check (default:
+    every label of the recipe)."""
+    fill = {str(k): int(v) for k, v in (detail.get("fill") or {}).items()}
+    reasons = detail.get("stopped") or {}
+    names = list(fill) if labels is None else list(labels)
+    stopped = {label: str(reasons[label]) for label in names
+               if label in reasons and (want is None or fill.get(label, 0) < want)}
+    if stopped:
+        raise PoolStoppedError(str(detail.get("name")), stopped, fill, want)
+
+
 def _wait_for_full_pool(run: FewShotRun, deadline: float) -> None:
     """Until every label of ``run.recipe``'s pool holds ``run.pool_per_label`` images (or
-    the deadline): mixing then starts from the same pool whatever the timing."""
+    the deadline): mixing then starts from the same pool whatever the timing. Raises
+    :class:`PoolStoppedError` when the judge stopped a label short of it: no wait fills it."""
     from genaug.client import Client
 
     assert run.service is not None and run.recipe is not None
-    with Client(run.service, client_id=f"genaug-fewshot-{run.arm}", timeout=30.0) as client:
+    with Client(run.service, client_id=_client_id(run.arm), timeout=30.0) as client:
         while time.monotonic() < deadline:
-            fill = client.recipe(run.recipe)["fill"]
+            detail = client.recipe(run.recipe)
+            fill = detail["fill"]
             if fill and min(fill.values()) >= run.pool_per_label:
                 return
+            raise_if_stopped(detail, run.pool_per_label)
             time.sleep(0.5)
 
 
@@ -144,8 +189,10 @@ def run_fewshot(
     """
     cmd = [sys.executable, "-m", "genaug.experiments.fewshot", "--fewshot-json",
            json.dumps([asdict(r) for r in runs])]
-    proc = subprocess.Popen(cmd, env=tf_child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    # start_child: the kernel ends the child if this process dies; the finally below stops it
+    # (SIGTERM, then SIGKILL) when this process is interrupted or gives up waiting.
+    proc = start_child(cmd, env=tf_child_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
     results: list[dict[str, Any]] = []
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s
@@ -162,10 +209,11 @@ def run_fewshot(
                 raise TimeoutError
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except (TimeoutError, subprocess.TimeoutExpired):
-        proc.kill()
-        proc.wait()
         raise RuntimeError(f"the few-shot training did not finish within {timeout_s:.0f} s; "
                            "last output:\n" + "\n".join(tail)) from None
+    finally:
+        stop_child(proc, grace_s=INTERRUPT_GRACE_S)
+        proc.stdout.close()
     if proc.returncode != 0 or len(results) != len(runs):
         raise RuntimeError(f"the few-shot training process failed (exit {proc.returncode}); "
                            "last output:\n" + "\n".join(tail))
@@ -249,7 +297,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
         feeder = ReservoirFeeder(
             reservoir, url=run.service, recipe=run.recipe,
             label_map={str(d): index[d] for d in classes}, batch=32, interval_s=0.2,
-            client_kwargs={"client_id": f"genaug-fewshot-{run.arm}", "timeout": 30.0},
+            client_kwargs={"client_id": _client_id(run.arm), "timeout": 30.0},
         )
         deadline = time.monotonic() + run.prefill_timeout_s
         if run.pool_per_label > 0:

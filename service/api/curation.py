@@ -4,10 +4,12 @@
   images of one label by seed; all or nothing (a seed the label has no image of: 404, nothing
   applied). A rejected image is never sampled again, by any replica of the pool.
 - ``GET /v1/recipes/{name}/images``: one page of a label's accepted or rejected images with
-  their judge scores (what the pool page shows).
+  their judge scores (what the pool page shows); each seed also as a decimal string
+  (``seed_str``) and its PNG's path, since a browser reads 63-bit JSON numbers with lost
+  digits. The verdicts route takes a seed as an integer or as that string.
 - ``GET /v1/recipes/{name}/images/{label}/{seed}.png``: one image's pixels.
 - ``GET /pool/{name}``: the pool page itself (``static/pool.html``), open like the status page;
-  its script sends the API key to the routes above.
+  its script sends the API key to the routes above. An unknown recipe is a 404.
 
 docs/curation.md describes what a verdict does to the pool's counts.
 
@@ -20,8 +22,10 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import html
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
@@ -32,7 +36,7 @@ from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
 from ..intake.parse import read_body
 from ..intake.schemas import MAX_BROWSE_LIMIT, SEED_MAX
 from .recipes import _hints, _pools_for
-from .requests import state_of
+from .requests import binary_media, state_of
 from .responses import (
     RECIPE_ERRORS,
     ImagePage,
@@ -88,12 +92,13 @@ async def list_images(
     pools = _pools_for(state_of(request), name)
     page, stats = await asyncio.to_thread(
         pools.browse, name, label, rejected=rejected, offset=offset, limit=limit)
-    base = f"/v1/recipes/{name}/images/{label}"
+    base = f"/v1/recipes/{quote(name, safe='')}/images/{quote(label, safe='')}"
     return ImagePage(
         recipe=name, label=label, rejected=rejected, total=page.total, offset=offset,
         limit=limit, accepted=stats.accepted, rejected_by_judge=stats.rejected,
         rejected_by_person=stats.rejected_by_person,
-        images=[PoolImageInfo(**image.as_dict(), png=f"{base}/{image.seed}.png")
+        images=[PoolImageInfo(**image.as_dict(), seed_str=str(image.seed),
+                              png=f"{base}/{image.seed}.png")
                 for image in page.images],
     )
 
@@ -116,14 +121,34 @@ async def image_png(
     pools = _pools_for(state_of(request), name)
     image = await asyncio.to_thread(pools.image, name, label, seed)
     payload = encode_png_grid(image[None])
-    return Response(payload, media_type=PNG_MEDIA_TYPE,
-                    headers={"Cache-Control": "private, max-age=3600"})
+    return Response(payload, media_type=binary_media(request, PNG_MEDIA_TYPE),
+                    headers={"Cache-Control": "private, max-age=3600", "Vary": "Accept"})
 
 
 @router.get("/pool/{name}", response_class=HTMLResponse, include_in_schema=False)
-async def pool_page(name: str) -> HTMLResponse:
+async def pool_page(name: str, request: Request) -> HTMLResponse:
     """The pool page of a recipe: each label's images as a paged contact sheet with their
     judge scores, accepted and rejected apart, and a button per image to reject or restore
-    it. Open (no key, no data in it); its script asks for the key when the API needs one."""
+    it. Open (no key, no data in it); its script asks for the key when the API needs one.
+    An unknown recipe is a 404 page of one line (:func:`unknown_pool_page`)."""
+    state = state_of(request)
+    if name not in state.recipes:
+        return unknown_pool_page(name, sorted(state.recipes), keyed=bool(state.settings.api_keys))
     return HTMLResponse(POOL_PAGE.read_text(encoding="utf-8"),
                         headers={"Cache-Control": "no-store"})
+
+
+def unknown_pool_page(name: str, known: list[str], *, keyed: bool) -> HTMLResponse:
+    """The 404 of ``/pool/{name}`` for a recipe this service lacks: one line naming it and
+    the known ones. The page is open, so with API keys set the names stay behind the key
+    (the status page lists them once a key is entered), as ``/v1/recipes`` keeps them."""
+    if keyed:
+        where = "the status page (/) lists this service's recipes once given an API key"
+    else:
+        where = "this service has: " + (", ".join(known) or "none (set GENAUG_RECIPES)")
+    line = f"no recipe named {name[:80]!r}; {where}"
+    return HTMLResponse(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<title>genaug pool: no such recipe</title></head>"
+        f"<body><p id=\"error\">{html.escape(line)}</p></body></html>\n",
+        status_code=404, headers={"Cache-Control": "no-store"})

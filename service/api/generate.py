@@ -33,7 +33,7 @@ from ..intake.parse import read_body
 from ..intake.plan import plan_items, plan_variants
 from ..intake.schemas import GenerationFields
 from ..intake.uploads import read_upload
-from .requests import client_identity, state_of, wants_png
+from .requests import binary_media, client_identity, state_of, wants_png
 from .responses import GENERATE_ERRORS, SAFETENSORS_LAYOUT, binary_answer, encoded
 
 router = APIRouter()
@@ -125,8 +125,9 @@ async def serve_job(
     """Submit the planned work for this client, wait for it and answer: 499 when the client
     left, else a PNG grid (``Accept: image/png``) or a safetensors batch whose metadata holds
     the request, what its defaults ``resolved`` to (and the ``source_hashes`` of variants),
-    the model's hash and the version; the seeds in ``X-Genaug-Seeds``. Records the latency
-    under ``route``."""
+    the model's hash and the version (labelled ``application/octet-stream`` when the client
+    prefers that: :func:`~genaug.service.api.requests.binary_media`); the seeds in
+    ``X-Genaug-Seeds``. Records the latency under ``route``."""
     state = state_of(request)
     client = client_identity(request)
     batcher = state.require_batcher()
@@ -147,9 +148,10 @@ async def serve_job(
         metadata["genaug_version"] = __version__
         payload = await encoded(images, lambda: encode_batch(
             images, seeds, sources=sources, metadata=metadata))
-        media = SAFETENSORS_MEDIA_TYPE
+        media = binary_media(request, SAFETENSORS_MEDIA_TYPE)  # or as plain octets, if asked
     state.metrics.request_latency.labels(route).observe(time.monotonic() - started)
-    return Response(payload, media_type=media, headers={"X-Genaug-Seeds": _seed_header(seeds)})
+    return Response(payload, media_type=media,
+                    headers={"X-Genaug-Seeds": _seed_header(seeds), "Vary": "Accept"})
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -173,6 +175,10 @@ async def wait_for_job(job: Job, batcher: Batcher, request: Request) -> np.ndarr
         gone.cancel()
     if result in done:
         return result.result()
+    if job.finished and job.cancel_reason is None:
+        # The worker completed the job in the loop turn the deadline fell in: the images
+        # exist, only the waiter on them had not woken yet. Answer them, not a 504.
+        return await result
     result.cancel()
     if gone in done:
         batcher.forget(job, "disconnected")

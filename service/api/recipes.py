@@ -24,7 +24,7 @@ from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, en
 
 from ..intake.parse import read_body
 from ..pool.serving import PoolServing, empty_images, unknown_recipe
-from .requests import client_identity, state_of, wants_png
+from .requests import binary_media, client_identity, state_of, wants_png
 from .responses import (
     RECIPE_ERRORS,
     SAFETENSORS_LAYOUT,
@@ -102,11 +102,15 @@ async def recipe_detail(name: str, request: Request) -> RecipeDetail:
             "(indices into label_names), seeds int64 [k]. Metadata: recipe, "
             "label_names_json, pool_id, requested_json, returned_json, genaug_version, "
             "empty_labels_json (labels asked for that no image of the answer has: a pool "
-            "still filling) and, for variants of real images, source_hashes_json. With "
-            "Accept: image/png, one PNG grid instead (each image's label in X-Genaug-Labels).",
+            "still filling), stopped_json (labels asked for that the judge stopped, each "
+            "with its reason and fix: no more images of them are made, and wait_s does not "
+            "wait for them; also X-Genaug-Stopped-Labels) and, for variants of real images, "
+            "source_hashes_json. With Accept: image/png, one PNG grid instead (each image's "
+            "label in X-Genaug-Labels).",
             SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE),
         204: {"description": "With Accept: image/png and no image to return: no body "
-                             "(X-Genaug-Empty-Labels names the labels with none yet)."},
+                             "(X-Genaug-Empty-Labels names the labels with none yet, "
+                             "X-Genaug-Stopped-Labels those the judge stopped)."},
         **RECIPE_ERRORS,
     },
 )
@@ -114,10 +118,14 @@ async def sample(name: str, request: Request) -> Response:
     """Up to ``n`` pre-generated images spread over ``labels``, at once (or after up to
     ``wait_s`` of generation). The count returned is explicit; none is not an error. Labels
     with no image in the answer (a pool still filling) are listed (metadata
-    ``empty_labels``, header ``X-Genaug-Empty-Labels``). ``Accept: image/png``: one PNG grid
+    ``empty_labels``, header ``X-Genaug-Empty-Labels``). Labels the judge stopped (too few
+    of their images accepted: none more are made) are not waited for; they are named with
+    the judge's reason and fix (metadata ``stopped``, header ``X-Genaug-Stopped-Labels``), so
+    a caller that waits can end and say why. ``Accept: image/png``: one PNG grid
     (``X-Genaug-Labels``: each image's label, in grid order; 204 when none)."""
     started = time.monotonic()
     state = state_of(request)
+    client = client_identity(request)  # (a bad X-Client-Id: 422 before the pool is read)
     pools = _pools_for(state, name)
     body = await read_body(request, state.api.sample[name],
                            _hints(state, "sample", name))
@@ -129,8 +137,13 @@ async def sample(name: str, request: Request) -> Response:
     returned = set(result.labels)
     empty = [label for label in labels if label not in returned] if body.n > 0 else []
     headers = {"X-Genaug-Count": str(len(result))}
+    state.require_batcher().activity.sampled(client, name, images=len(result))  # /v1/clients
     if empty:
         headers["X-Genaug-Empty-Labels"] = ",".join(empty)
+    # Labels no wait will ever fill, named with the judge's reason so that a waiter can end.
+    stopped = pools.stopped(name, labels)
+    if stopped:
+        headers["X-Genaug-Stopped-Labels"] = ",".join(stopped)
     if wants_png(request):  # one grid, as /v1/generate answers a browser or a notebook
         state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
         if not len(result):
@@ -145,6 +158,7 @@ async def sample(name: str, request: Request) -> Response:
         "requested": body.n,
         "returned": len(result),
         "empty_labels": empty,
+        "stopped": stopped,
         "genaug_version": __version__,
     }
     if result.sources is not None and any(result.sources):
@@ -155,7 +169,8 @@ async def sample(name: str, request: Request) -> Response:
         images, result.seeds, labels=result.label_indices(recipe.label_names), metadata=metadata
     ))
     state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
-    return Response(payload, media_type=SAFETENSORS_MEDIA_TYPE, headers=headers)
+    return Response(payload, media_type=binary_media(request, SAFETENSORS_MEDIA_TYPE),
+                    headers={**headers, "Vary": "Accept"})
 
 
 @router.post(

@@ -132,6 +132,7 @@ class AdapterInfo(BaseModel):
     name: str
     hash: str
     source: str
+    rank: int | None = Field(None, description="The file's LoRA rank.")
 
 
 class SpeedInfo(BaseModel):
@@ -153,6 +154,10 @@ class SpeedInfo(BaseModel):
     vae_slicing: bool = False
     vae_tiling: bool = False
     compiled_shapes: list[str] = Field(default_factory=list)
+    adapter_swap: str = Field("resident", description="How LoRA adapters switch: resident "
+                              "(flags on injected layers) or hotswap (copied into the "
+                              "compiled UNet's one slot: never a recompile).")
+    lora_max_rank: int | None = Field(None, description="The hotswap slot's rank.")
 
 
 class ReplicaInfo(BaseModel):
@@ -264,9 +269,12 @@ class VerdictResponse(BaseModel):
 
 
 class PoolImageInfo(BaseModel):
-    """One image of a pool as the pool page lists it."""
+    """One image of a pool as the pool page lists it. ``seed`` is a 63-bit integer, which
+    JavaScript reads with lost digits above 2**53: a browser uses ``seed_str`` or ``png``."""
 
     seed: int
+    seed_str: str = Field(description="The seed as a decimal string, exact in any JSON "
+                                      "reader (the verdicts route takes it as a seed).")
     score: float | None = Field(description="The judge's score; null: not judged.")
     created: float = Field(description="When it was stored (seconds since the epoch).")
     served: int = Field(description="How often samples returned it.")
@@ -297,23 +305,37 @@ class ImagePage(BaseModel):
 
 
 class ClientReport(BaseModel):
-    """One client identity's use of the generator."""
+    """One client identity's use of the generator and of the recipe pools.
+
+    A trainer that only samples pools has ``requests`` 0 and its ``samples`` counted."""
 
     client: str
-    requests: int
-    images: int
+    requests: int = Field(description="Generation requests admitted (for the pool client: "
+                          "pre-generation batches).")
+    images: int = Field(description="Images generated for it.")
     generation_s: float
     generation_share: float
     #: share of the generator's time over the last minute (0 when it did nothing then)
     share_last_minute: float = 0.0
     queued_images: int
     rejected: int
-    dropped: int
+    dropped: int = Field(description="Requests given up (deadline passed or caller gone) "
+                         "before they were answered, queued or in the pipeline.")
     failed: int
+    samples: int = Field(0, description="Pool sample requests answered "
+                         "(POST /v1/recipes/{name}/sample).")
+    sampled_images: int = Field(0, description="Pool images served to it by those samples.")
+    sampled_recipes: list[str] = Field(default_factory=list,
+                                       description="The recipes it sampled, by name.")
+    last_seen: float | None = Field(None, description="Unix time of its latest request "
+                                    "(generation or sample); null for the pool client.")
+    last_seen_ago_s: float | None = Field(None, description="Seconds since last_seen, by "
+                                          "the service's clock (no skew with the reader's).")
 
 
 class ClientsResponse(BaseModel):
-    """``GET /v1/clients``: per identity (API key id and/or X-Client-Id, else the peer IP)."""
+    """``GET /v1/clients``: per identity (API key id and/or X-Client-Id, else the peer IP),
+    every identity that generated or sampled since the service started."""
 
     clients: list[ClientReport]
 

@@ -22,7 +22,7 @@ from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
 
 from ..intake.schemas import MIN_TIMEOUT_S
 from .recipes import summary_of
-from .requests import state_of
+from .requests import binary_media, state_of
 from .responses import (
     READ_ERRORS,
     AdapterInfo,
@@ -128,7 +128,8 @@ async def metrics(request: Request) -> Response:
 
 
 def client_reports(state: AppState) -> list[ClientReport]:
-    """Per client identity: its use of the generator, its queue and its rejections."""
+    """Per client identity: its use of the generator, its queue and its rejections, and its
+    pool samples (a trainer that only samples is listed too), with when it was last seen."""
     batcher = state.batcher
     if batcher is None:
         return []
@@ -136,9 +137,11 @@ def client_reports(state: AppState) -> list[ClientReport]:
     clients = batcher.activity.clients
     total = sum(c.generation_s for c in clients.values()) or 1.0
     recent = batcher.activity.recent_shares()
+    now = time.time()
     reports = []
     for name in sorted(set(clients) | set(queued)):
         c = clients.get(name)
+        seen = c.last_seen if c else None
         reports.append(ClientReport(
             client=name,
             requests=c.requests if c else 0,
@@ -150,6 +153,11 @@ def client_reports(state: AppState) -> list[ClientReport]:
             rejected=c.rejected if c else 0,
             dropped=c.dropped if c else 0,
             failed=c.failed if c else 0,
+            samples=c.samples if c else 0,
+            sampled_images=c.sampled_images if c else 0,
+            sampled_recipes=sorted(c.sampled_recipes) if c else [],
+            last_seen=round(seen, 3) if seen is not None else None,
+            last_seen_ago_s=round(max(0.0, now - seen), 1) if seen is not None else None,
         ))
     return reports
 
@@ -157,7 +165,8 @@ def client_reports(state: AppState) -> list[ClientReport]:
 @router.get("/v1/clients", response_model=ClientsResponse, tags=["service"],
             responses=READ_ERRORS)
 async def clients(request: Request) -> ClientsResponse:
-    """Per client identity: requests, images, share of generation time, queue, rejections."""
+    """Per client identity: requests, images, share of generation time, queue, rejections,
+    drops, and pool samples (requests, images served, recipes), with when it was last seen."""
     return ClientsResponse(clients=client_reports(state_of(request)))
 
 
@@ -202,7 +211,8 @@ async def recent_png(request: Request) -> Response:
     shape = images[-1].shape
     same = np.stack([im for im in images if im.shape == shape])
     payload = await asyncio.to_thread(encode_png_grid, same)
-    return Response(payload, media_type=PNG_MEDIA_TYPE, headers={"Cache-Control": "no-store"})
+    return Response(payload, media_type=binary_media(request, PNG_MEDIA_TYPE),
+                    headers={"Cache-Control": "no-store", "Vary": "Accept"})
 
 
 # What the page says before its first poll, replaced by what is true now (first_paint).

@@ -1,15 +1,17 @@
 """What the generator has done, for the sharing endpoints and the status page.
 
 Per client identity: requests, images, share of generation time, rejections, drops and
-failures (``GET /v1/clients``); images per second over the last ten minutes by source
-(requests or pool pre-generation); the latest images as thumbnails (``GET /v1/recent.png``);
-a moving estimate of throughput for ``Retry-After``. Plain bookkeeping on the event loop: no
-I/O, no threads.
+failures, and its pool samples (requests, images served, recipes) with when it was last seen
+(``GET /v1/clients``), so a trainer that only samples is listed too; images per second over
+the last ten minutes by source (requests or pool pre-generation); the latest images as
+thumbnails (``GET /v1/recent.png``); a moving estimate of throughput for ``Retry-After``.
+Plain bookkeeping on the event loop: no I/O, no threads.
 
 Example::
 
     activity = Activity(metrics)
-    activity.client("trainer-a").requests += 1
+    activity.seen("trainer-a").requests += 1
+    activity.sampled("trainer-b", "digits", images=64)
     activity.record(8, seconds=0.4, source="request")
     activity.throughput()   # [{"ago_s": 0.0, "source": "request", "images_per_s": 0.8, ...}]
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,7 +37,13 @@ RECENT_SIDE = 128
 
 @dataclass
 class ClientStats:
-    """What one client identity has asked of the generator (``GET /v1/clients``)."""
+    """What one client identity has asked of the generator and of the pools
+    (``GET /v1/clients``).
+
+    ``dropped`` counts requests given up (deadline passed, caller gone) before they were
+    answered, once each, wherever their images were: queued, in the pipeline or paused.
+    ``samples`` / ``sampled_images`` / ``sampled_recipes`` are its pool samples answered;
+    ``last_seen`` the wall-clock time of its latest request of either kind."""
 
     requests: int = 0
     images: int = 0
@@ -43,6 +51,11 @@ class ClientStats:
     rejected: int = 0
     dropped: int = 0
     failed: int = 0
+    samples: int = 0
+    sampled_images: int = 0
+    # Bounded by the configured recipes: a sample is counted only once its recipe resolved.
+    sampled_recipes: set[str] = field(default_factory=set)
+    last_seen: float | None = None
 
 
 class Activity:
@@ -60,6 +73,20 @@ class Activity:
 
     def client(self, name: str) -> ClientStats:
         return self.clients.setdefault(name, ClientStats())
+
+    def seen(self, name: str) -> ClientStats:
+        """``name`` asked something now: its stats, with ``last_seen`` moved to now."""
+        stats = self.client(name)
+        stats.last_seen = time.time()
+        return stats
+
+    def sampled(self, name: str, recipe: str, *, images: int) -> None:
+        """``name`` was served ``images`` pool images of ``recipe`` (none is still a sample:
+        a pool still filling answers fewer, and the trainer was there)."""
+        stats = self.seen(name)
+        stats.samples += 1
+        stats.sampled_images += images
+        stats.sampled_recipes.add(recipe)
 
     def used(self, client: str, seconds: float) -> None:
         """``client`` had the generator for ``seconds`` (its part of a batch)."""

@@ -30,11 +30,12 @@ follow the file's path, e.g.::
     not learned: label 7: 29 of 50 drawn as asked: train longer, --steps 12000
 
 The images it scored are written next to the LoRA as ``OUT.check.png``, one row per label in
-the recipe's order, so you can see what "drawn as asked" meant (images up to 256 pixels keep
-their pixels; larger ones are shrunk). The exit status stays 0 when the file was written (the
-verdict is information: a LoRA under the goal may still help, and a script that needs the
-figures reads the ``check`` the command writes next to the LoRA, ``OUT.check.json``); 130
-when interrupted.
+the recipe's order with its name at the left, so you can see what "drawn as asked" meant: an
+image scored as another label is framed in red, one unsure (its own label under the bar) in
+amber (images up to 256 pixels keep their pixels; larger ones are shrunk). The exit status
+stays 0 when the file was written (the verdict is information: a LoRA under the goal may
+still help, and a script that needs the figures reads the ``check`` the command writes next
+to the LoRA, ``OUT.check.json``); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -256,7 +257,13 @@ def _adapt(args: argparse.Namespace) -> int:
         return 130
     if not args.no_check:
         del model  # the check draws with a fresh copy, the new file loaded as the service does
-        _final_check(args, settings, recipe, record)
+        try:
+            _final_check(args, settings, recipe, record)
+        except KeyboardInterrupt:  # the LoRA is written: say so rather than "nothing"
+            print(f"genaug adapt: interrupted during the final check; {args.out} is written "  # noqa: T201
+                  "and kept (the check is information only; --no-check skips it)",
+                  file=sys.stderr)
+            return 130
     return 0
 
 

@@ -45,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,8 +60,9 @@ if TYPE_CHECKING:
     from ..pipeline.load import LoadedModel
     from ..recipes.spec import Recipe
 
-__all__ = ["GOAL", "SHEET_SIDE", "TRUST", "CheckResult", "LabelCheck", "calibrated_bar",
-           "check_adapter", "cross_validate", "draw", "read_shots", "score"]
+__all__ = ["GOAL", "SHEET_SIDE", "TRUST", "UNSURE_COLOUR", "WRONG_COLOUR", "CheckResult",
+           "LabelCheck", "calibrated_bar", "check_adapter", "cross_validate", "draw",
+           "read_sheet", "read_shots", "score"]
 
 #: A label is learned when at least this share of its images is drawn as asked.
 GOAL = 0.8
@@ -74,18 +76,29 @@ FIRST_SEED = 10_000
 CALIBRATION = 0.1
 #: The largest side, in pixels, of one image on the check's sheet (``OUT.check.png``).
 SHEET_SIDE = 256
+#: The frame, in pixels, around each image on the sheet: its colour says how the image counted
+#: (none: drawn as asked), and it lies outside the image, so the image keeps its pixels.
+SHEET_FRAME = 3
+#: The frame of an image the judge scored as another label.
+WRONG_COLOUR = (230, 0, 0)
+#: The frame of an image scored as its own label, but under the bar (``min_score``): unsure.
+UNSURE_COLOUR = (255, 170, 0)
+#: The PNG text chunk that holds the sheet's layout, for :func:`read_sheet`.
+_SHEET_KEY = "genaug-check-sheet"
 _SUFFIXES = {".png", ".jpg", ".jpeg"}
 
 
 @dataclass(frozen=True)
 class LabelCheck:
     """One label: ``drawn`` of ``asked`` images scored as this label; ``seen_as`` counts the
-    labels the others were scored as."""
+    labels the others were scored as; ``calls`` says, image by image in the order drawn, what
+    each was scored as (this label, another, or ``"unsure"``): the sheet's frames."""
 
     label: str
     asked: int
     drawn: int
     seen_as: dict[str, int] = field(default_factory=dict)
+    calls: tuple[str, ...] = ()
 
     @property
     def share(self) -> float:
@@ -171,30 +184,70 @@ class CheckResult:
 
     def sheet(self, max_side: int = SHEET_SIDE) -> bytes:
         """A PNG of every image the check scored: one row per label in the recipe's order,
-        the label's images left to right in the order they were drawn (seed
-        :data:`FIRST_SEED` + ``i * per_label`` onwards). Images up to ``max_side`` pixels keep
-        their pixels, so the sheet can be cut back into the scored images; larger ones (SDXL)
-        are shrunk to fit ``max_side``. ``genaug adapt`` writes it as ``OUT.check.png``."""
-        from PIL import Image
+        the label's name at its left, its images left to right in the order they were drawn
+        (seed :data:`FIRST_SEED` + ``i * per_label`` onwards). An image that did not count
+        as drawn as asked has a frame: :data:`WRONG_COLOUR` when it was scored as another
+        label, :data:`UNSURE_COLOUR` when its own label was the most probable but under the
+        bar; a legend line above says so. Images up to ``max_side`` pixels keep their pixels
+        (the frames lie around them), and :func:`read_sheet` cuts them back out; larger ones
+        (SDXL) are shrunk to fit ``max_side``. ``genaug adapt`` writes it as
+        ``OUT.check.png``."""
+        import json
 
-        from genaug.wire import encode_png_grid
+        from PIL import Image, ImageDraw, ImageFont
+        from PIL.PngImagePlugin import PngInfo
 
-        rows = [self.drawn[c.label] for c in self.labels if c.label in self.drawn]
-        if not rows or not any(len(r) for r in rows):
+        rows = [(c, self.drawn[c.label]) for c in self.labels if c.label in self.drawn]
+        if not rows or not any(len(r) for _, r in rows):
             raise ValueError("the check kept no images to draw")
-        h, w, ch = next(r for r in rows if len(r)).shape[1:]
+        h, w, ch = next(r for _, r in rows if len(r)).shape[1:]
         scale = min(1.0, max_side / max(h, w))
         size = (max(1, round(w * scale)), max(1, round(h * scale)))
-        columns = max(len(r) for r in rows)
-        cells = np.zeros((len(rows) * columns, size[1], size[0], ch), np.uint8)
-        for i, row in enumerate(rows):
-            for j, image in enumerate(row):
+        font = ImageFont.load_default()
+        legend = [(WRONG_COLOUR, "scored as another label"),
+                  (UNSURE_COLOUR, f"its own label at p < {self.min_score:.2f} (unsure)"),
+                  (None, "no frame: drawn as asked")]
+        probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+        # the legend is one line of swatch + words; the label column fits the longest name
+        words = [probe.textlength(text, font=font) for _, text in legend]
+        legend_w = round(sum(words) + 24 * len(legend) + 8)
+        left = round(max(probe.textlength(c.label, font=font) for c, _ in rows)) + 12
+        top, frame = 18, SHEET_FRAME
+        pitch_x, pitch_y = size[0] + 2 * frame + 2, max(size[1] + 2 * frame + 2, 16)
+        columns = max(len(r) for _, r in rows)
+        canvas = Image.new("RGB", (max(left + columns * pitch_x, legend_w),
+                                   top + len(rows) * pitch_y), "white")
+        pen = ImageDraw.Draw(canvas)
+        x = 4
+        for (colour, text), width in zip(legend, words, strict=True):
+            if colour is not None:
+                pen.rectangle((x, 4, x + 9, 13), fill=colour)
+                x += 14
+            pen.text((x, 3), text, fill="black", font=font)
+            x += round(width) + 10
+        boxes: dict[str, list[list[int]]] = {}
+        for i, (check, images) in enumerate(rows):
+            y = top + i * pitch_y
+            pen.text((4, y + pitch_y // 2 - 6), check.label, fill="black", font=font)
+            boxes[check.label] = []
+            for j, image in enumerate(images):
+                tile = Image.fromarray(image[..., 0] if ch == 1 else image).convert("RGB")
                 if scale < 1.0:
-                    small = Image.fromarray(image[..., 0] if ch == 1 else image).resize(
-                        size, Image.Resampling.LANCZOS)
-                    image = np.asarray(small).reshape(size[1], size[0], ch)
-                cells[i * columns + j] = image
-        return encode_png_grid(cells, columns=columns)
+                    tile = tile.resize(size, Image.Resampling.LANCZOS)
+                x = left + j * pitch_x
+                call = check.calls[j] if j < len(check.calls) else check.label
+                if call != check.label:
+                    pen.rectangle((x, y, x + size[0] + 2 * frame - 1,
+                                   y + size[1] + 2 * frame - 1),
+                                  fill=UNSURE_COLOUR if call == "unsure" else WRONG_COLOUR)
+                canvas.paste(tile, (x + frame, y + frame))
+                boxes[check.label].append([x + frame, y + frame])
+        info = PngInfo()
+        info.add_text(_SHEET_KEY, json.dumps({"size": list(size), "channels": int(ch),
+                                              "boxes": boxes}))
+        buf = io.BytesIO()
+        canvas.save(buf, format="PNG", pnginfo=info)
+        return buf.getvalue()
 
     def to_dict(self) -> dict[str, Any]:
         return {"share": round(self.share, 4), "goal": self.goal,
@@ -206,6 +259,34 @@ class CheckResult:
                 "labels": {c.label: {"drawn": c.drawn, "asked": c.asked,
                                      "share": round(c.share, 4), "seen_as": c.seen_as}
                            for c in self.labels}}
+
+
+def read_sheet(png: bytes | Path) -> dict[str, np.ndarray]:
+    """The images on a sheet :meth:`CheckResult.sheet` wrote (``OUT.check.png``), per label
+    in the sheet's order: uint8 ``[n, h, w, C]`` (C as drawn; shrunk images as shown).
+
+    Raises:
+        ValueError: the PNG is not such a sheet (its layout chunk is missing).
+    """
+    import json
+
+    from PIL import Image
+
+    data = png.read_bytes() if isinstance(png, Path) else png
+    with Image.open(io.BytesIO(data)) as image:
+        layout = image.info.get(_SHEET_KEY)
+        pixels = np.asarray(image.convert("RGB"))
+    if layout is None:
+        raise ValueError(f"not a genaug adapt check sheet (no {_SHEET_KEY!r} chunk); read the "
+                         "OUT.check.png genaug adapt wrote")
+    spec = json.loads(layout)
+    w, h = spec["size"]
+    out = {}
+    for label, boxes in spec["boxes"].items():
+        cells = [pixels[y:y + h, x:x + w] for x, y in boxes]
+        stacked = np.stack(cells) if cells else np.zeros((0, h, w, 3), np.uint8)
+        out[label] = stacked[..., :1] if spec["channels"] == 1 else stacked
+    return out
 
 
 def read_shots(data: Path, recipe: Recipe) -> dict[str, np.ndarray]:
@@ -312,7 +393,7 @@ def score(encoder: Encoder, shots: Mapping[str, np.ndarray],
         for name in names:
             if name != label:
                 seen[name] = seen.get(name, 0) + 1
-        checks.append(LabelCheck(label, len(names), names.count(label), seen))
+        checks.append(LabelCheck(label, len(names), names.count(label), seen, tuple(names)))
     return checks
 
 

@@ -11,6 +11,13 @@ replicas, a SQLite file is best filled with the service stopped). Both resume fr
 exists. Ctrl-C in process: the batch being made is finished and stored, then the command
 exits 130 ("every finished batch is kept"); a second Ctrl-C stops at once.
 
+A label the recipe's judge stopped (it accepted under 10 % of the label's images: the
+planner's low-acceptance stop, ``stopped`` in ``GET /v1/recipes/{name}``) gets no more
+images, so no wait would fill it: ``pregenerate`` fills every other label, then exits
+:data:`STOPPED_EXIT` (3), naming each stopped label with the judge's reason and fix. Its exit
+statuses (``genaug pregenerate --help`` lists them): 0 filled; 1 the service refused or
+failed; 2 bad arguments, recipe file or pool; 3 a label the judge stopped; 130 Ctrl-C.
+
 ``export`` writes ``OUT/<label>/<seed>.png``, the layout
 ``tf.keras.utils.image_dataset_from_directory`` reads (accepted images only: none the judge or
 a person rejected, see docs/curation.md). ``pool list`` shows the pools in the
@@ -35,6 +42,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: ``pregenerate``'s exit status when the judge stopped a label it was asked to fill: every
+#: other label is filled; the stopped ones are named with the judge's reason and fix.
+STOPPED_EXIT = 3
+
 
 def _bars(totals: dict[str, int]) -> dict[str, Any]:
     """One progress bar per label, each to its own total."""
@@ -48,10 +59,36 @@ def _bars(totals: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _update(bars: dict[str, Any], fill: dict[str, int]) -> None:
+def _update(bars: dict[str, Any], fill: dict[str, int],
+            stopped: dict[str, str] | None = None) -> None:
     for label, bar in bars.items():
         bar.n = min(fill.get(label, 0), bar.total)
+        if stopped and label in stopped and bar.n < bar.total:
+            bar.set_postfix_str("stopped by the judge", refresh=False)
         bar.refresh()
+
+
+def _short_and_stopped(fill: dict[str, int], targets: dict[str, int],
+                       stopped: dict[str, str]) -> dict[str, str]:
+    """The labels below their target that the judge stopped: no wait fills them."""
+    return {label: why for label, why in stopped.items()
+            if label in targets and fill.get(label, 0) < targets[label]}
+
+
+def _say_stopped(recipe: str, fill: dict[str, int], targets: dict[str, int],
+                 stopped: dict[str, str]) -> int:
+    """Name each stopped label with the judge's reason and fix; :data:`STOPPED_EXIT`."""
+    filled = [label for label in targets if label not in stopped]
+    print(f"\ngenaug pregenerate: recipe {recipe!r}: "  # noqa: T201
+          + (f"{', '.join(filled)} filled; " if filled else "")
+          + f"{len(stopped)} label(s) cannot be: the judge stopped them, so no more of their "
+            "images are made", file=sys.stderr)
+    for label, why in stopped.items():
+        print(f"  {label} ({fill.get(label, 0)} of {targets[label]}): {why}",  # noqa: T201
+              file=sys.stderr)
+    print(f"genaug pregenerate: exit status {STOPPED_EXIT} (a label the judge stopped); after "  # noqa: T201
+          "the fix, restart the service and run this again", file=sys.stderr)
+    return STOPPED_EXIT
 
 
 def run_pregenerate(args: argparse.Namespace) -> int:
@@ -85,8 +122,13 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
         bars = _bars(targets)
         try:
             while True:
-                _update(bars, detail["fill"])
-                if all(detail["fill"].get(label, 0) >= targets[label] for label in bars):
+                # The replica's stopped labels (its judge's low-acceptance stop): they get no
+                # more images, so the wait ends once every other label is filled.
+                stopped = _short_and_stopped(detail["fill"], targets,
+                                             dict(detail.get("stopped") or {}))
+                _update(bars, detail["fill"], stopped)
+                if all(detail["fill"].get(label, 0) >= targets[label]
+                       for label in bars if label not in stopped):
                     break
                 time.sleep(0.5)
                 detail = client.recipe(args.recipe)
@@ -100,6 +142,8 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
         finally:
             for bar in bars.values():
                 bar.close()
+    if stopped:
+        return _say_stopped(args.recipe, detail["fill"], targets, stopped)
     return 0
 
 
@@ -153,7 +197,7 @@ class _StopFlag:
         signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
 
 
-KEPT = "stopped; every finished batch is kept"
+KEPT = "stopped; every finished batch is kept (run the same command again to resume)"
 
 
 def _pregenerate_local(args: argparse.Namespace) -> int:
@@ -219,10 +263,15 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                           judges=build_judges(recipes, settings.data_root, model.device))
     planner.raise_target(args.recipe, args.per_label, shared=False)
     pid = planner.pool_ids[args.recipe]
-    bars = _bars(dict.fromkeys(recipe.label_names, args.per_label))
+    targets = dict.fromkeys(recipe.label_names, args.per_label)
+    bars = _bars(targets)
+    fill: dict[str, int] = {}
     try:
         while not stop.is_set():
-            _update(bars, _fill_or_empty(store, pid))
+            fill = _fill_or_empty(store, pid)
+            _update(bars, fill, planner.stopped(args.recipe))
+            # the planner plans no batch of a label its judge stopped: None then means every
+            # other label is filled
             work = planner.next_idle_batch(settings.max_batch_images)
             if work is None:
                 if planner.paused:  # the database is unreachable: wait, it resumes by itself
@@ -236,13 +285,17 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                     work.on_failed(exc)
                 raise
             work.on_done(outcome)  # stored before the stop flag is looked at again
-        if stop.is_set():
-            _update(bars, _fill_or_empty(store, pid))
-            print(f"\n{KEPT}", file=sys.stderr)  # noqa: T201
-            return 130
+        fill = _fill_or_empty(store, pid) or fill
+        stopped = _short_and_stopped(fill, targets, planner.stopped(args.recipe))
+        _update(bars, fill, stopped)
     finally:
         for bar in bars.values():
             bar.close()
+    if stop.is_set():  # after the bars, which redraw as they close: the last line says it
+        print(f"\n{KEPT}", file=sys.stderr)  # noqa: T201
+        return 130
+    if stopped:
+        return _say_stopped(args.recipe, fill, targets, stopped)
     return 0
 
 

@@ -183,11 +183,15 @@ def describe_validation(
             messages.append(f"{where} has key {_short(error.get('input'))}: {error.get('msg')}; "
                             f"{hint}")
         elif kind == "string_pattern_mismatch":
-            # The API's one pattern is the prompt's "not only spaces" (a character class too
-            # long to show); the hint says what to send.
+            # The prompt's pattern is "not only spaces" (a character class too long to show):
+            # say that in words; any other pattern is named. The hint says what to send.
             hint = hints.get(name, "see /openapi.json for the pattern")
-            messages.append(f"{path} = {_short(error.get('input'))}: has only space characters; "
-                            f"{hint}")
+            value = error.get("input")
+            pattern = str(error.get("ctx", {}).get("pattern", ""))
+            # "[^...]": some character outside the class (the prompt's spaces, BOM included)
+            what = ("has only space characters" if pattern.startswith("[^")
+                    else f"does not match the pattern {pattern!r}")
+            messages.append(f"{path} = {_short(value)}: {what}; {hint}")
         else:
             hint = hints.get(name, "see GET /v1/info and /docs for valid values")
             messages.append(f"{path} = {_short(error.get('input'))}: {error.get('msg')}; {hint}")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +41,15 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    create_model,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from ..batching.items import SCHEDULERS
@@ -435,6 +444,50 @@ class FeedbackRequest(Body):
             'from 0 to {MAX_NEED:.0f}, e.g. {{"need": {{"<label>": 0.5}}}}')]
 
 
+def _decimal_up_to(limit: int) -> str:
+    """A regular expression of the decimal numbers 0 to ``limit``, without sign or leading
+    zeros (one way to write each number, as ``str(int)`` writes it)."""
+    text = str(limit)
+    shorter = ["0"] if len(text) == 1 else ["0", f"[1-9][0-9]{{0,{len(text) - 2}}}"]
+    longest = []  # as long as ``limit``: its first i digits, a smaller one, then any
+    for i, digit in enumerate(text):
+        low, rest = (1 if i == 0 else 0), len(text) - i - 1
+        if int(digit) > low:
+            longest.append(text[:i] + f"[{low}-{int(digit) - 1}]" + (f"[0-9]{{{rest}}}"
+                                                                    if rest else ""))
+    return "^(?:" + "|".join([*shorter, *longest, text]) + ")$"
+
+
+#: A seed written as text: JSON numbers above 2**53 lose digits in JavaScript, so a page
+#: sends the seed as the decimal string the listing gives (``seed_str``).
+SEED_TEXT_PATTERN = _decimal_up_to(SEED_MAX)
+_SEED_TEXT = re.compile(SEED_TEXT_PATTERN)
+
+
+def _seed_from_text(value: Any) -> Any:
+    """A decimal seed string as its integer; anything else as it came (the integer check
+    follows). The pattern rules out what ``int()`` would also take (signs, spaces, ``_``)."""
+    if not isinstance(value, str):
+        return value
+    if _SEED_TEXT.fullmatch(value) is None:  # not match: "$" passes a final newline
+        raise PydanticCustomError(
+            "seed_text", f"not a seed: a seed is an integer from 0 to {SEED_MAX} (2**63 - 1), "
+            "or that integer as a decimal string without sign, spaces or leading zeros")
+    return int(value)
+
+
+#: One seed of a verdict: an integer, or the same as a decimal string (what a browser can
+#: carry without loss); the schema says both.
+SeedValue = Annotated[
+    int, BeforeValidator(_seed_from_text), Field(ge=0, le=SEED_MAX),
+    WithJsonSchema({"anyOf": [
+        {"type": "integer", "minimum": 0, "maximum": SEED_MAX},
+        {"type": "string", "pattern": SEED_TEXT_PATTERN,
+         "description": "The seed as a decimal string (JavaScript loses digits of numbers "
+                        "above 2**53)."}]}),
+]
+
+
 class VerdictRequest(Body):
     """``POST /v1/recipes/{name}/verdicts``: a person's verdict on pool images of one label,
     named by the seeds samples return.
@@ -445,18 +498,22 @@ class VerdictRequest(Body):
         {"label": "3", "seeds": [17], "keep": true}        # restore (overrides the judge)
 
     All or nothing: when a seed names no image of the label, nothing is applied (404).
+    A seed may also be sent as its decimal string (``"4226573310164136400"``), as the pool
+    page does: JSON numbers above 2**53 lose digits in a browser.
     """
 
     label: Annotated[
         str, Field(description="The label whose images these are."), Bound(one_of="labels"),
         Fix("use a label of this recipe (GET /v1/recipes/{{name}} lists them)")]
     seeds: Annotated[
-        list[Annotated[int, Field(ge=0, le=SEED_MAX)]],
+        list[SeedValue],
         Field(description="Seeds of the label's images (as samples and "
-                          "GET /v1/recipes/{name}/images return them)."),
+                          "GET /v1/recipes/{name}/images return them), each an integer or "
+                          "its decimal string (seed_str)."),
         Bound(min_length=1, max_length=MAX_VERDICT_SEEDS),
-        Fix("send 1 to {MAX_VERDICT_SEEDS} seeds, each an integer >= 0 as samples return "
-            "them; split longer lists over several calls")]
+        Fix("send 1 to {MAX_VERDICT_SEEDS} seeds, each an integer from 0 to 2**63 - 1 as "
+            "samples return them or its decimal string (the listing's seed_str); split "
+            "longer lists over several calls")]
     keep: Annotated[
         bool, Field(description="false rejects the images (never sampled again, on every "
                                 "replica); true restores them (overriding the judge)."),

@@ -40,6 +40,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
+import re
+import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -97,12 +99,23 @@ class CheckpointError(RuntimeError):
 class PickleRefused(CheckpointError):
     """The pickle holds objects other than tensors; reading it would run its code.
 
-    ``detail`` is the first line of torch's explanation.
+    The message is genaug's one line: the file, what it holds and the fix (``genaug
+    convert-unet SRC DST --trust-this-file``, or safetensors). ``detail`` names the object
+    torch's ``weights_only`` unpickler stopped at (``argparse.Namespace``), and only that:
+    torch's own explanation goes on to advise ``weights_only=False`` or allow-listing the
+    object, which is exactly the safety genaug keeps on, so none of it is quoted.
     """
 
     def __init__(self, path: Path, detail: str) -> None:
         self.detail = detail
-        super().__init__(f"holds objects other than tensors ({detail})", path=path)
+        dst = path.with_suffix(".safetensors")
+        super().__init__(
+            f"holds pickled objects other than tensors (first: {detail}), which genaug never "
+            "unpickles (unpickling runs code the file carries); if you made or trust it, "
+            f"convert it once: genaug convert-unet {shlex.quote(str(path))} "
+            f"{shlex.quote(str(dst))} --trust-this-file, or save the weights as .safetensors",
+            path=path,
+        )
 
 
 class NoUnetState(CheckpointError):
@@ -164,9 +177,27 @@ def read_checkpoint(path: Path) -> Any:
         # __reduce__ that would run code) is refused before it is constructed.
         return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise PickleRefused(path, str(exc).splitlines()[0]) from exc
+        # from None: the chained error would print torch's advice to turn the safety off
+        raise PickleRefused(path, _refused_object(str(exc))) from None
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
         raise CheckpointError(f"could not be read by torch.load: {exc}", path=path) from exc
+
+
+_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+?)(?: was|[\s.]*$)", re.MULTILINE)
+
+
+def _refused_object(message: str) -> str:
+    """What torch's ``weights_only`` unpickler stopped at, from its error ``message``: the
+    global's name (``argparse.Namespace``), else the first sentence of its
+    ``WeightsUnpickler error:`` line, never the advice around them."""
+    found = _GLOBAL.search(message)
+    if found:
+        return found.group(1)
+    for line in message.splitlines():
+        _, marker, rest = line.partition("WeightsUnpickler error:")
+        if marker and rest.strip():
+            return rest.strip().split(". ")[0].rstrip(".")[:120]
+    return "an object that is not a tensor"
 
 
 class LazyTensors(Mapping[str, "torch.Tensor"]):

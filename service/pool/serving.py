@@ -7,8 +7,11 @@ needs:
 
 - ``sample``: up to ``n`` images spread over labels, read on the event loop when small and
   local, else in a thread; with ``wait_s`` it raises the labels' shared targets, wakes the
-  planner and waits (up to ``wait_s``) for each label to hold its share. Each sample is
-  demand the planner weighs labels by.
+  planner and waits (up to ``wait_s``) for each label to hold its share. It never waits for
+  a label the judge stopped (the low-acceptance stop: no more images of it are made), and
+  returns as soon as every label it still waits for is stopped or holds its share;
+  ``stopped`` names those labels with the judge's reason and fix, for the answer. Each sample
+  is demand the planner weighs labels by.
 - ``raise_target`` and ``spend`` (``/fill``), ``report_need`` (``/feedback``), ``summary``
   (the list and the status page, with the trainers' combined need) and ``detail``.
 - Curation: ``verdict`` (a person's reject or restore, ``/verdicts``), ``browse`` and
@@ -179,7 +182,7 @@ class PoolServing:
         self.planner.add_demand(name, labels, share)
         with _unavailable():
             if wait_s > 0 and n > 0:
-                await self._wait_for(pid, labels, share, now + wait_s)
+                await self._wait_for(name, pid, labels, share, now + wait_s)
             # Small samples from a local pool are answered on the loop when no writer holds
             # the lock: the hop to a thread costs more than the read (bench/pool/pool_latency.py).
             height, width = recipe.output_size
@@ -189,11 +192,22 @@ class PoolServing:
                 sample = await asyncio.to_thread(self.store.sample, pid, labels, n)
         return sample, recipe
 
-    async def _wait_for(self, pid: str, labels: list[str], share: int, deadline: float) -> None:
+    def stopped(self, name: str, labels: Sequence[str]) -> dict[str, str]:
+        """The labels of ``labels`` the judge stopped (no more images of them are made), each
+        with the judge's reason and fix, as ``GET /v1/recipes/{name}`` reports them."""
+        stopped = self.planner.stopped(name)
+        return {label: stopped[label] for label in labels if label in stopped}
+
+    async def _wait_for(self, name: str, pid: str, labels: list[str], share: int,
+                        deadline: float) -> None:
         raised = False
         while True:
             fill = await asyncio.to_thread(self.store.fill, pid)
-            short = [label for label in labels if fill.get(label, 0) < share]
+            # A stopped label gets no more images: waiting for it would last the whole wait_s.
+            # Read each round, since a label may stop while the sample waits.
+            stopped = self.planner.stopped(name)
+            short = [label for label in labels
+                     if fill.get(label, 0) < share and label not in stopped]
             remaining = deadline - time.monotonic()
             if not short or remaining <= 0:
                 return

@@ -316,11 +316,14 @@ def test_client_id_and_key_headers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_client_id_reaches_the_service(service: Any, kind: str) -> None:
-    assert call(kind, service.url, "info", client={"client_id": "trainer-a"})["ready"] is True
-    # The service checks X-Client-Id on generate: a malformed one proves the header is sent.
-    with pytest.raises(InvalidRequestError) as caught:
-        call(kind, service.url, "generate", "x", client={"client_id": "not valid!"})
-    assert caught.value.field == "X-Client-Id"
+    call(kind, service.url, "generate", "x", n=1, client={"client_id": f"trainer-{kind}"})
+    listed = httpx.get(f"{service.url}/v1/clients").json()["clients"]
+    assert any(row["client"] == f"trainer-{kind}" for row in listed)  # the header was sent
+    # One the service would refuse (422 on every request) is refused when the client is made,
+    # with a name that works.
+    with pytest.raises(ValueError, match=r"client_id 'not valid!' is not 1-64 characters .* "
+                                         r"such as 'not-valid'"):
+        call(kind, service.url, "info", client={"client_id": "not valid!"})
 
 
 def test_url_defaults_to_genaug_url(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -421,3 +424,21 @@ def test_a_sample_says_which_real_image_each_variant_came_from() -> None:
     short = encode_batch(images, seeds, metadata={"source_hashes": ["h0"]})
     with pytest.raises(DecodeError, match="source_hashes for 1 images with a sample of 3"):
         decode_sample(short, "r")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_labels_given_as_numbers_are_a_clear_error_before_any_request(kind: str) -> None:
+    # The digits recipe's labels are the names "0".."9": a number is the natural slip. It is
+    # refused before any I/O (the closed port is never dialled), naming the value and the fix.
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TypeError) as one:
+        call(kind, url, "sample", "digits", labels=3, n=4)
+    assert str(one.value) == (
+        "labels=3: give a label name or a list of names, e.g. labels='3' or labels=['3']; "
+        "a recipe's labels are strings, even digits (client.recipe(name)['labels'] lists "
+        "them)")
+    with pytest.raises(TypeError) as listed:
+        call(kind, url, "sample", "digits", labels=["3", 5], n=4)
+    assert str(listed.value).startswith(
+        "labels=['3', 5]: 5 (int) is not a label name; a recipe's labels are strings, even "
+        "digits: pass labels=['3', '5']")

@@ -135,6 +135,50 @@ def test_bad_images_are_refused_before_anything_is_sent(images: np.ndarray) -> N
         run_variants("sync", handler, images, "x")
 
 
+@pytest.mark.parametrize(
+    "images",
+    [np.random.default_rng(1).random((2, 64, 64), dtype=np.float32),  # gray floats, no C axis
+     np.random.default_rng(2).random((64, 64, 3)),  # one float64 image
+     np.zeros((64, 64, 4), np.uint8)],  # one RGBA image
+    ids=["two gray floats", "one float image", "one RGBA image"],
+)
+def test_the_refusal_quotes_the_shape_the_user_passed_and_its_fix_works(
+    images: np.ndarray,
+) -> None:
+    # a [H, W, 3] input is wrapped into a batch of one before the check; the message must
+    # still quote what the user passed, not the (1, ...) batch they never made
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("nothing may be sent")
+
+    with pytest.raises(ValueError) as caught:
+        run_variants("sync", refuse, images, "x")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"got {images.dtype} {tuple(images.shape)}." in message, message
+    assert f"(1, {', '.join(map(str, images.shape))})" not in message, message
+
+    # the conversions the message names, applied in its order, give what variants() takes
+    x = images
+    for fix in message.split("Convert with ", 1)[1].split(", then "):
+        if fix.startswith("np.clip(x * 255"):
+            x = np.clip(x * 255, 0, 255).astype(np.uint8)
+        elif fix.startswith("np.repeat(x[..., None]"):
+            x = np.repeat(x[..., None], 3, axis=-1)
+        elif fix.startswith("x[..., :3]"):
+            x = x[..., :3]
+        else:
+            raise AssertionError(f"unknown fix {fix!r}")
+    uploads: list[np.ndarray] = []
+
+    def accept(request: httpx.Request) -> httpx.Response:
+        uploads.append(decode_image_upload(parts_of(request)["images"][2]))
+        return httpx.Response(200, content=answer([0] * len(uploads[0]), 64, 64))
+
+    run_variants("sync", accept, x, "x")
+    n = images.shape[0] if images.shape[-1] not in (3, 4) else 1
+    assert uploads[0].shape == (n, 64, 64, 3)
+
+
 def test_a_retried_upload_sends_the_same_parts() -> None:
     bodies: list[dict[str, tuple[str | None, str, bytes]]] = []
 

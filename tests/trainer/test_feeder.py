@@ -350,3 +350,37 @@ def test_first_contact_problems_for_prompts() -> None:
                                       label_map={"a": 0}, image_shape=(64, 64, 1))
     assert len(problems) == 2
     assert "at most 32 px" in problems[0] and "RGB" in problems[1]
+
+
+def test_a_client_id_the_service_would_refuse_stops_the_feeder_at_start() -> None:
+    """``client_kwargs={"client_id": "with mixing"}`` (a space): before, every sample was a 422
+    the feeder took for an outage, and a mixing run fed 0 images in silence."""
+    feeder = ReservoirFeeder(NumpyReservoir(3, 4), url=f"http://127.0.0.1:{closed_port()}",
+                             recipe="demo", label_map=LABELS,
+                             client_kwargs={"client_id": "genaug-fewshot-with mixing"})
+    with pytest.raises(FeederConfigError, match=r"client_id 'genaug-fewshot-with mixing' is "
+                                                r"not .*'genaug-fewshot-with-mixing'"):
+        feeder.start()
+    assert not feeder.running
+
+
+def test_a_request_the_service_refuses_stops_the_feeder_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from genaug.client import InvalidRequestError
+
+    started = threading.Event()
+
+    class Refused(FakeAsyncClient):
+        async def sample(self, recipe: str, **kwargs: Any) -> Any:
+            while not started.is_set():  # refused once training runs (start() returned)
+                await asyncio.sleep(0.01)
+            raise InvalidRequestError("X-Client-Id 'a b' is not 1-64 characters ...",
+                                      status=422, field="X-Client-Id")
+
+    feeder = make(NumpyReservoir(3, 4), Refused(list(LABELS), SIZE))
+    feeder.start()  # the first contact passes
+    started.set()
+    wait_for(lambda: not feeder.running)
+    assert "refused its request: X-Client-Id" in (feeder.stats.last_error or "")
+    assert any("genaug feeder stopped" in r.getMessage() for r in caplog.records)

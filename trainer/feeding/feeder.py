@@ -25,12 +25,15 @@ the feeder thread builds its client from ``url``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from genaug.client import InvalidRequestError
 
 from .cycle import (
     FeederStats,
@@ -201,6 +204,7 @@ class ReservoirFeeder:
             target=self._thread_main, args=(ready,), name="genaug-feeder", daemon=True
         )
         self._thread.start()
+        atexit.register(self.stop)  # Ctrl-C in fit skips on_train_end: stop before TF's teardown
         ready.wait(timeout=10.0)
         if self.strict and not self._checked:
             if not self._contact.wait(self.first_contact_timeout_s):
@@ -222,6 +226,7 @@ class ReservoirFeeder:
         thread = self._thread
         if thread is None:
             return
+        atexit.unregister(self.stop)
         self._stopping.set()
         loop, task = self._loop, self._task
         if loop is not None and task is not None:
@@ -334,7 +339,10 @@ class ReservoirFeeder:
             from genaug.client import AsyncClient
 
             kwargs = {"retry_deadline": 5.0, **self._client_kwargs}
-            return AsyncClient(self._url, api_key=self._api_key, **kwargs), True
+            try:
+                return AsyncClient(self._url, api_key=self._api_key, **kwargs), True
+            except ValueError as exc:  # a client_id the service would refuse, a bad URL
+                raise FeederConfigError(f"genaug feeder: client_kwargs: {exc}") from None
         if callable(self._client_arg) and not hasattr(self._client_arg, "sample"):
             return self._client_arg(), True
         return self._client_arg, False
@@ -352,7 +360,11 @@ class ReservoirFeeder:
                         client, owned = self._make_client()
                     if self.strict and not self._checked:
                         await self._first_contact(client)
-                    await self._cycle_once(client)
+                    try:
+                        await self._cycle_once(client)
+                    except InvalidRequestError as exc:  # a 4xx naming a field: no retry helps
+                        raise FeederConfigError(f"genaug feeder: the service refused its "
+                                                f"request: {exc}") from None
                 except asyncio.CancelledError:
                     raise
                 except FeederConfigError as exc:

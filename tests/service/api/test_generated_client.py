@@ -3,15 +3,20 @@ in the dev extra) generates a package from a real service's schema, offline, and
 a user calls goes through it: info, generate (safetensors and PNG), a recipe's sample,
 variants (PNG parts and a safetensors part) and ``/v1/recent.png``. The bytes it hands back
 are the bytes the service sent, decoded with ``genaug.wire``; errors parse into the typed
-``ErrorBody``. The schema side is checked too: the binary answers declare only their media
-types, and the variants upload declares its parts."""
+``ErrorBody``. The client is generated as docs/clients.md says, with the generator's defaults
+(no config file: it reads bytes only from ``application/octet-stream``). The schema side is
+checked too: the binary answers declare only their media types and
+``application/octet-stream``, the service answers that type when asked for it (content
+negotiation), and the variants upload declares its parts."""
 
 from __future__ import annotations
 
 import importlib
 import io
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,7 +41,8 @@ from genaug.wire import (
     encode_image_upload,
 )
 
-PACKAGE = "genaug_generated_client"
+PACKAGE = "genaug_client"  # the generator's default name, from the schema's title
+OCTET_STREAM = "application/octet-stream"
 CLIENTS_DOC = Path(__file__).resolve().parents[3] / "docs" / "clients.md"
 
 
@@ -79,27 +85,32 @@ def schema(live: LiveService) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def generated(schema: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[ModuleType]:
-    """The package openapi-python-client generates from the served schema, imported."""
+    """The package openapi-python-client generates from the served schema, imported: the
+    command docs/clients.md gives, run as written (no config file: every default, including
+    its ruff post-hooks, found next to this Python)."""
     root = tmp_path_factory.mktemp("openapi-python-client")
-    (root / "schema.json").write_text(json.dumps(schema))
-    # The config docs/clients.md gives users (no formatting hooks: offline; the two binary
-    # media types read as bytes), with a package name of the test's own.
-    config = doc_block("yaml", "# genaug-client.yaml")
-    (root / "config.yaml").write_text(config + f"package_name_override: {PACKAGE}\n")
+    lines = doc_block("sh", "curl -s").replace("\\\n", " ").splitlines()
+    (command,) = [shlex.split(line) for line in lines
+                  if line.startswith("openapi-python-client generate")]
+    assert not {"--config", "--meta"} & set(command), command  # the defaults, nothing else
+    (root / command[command.index("--path") + 1]).write_text(json.dumps(schema))
+    out = root / command[command.index("--output-path") + 1]
+    bin_dir = str(Path(sys.executable).parent)
     done = subprocess.run(
-        [sys.executable, "-m", "openapi_python_client", "generate", "--path", "schema.json",
-         "--output-path", "out", "--config", "config.yaml"],
+        [sys.executable, "-m", "openapi_python_client", *command[1:]],
         cwd=root, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")},
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    # A warning means an operation or a response was left out of the generated code.
+    # A warning means an operation or a response was left out of the generated code (a
+    # binary answer it cannot read: "Unsupported content_type image/png").
     assert "WARNING" not in output and "Unsupported" not in output, output
-    sys.path.insert(0, str(root / "out"))
+    sys.path.insert(0, str(out))
     try:
         yield importlib.import_module(PACKAGE)
     finally:
-        sys.path.remove(str(root / "out"))
+        sys.path.remove(str(out))
         for name in [m for m in sys.modules if m.partition(".")[0] == PACKAGE]:
             del sys.modules[name]
 
@@ -123,11 +134,15 @@ def png(image: np.ndarray) -> bytes:
 
 
 def test_binary_answers_declare_only_their_media_types_as_binary(schema: dict[str, Any]) -> None:
-    for (path, method), media_types in BINARY_ROUTES.items():
+    routes = {**BINARY_ROUTES,
+              ("/v1/recipes/shapes/images/{label}/{seed}.png", "get"): {PNG_MEDIA_TYPE}}
+    for (path, method), media_types in routes.items():
         responses = schema["paths"][path][method]["responses"]
         content = responses["200"]["content"]
-        assert set(content) == media_types, (path, sorted(content))
-        for media in media_types:
+        # its own types first, then plain octets: what a generator knows as bytes by default
+        assert list(content)[-1] == OCTET_STREAM, (path, list(content))
+        assert set(content) == media_types | {OCTET_STREAM}, (path, sorted(content))
+        for media in content:
             assert content[media]["schema"] == {"type": "string", "format": "binary"}, path
         for status, answer in responses.items():
             if status.startswith("4") or status.startswith("5"):
@@ -141,6 +156,70 @@ def test_binary_answers_declare_only_their_media_types_as_binary(schema: dict[st
         "responses"]["200"]["description"]
     assert "sources int32" in schema["paths"]["/v1/variants"]["post"]["responses"]["200"][
         "description"]
+
+
+# Accept header -> the answer's Content-Type, for a batch route (RFC 9110 negotiation: the
+# highest q, the most specific range deciding; at a tie the service's own order).
+BATCH_ACCEPTS = {
+    "*/*": SAFETENSORS_MEDIA_TYPE,
+    OCTET_STREAM: OCTET_STREAM,
+    f"{OCTET_STREAM}, */*;q=0.1": OCTET_STREAM,
+    f"{OCTET_STREAM};q=0, */*": SAFETENSORS_MEDIA_TYPE,
+    PNG_MEDIA_TYPE: PNG_MEDIA_TYPE,
+    "image/*": PNG_MEDIA_TYPE,
+    f"{PNG_MEDIA_TYPE}, */*": PNG_MEDIA_TYPE,
+    f"{PNG_MEDIA_TYPE};q=0.2, {SAFETENSORS_MEDIA_TYPE};q=0.9": SAFETENSORS_MEDIA_TYPE,
+    f"{PNG_MEDIA_TYPE}, {SAFETENSORS_MEDIA_TYPE}": SAFETENSORS_MEDIA_TYPE,
+    "application/json": SAFETENSORS_MEDIA_TYPE,  # none acceptable: disregarded, not a 406
+}
+
+
+def test_the_binary_answers_follow_the_accept_header(live: LiveService) -> None:
+    """What the schema offers, the service answers: ``Accept: application/octet-stream``
+    gets the same bytes under that type, on every binary route; the others keep their own."""
+    body = {"prompt": "a circle", "n": 2, "height": 32, "width": 32, "steps": 2, "seed": 11}
+    answers: dict[str, httpx.Response] = {}
+    for accept, media in BATCH_ACCEPTS.items():
+        r = httpx.post(live.url + "/v1/generate", json=body, headers={"Accept": accept},
+                       timeout=60)
+        assert r.status_code == 200, (accept, r.text)
+        assert (r.headers["content-type"], r.headers["vary"]) == (media, "Accept"), accept
+        answers[accept] = r
+    safetensors, octets = answers["*/*"].content, answers[OCTET_STREAM].content
+    assert octets == safetensors  # the same batch, seeded, under the other type
+    assert decode_batch(octets).seeds.tolist() == [11, 12]
+    assert answers["image/*"].content.startswith(b"\x89PNG")
+
+    sources = np.random.default_rng(3).integers(0, 256, (1, 32, 32, 3), dtype=np.uint8)
+    files = [("images", ("s.safetensors", encode_image_upload(sources),
+                         SAFETENSORS_MEDIA_TYPE)),
+             ("params", (None, json.dumps({"prompt": "a variant", "steps": 2, "seed": 4,
+                                           "n_per_image": 1}).encode(), "application/json"))]
+    variants = httpx.post(live.url + "/v1/variants", files=files,
+                          headers={"Accept": OCTET_STREAM}, timeout=60)
+    assert variants.status_code == 200, variants.text
+    assert variants.headers["content-type"] == OCTET_STREAM
+    assert decode_batch(variants.content).sources is not None
+
+    sample = httpx.post(live.url + "/v1/recipes/shapes/sample", json={"n": 2, "wait_s": 30},
+                        headers={"Accept": OCTET_STREAM}, timeout=60)
+    assert sample.status_code == 200 and sample.headers["content-type"] == OCTET_STREAM
+    sampled = decode_batch(sample.content)
+    assert sampled.metadata["recipe"] == "shapes" and sampled.labels is not None
+    label = sampled.metadata["label_names"][int(sampled.labels[0])]
+
+    # the PNG routes: their PNG, as plain octets when asked; a browser's <img> gets image/png
+    listed = httpx.get(live.url + "/v1/recipes/shapes/images", params={"label": label},
+                       timeout=30).json()
+    one = listed["images"][0]["png"]
+    browser = "image/avif,image/webp,image/apng,image/svg+xml,image/*,*/*;q=0.8"
+    for path in ("/v1/recent.png", one):
+        own = httpx.get(live.url + path, headers={"Accept": browser}, timeout=30)
+        plain = httpx.get(live.url + path, headers={"Accept": OCTET_STREAM}, timeout=30)
+        assert own.headers["content-type"] == PNG_MEDIA_TYPE, path
+        assert plain.headers["content-type"] == OCTET_STREAM, path
+        assert plain.content.startswith(b"\x89PNG") and own.headers["vary"] == "Accept"
+    assert httpx.get(live.url + one, timeout=30).content == plain.content
 
 
 def test_the_variants_upload_declares_its_parts(schema: dict[str, Any], live: LiveService

@@ -355,6 +355,49 @@ def test_forget_drops_queued_images_at_once() -> None:
     drive(test, max_batch_images=1)
 
 
+def test_every_request_answered_504_counts_as_dropped_once() -> None:
+    # 8 requests of one trainer pass their deadline: one while its image is in the pipeline,
+    # seven queued behind it. All 8 answers are 504, so the client's dropped count is 8 (it
+    # was 7: only jobs pruned from the queue were counted). The caller's own timer then
+    # forgets the one expired in the pipeline, as the route does: still counted once.
+    async def test(batcher: Batcher, worker: StandInWorker) -> None:
+        worker.gate.clear()
+        worker.entered.clear()
+        first = batcher.submit(KEY, items("in-flight", 1), client="trainer-a",
+                               priority="interactive", timeout_s=0.2)
+        assert await asyncio.to_thread(worker.entered.wait, 5)
+        queued = [batcher.submit(KEY, items(f"queued-{i}", 1, 10 + i), client="trainer-a",
+                                 priority="interactive", timeout_s=0.2) for i in range(7)]
+        await asyncio.sleep(0.4)
+        worker.gate.set()
+        for job in [first, *queued]:
+            with pytest.raises(DeadlineExceededError):
+                await job.result()
+        batcher.forget(first, "expired")  # the route's timer, after the batch's own
+        assert batcher.activity.clients["trainer-a"].dropped == 8
+        assert sample(batcher, "genaug_dropped_before_pipeline_total", reason="expired") == 7
+
+    drive(test, max_batch_images=1)
+
+
+def test_a_request_split_over_pipeline_and_queue_counts_as_dropped() -> None:
+    # 3 images with batches of 2: two in the pipeline, one queued when the caller goes.
+    async def test(batcher: Batcher, worker: StandInWorker) -> None:
+        worker.gate.clear()
+        worker.entered.clear()
+        job = batcher.submit(KEY, items("split", 3), client="notebook", priority="interactive",
+                             timeout_s=30)
+        assert await asyncio.to_thread(worker.entered.wait, 5)
+        assert batcher.queued_images == 1
+        batcher.forget(job, "disconnected")
+        worker.gate.set()
+        await asyncio.sleep(0.05)
+        assert batcher.activity.clients["notebook"].dropped == 1
+        assert batcher.queued_images == 0
+
+    drive(test, max_batch_images=2)
+
+
 # -- failures --------------------------------------------------------------------------------
 
 

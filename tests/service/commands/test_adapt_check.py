@@ -23,11 +23,15 @@ from PIL import Image
 
 from genaug.cli import main
 from genaug.service.commands.adapt_check import (
+    UNSURE_COLOUR,
+    WRONG_COLOUR,
     CheckResult,
     LabelCheck,
     check_adapter,
     cross_validate,
+    read_sheet,
     read_shots,
+    score,
 )
 from genaug.service.pipeline import adapt as adapt_module
 from genaug.service.pipeline.adapt import default_steps, read_record
@@ -60,6 +64,45 @@ def digits_recipe(digits: list[int], steps: int = 8) -> Recipe:
                           for d in digits})
 
 
+WHITE = (255, 255, 255)
+
+
+def frames(png: bytes) -> dict[str, list[tuple[int, ...]]]:
+    """The colour of the frame around each image of a check sheet, per label: read from the
+    pixels 2 px outside the image on all four sides (which must agree), at the positions the
+    sheet's own layout chunk gives (``read_sheet`` checks those hold the images)."""
+    with Image.open(io.BytesIO(png)) as image:
+        layout = json.loads(image.info["genaug-check-sheet"])
+        pixels = np.asarray(image.convert("RGB"))
+    w, h = layout["size"]
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for label, boxes in layout["boxes"].items():
+        out[label] = []
+        for x, y in boxes:
+            sides = {tuple(int(v) for v in pixels[py, px]) for px, py in
+                     [(x - 2, y + h // 2), (x + w + 1, y + h // 2), (x + w // 2, y - 2),
+                      (x + w // 2, y + h + 1)]}
+            assert len(sides) == 1, (label, x, y, sides)
+            out[label].append(sides.pop())
+    return out
+
+
+def expected_frames(result: CheckResult) -> dict[str, list[tuple[int, ...]]]:
+    return {c.label: [WHITE if call == c.label else UNSURE_COLOUR if call == "unsure"
+                      else WRONG_COLOUR for call in c.calls] for c in result.labels}
+
+
+def label_column(png: bytes, rows: int) -> list[np.ndarray]:
+    """Each row's strip left of its first image (where the label's name is written)."""
+    with Image.open(io.BytesIO(png)) as image:
+        layout = json.loads(image.info["genaug-check-sheet"])
+        pixels = np.asarray(image.convert("L"))
+    h = layout["size"][1]
+    boxes = list(layout["boxes"].values())
+    assert len(boxes) == rows
+    return [pixels[row[0][1]:row[0][1] + h, :row[0][0] - 4] for row in boxes]
+
+
 @pytest.fixture(scope="module")
 def shots_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``DATA/<0..9>/*.png``: 5 real digits per class of the ``fewshot`` split (seed 0)."""
@@ -78,12 +121,30 @@ def test_the_check_says_learned_for_a_model_that_draws_its_labels(shots_folder: 
     assert all(c.share >= 0.75 for c in result.labels), result.table()
     assert result.verdict(steps=100, rank=32).startswith("learned: every label"), result.table()
     # the sheet holds exactly the images scored, one row per label, pixels kept
-    sheet = np.asarray(Image.open(io.BytesIO(result.sheet())))
-    assert sheet.shape == (3 * 64, 4 * 64, 3)
-    for row, label in enumerate(["0", "1", "2"]):
-        for col in range(4):
-            cell = sheet[row * 64:(row + 1) * 64, col * 64:(col + 1) * 64]
-            assert np.array_equal(cell, result.drawn[label][col])
+    png = result.sheet()
+    cut = read_sheet(png)
+    assert list(cut) == ["0", "1", "2"]
+    for label in cut:
+        assert np.array_equal(cut[label], result.drawn[label])
+    # a frame around exactly the images that did not count; the counted ones have none
+    assert [len(c.calls) for c in result.labels] == [4, 4, 4]
+    assert frames(png) == expected_frames(result)
+    assert WHITE in sum(frames(png).values(), [])
+
+    # the same images at a bar no image reaches: its own label but unsure, in the other
+    # colour (the judge's own scoring, fitted on the same shots, with a stricter bar)
+    import torch
+
+    from genaug.service.judge.encoders import load_encoder
+
+    encoder = load_encoder("tiny-digits-encoder", torch.device("cpu"))
+    strict = score(encoder, read_shots(shots_folder, recipe), result.drawn, min_score=1.01)
+    unsure = CheckResult(strict, result.judge_accuracy, result.judge_held_out, "e", 1.0,
+                         min_score=1.01, drawn=result.drawn)
+    assert any("unsure" in c.calls for c in strict)
+    png = unsure.sheet()
+    assert frames(png) == expected_frames(unsure)
+    assert UNSURE_COLOUR in sum(frames(png).values(), [])
 
 
 def test_the_check_says_not_learned_with_the_fix_for_a_model_that_cannot(
@@ -102,6 +163,23 @@ def test_the_check_says_not_learned_with_the_fix_for_a_model_that_cannot(
     # the judge itself tells the real 5-7 apart (cross-validated on the shots)
     assert result.judge_accuracy is not None and result.judge_accuracy >= 0.8
     assert result.judge_held_out == 15
+    # the sheet frames in red each image scored as another label, and says so in its legend;
+    # each row carries its label's name at its left
+    png = result.sheet()
+    marked = frames(png)
+    assert marked == expected_frames(result)
+    assert sum(colour == WRONG_COLOUR for row in marked.values() for colour in row) == sum(
+        c.asked - c.drawn - c.seen_as.get("unsure", 0) for c in result.labels) > 0
+    sheet = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    first_y = min(y for boxes in json.loads(Image.open(io.BytesIO(png)).info[
+        "genaug-check-sheet"])["boxes"].values() for _, y in boxes)
+    legend = sheet[:first_y - 4]
+    for colour in (WRONG_COLOUR, UNSURE_COLOUR):  # the legend's swatches
+        assert (legend == colour).all(axis=-1).sum() >= 50, colour
+    assert (legend.min(axis=-1) < 100).sum() > 100  # and its words
+    names = label_column(png, 3)
+    assert all((strip < 128).sum() >= 10 for strip in names)  # ink: a name in each row
+    assert not np.array_equal(names[0], names[1]) and not np.array_equal(names[1], names[2])
 
 
 def test_cross_validation_holds_one_shot_per_label_out(shots_folder: Path) -> None:
@@ -170,11 +248,16 @@ def test_the_sheet_shrinks_large_images_and_keeps_one_row_per_label() -> None:
              "b": rng.integers(0, 255, (2, 512, 384, 3), dtype=np.uint8)}
     result = CheckResult([LabelCheck("a", 3, 3), LabelCheck("b", 2, 1)], None, 0, "e", 1.0,
                          drawn=drawn)
-    sheet = Image.open(io.BytesIO(result.sheet()))
-    assert sheet.size == (3 * 192, 2 * 256)  # 512x384 cells shrunk to fit 256, 3 columns
-    grey = CheckResult([LabelCheck("g", 2, 2)], None, 0, "e", 1.0,
-                       drawn={"g": np.zeros((2, 64, 64, 1), np.uint8)})
-    assert Image.open(io.BytesIO(grey.sheet())).mode == "L"
+    cut = read_sheet(result.sheet())
+    assert {k: v.shape for k, v in cut.items()} == {  # 512x384 shrunk to fit 256
+        "a": (3, 256, 192, 3), "b": (2, 256, 192, 3)}
+    grey_images = np.random.default_rng(1).integers(0, 255, (2, 64, 64, 1), dtype=np.uint8)
+    grey = CheckResult([LabelCheck("g", 2, 2)], None, 0, "e", 1.0, drawn={"g": grey_images})
+    assert np.array_equal(read_sheet(grey.sheet())["g"], grey_images)  # grey stays grey
+    with pytest.raises(ValueError, match="not a genaug adapt check sheet"):
+        plain = io.BytesIO()
+        Image.new("RGB", (4, 4)).save(plain, format="PNG")
+        read_sheet(plain.getvalue())
     with pytest.raises(ValueError, match="no images"):
         CheckResult([LabelCheck("a", 0, 0)], None, 0, "e", 1.0).sheet()
 
@@ -241,7 +324,8 @@ def test_adapt_with_default_steps_prints_the_table_and_verdict(
     shares = [check["labels"][d]["share"] for d in ("5", "6", "7")]
     assert [float(r.split()[4]) for r in rows] == [round(100 * s) for s in shares]
     assert check["sheet"] == str(tmp_path / "d.check.png") and f"{tmp_path}/d.check.png" in printed
-    assert Image.open(tmp_path / "d.check.png").size == (4 * 64, 3 * 64)  # 3 labels x 4 images
+    cut = read_sheet(tmp_path / "d.check.png")  # 3 labels x 4 images
+    assert {k: v.shape for k, v in cut.items()} == {d: (4, 64, 64, 3) for d in "567"}
 
     # --no-check: no images drawn, no table
     (tmp_path / "d.check.json").unlink()

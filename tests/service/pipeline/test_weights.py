@@ -78,6 +78,74 @@ def test_a_pickle_with_code_is_refused_and_never_run(tmp_path: Path) -> None:
                                                                            "evil"}
 
 
+#: What torch's own refusal goes on to say: run it with the safety off, or allow-list the
+#: object. genaug's refusals must quote none of it (the fix is convert-unet, or safetensors).
+TORCH_ADVICE = ("weights_only` set to `False", "will likely succeed",
+                "two options", "still be loaded", "add_safe_globals", "safe_globals(", "\x1b[",
+                "Check the documentation of torch.load")
+
+
+def test_the_pickle_refusal_is_genaugs_one_line_advice_and_it_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A checkpoint saved the way a training loop saves one (the UNet under DDP's prefix in
+    ``model_state_dict``, the optimizer's state, the run's ``argparse.Namespace``): the
+    service's reader refuses it with one line that names the file, says it holds pickled
+    objects and gives the fix; the fix, run as written, converts it; no layer quotes torch's
+    advice to turn the safety off."""
+    import argparse
+    import shlex
+
+    from genaug.cli import main
+    from genaug.service.pipeline.load import ModelLoadError, load_model
+    from genaug.service.pipeline.tiny import build_tiny_pipeline
+
+    monkeypatch.delenv("GENAUG_MODEL", raising=False)
+    unet: Any = build_tiny_pipeline(seed=3, batch_invariant=False).unet
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    params[0].grad = torch.ones(2)
+    optimizer.step()
+    src = tmp_path / "run 7" / "checkpoint_best.pt"  # a space: the command must quote it
+    src.parent.mkdir()
+    torch.save({"model_state_dict": {"module." + k: v for k, v in unet.state_dict().items()},
+                "optimizer": optimizer.state_dict(),
+                "args": argparse.Namespace(lr=1e-4, batch_size=8, output_dir="runs/7"),
+                "epoch": 12}, str(src))
+    with pytest.raises(torch.serialization.pickle.UnpicklingError) as raw:  # torch's own
+        torch.load(str(src), weights_only=True)
+    assert "weights_only" in str(raw.value) and "\n" in str(raw.value)  # what it would quote
+
+    with pytest.raises(PickleRefused) as info:
+        read_checkpoint(src)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{src} holds pickled objects"), message
+    assert "argparse.Namespace" in message and info.value.detail == "argparse.Namespace"
+    assert "or save the weights as .safetensors" in message
+    assert not [p for p in (*TORCH_ADVICE, "weights_only=False") if p in message], message
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # no chained advice
+
+    # the service's refusal (GENAUG_UNET_WEIGHTS) and the converter's (without the flag) carry
+    # the same detail and no torch advice either (the converter names weights_only=False
+    # itself: it is what its --trust-this-file does)
+    with pytest.raises(ModelLoadError) as service:
+        load_model(source="tiny-random", unet_weights=src, device="cpu", dtype="auto")
+    with pytest.raises(ConvertError) as command:
+        read_unet_checkpoint(src, trust=False)
+    for refusal in (str(service.value), str(command.value)):
+        assert "argparse.Namespace" in refusal and "--trust-this-file" in refusal, refusal
+        assert not [p for p in TORCH_ADVICE if p in refusal], refusal
+
+    # the fix, run exactly as the refusal writes it, makes a file the reader takes
+    fix = message.split("convert it once: ", 1)[1].split(", or save", 1)[0]
+    argv = shlex.split(fix)
+    assert argv[:2] == ["genaug", "convert-unet"] and argv[-1] == "--trust-this-file", argv
+    assert main(argv[1:]) == 0, capsys.readouterr()
+    dst = Path(argv[3])
+    assert dst == src.with_suffix(".safetensors")
+    assert read_checkpoint(dst).keys() == unet.state_dict().keys()
+
+
 def test_unreadable_files_are_checkpoint_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist or is not a file"):
         read_checkpoint(tmp_path / "missing.pt")

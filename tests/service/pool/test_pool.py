@@ -555,3 +555,30 @@ def test_one_factory_builds_every_store(monkeypatch: pytest.MonkeyPatch, tmp_pat
                                        pool_lease_s=7, pool_capacity_per_label=9))
     assert calls == [(tmp_path / "p.db", {"capacity_per_label": 9, "partition": (1, 3),
                                           "lease_s": 7.0})]
+
+
+def test_seeds_as_the_planner_draws_them_round_trip_exactly(store: PoolStore) -> None:
+    """The planner's seeds are 63-bit (a BLAKE2b hash cut to 63 bits): every one of them goes
+    in and comes back exactly, through sampling, browsing, the pixels by seed and a verdict,
+    on both backends. (Seeds near 2**63 are where a float, or a JSON number read by a browser,
+    loses digits.)"""
+    from genaug.service.recipes.load import load_recipes
+
+    recipe = load_recipes(Path(__file__).parents[3] / "recipes" / "digits.yaml")["digits"]
+    seeds = [recipe.plan("3", k).seed for k in range(12)]
+    assert max(seeds) > 2**53 and max(seeds) < 2**63  # what the planner really draws
+    store.add(PID, "3", _images(12), seeds, model_hash="m", next_index=12)
+
+    sampled = store.sample(PID, ["3"], 12)
+    assert sorted(sampled.seeds.tolist()) == sorted(seeds)
+    page = store.browse(PID, "3", rejected=False, limit=50)
+    assert sorted(image.seed for image in page.images) == sorted(seeds)
+    for k, seed in enumerate(seeds):
+        pixels = store.image(PID, "3", seed)
+        assert pixels is not None and pixels[0, 0, 0] == k  # the pixels of exactly that seed
+    assert store.image(PID, "3", seeds[0] + 1) is None  # one off is another image: none
+
+    result = store.verdict(PID, "3", [seeds[5]], keep=False)
+    assert result.changed == [seeds[5]] and not result.unknown
+    assert seeds[5] not in store.sample(PID, ["3"], 12).seeds.tolist()
+    assert store.verdict(PID, "3", [seeds[5]], keep=True).changed == [seeds[5]]

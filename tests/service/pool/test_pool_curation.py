@@ -162,6 +162,31 @@ def test_person_rejects_and_restores(store: PoolStore) -> None:
     assert _sampled_seeds(store, "2") == {20, 21}
 
 
+def test_63_bit_seeds_round_trip_exactly(store: PoolStore, shapes_recipe: str) -> None:
+    """Seeds as the planner draws them (BLAKE2b cut to 63 bits), and the edges of that range:
+    stored, listed, judged by a person and read back digit for digit on both backends (a
+    float anywhere on the way would merge 2**53 and 2**53 + 1)."""
+    from genaug.service.intake.schemas import SEED_MAX
+    from genaug.service.recipes.load import parse_recipes
+
+    recipe = parse_recipes(shapes_recipe, path=Path("recipes.yaml"))["shapes"]
+    planned = [item.seed for item in recipe.plan_batch("circle", 0, 4)]
+    seeds = [SEED_MAX, SEED_MAX - 1, 2**53 + 1, 2**53, *planned]
+    store.add(PID, "5", _images(len(seeds), 50), seeds, model_hash="m",
+              scores=[0.5] * len(seeds))
+    page = store.browse(PID, "5", rejected=False)
+    assert [i.seed for i in page.images] == seeds and _sampled_seeds(store, "5") == set(seeds)
+    assert store.verdict(PID, "5", [2**53 + 1, SEED_MAX], keep=False).changed == [
+        2**53 + 1, SEED_MAX]
+    assert _sampled_seeds(store, "5") == set(seeds) - {2**53 + 1, SEED_MAX}
+    rejected = store.browse(PID, "5", rejected=True)
+    assert [(i.seed, i.rejected_by) for i in rejected.images] == [
+        (SEED_MAX, "person"), (2**53 + 1, "person")]
+    for k, seed in enumerate(seeds):
+        image = store.image(PID, "5", seed)
+        assert image is not None and int(image[0, 0, 0]) == 50 + k
+
+
 def test_browse_pages_through_a_label(open_store: Opener) -> None:
     store = open_store(capacity_per_label=200)
     store.add(PID, "1", _images(120), range(1000, 1120), model_hash="m",
