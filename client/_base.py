@@ -235,7 +235,7 @@ class BaseClient:
         urls = [url] if isinstance(url, str) else list(url) if url is not None else _env_urls()
         self.endpoints = Endpoints(urls)
         self.api_key = api_key if api_key is not None else os.environ.get("GENAUG_API_KEY")
-        if client_id is not None and not re.match(CLIENT_ID_PATTERN, client_id):
+        if client_id is not None and not re.fullmatch(CLIENT_ID_PATTERN, client_id):
             raise ValueError(
                 f"client_id {client_id[:80]!r} is not 1-64 characters of letters, digits and "
                 f"'._:@/-'; use a short name such as {_client_id_fix(client_id)!r}")

@@ -173,9 +173,9 @@ class Client:
 
         With ``wait_s`` > 0 the service waits up to that long for generation when its pool
         holds too few; the count returned may still be below ``n`` (never an error). It does
-        not wait for a label its judge stopped (no more images of it are made): it answers at
-        once with what it has, and ``result.stopped`` names those labels with the judge's
-        reason and fix.
+        not wait for a label its judge stopped (no more images of it are made; once every
+        label it waits for is stopped or full it answers with what it has), and
+        ``result.stopped`` names those labels with the judge's reason and fix.
         """
         return self._call(self._base.calls.sample(recipe, labels, n, wait_s))
 

@@ -137,7 +137,8 @@ async def sample(name: str, request: Request) -> Response:
     returned = set(result.labels)
     empty = [label for label in labels if label not in returned] if body.n > 0 else []
     headers = {"X-Genaug-Count": str(len(result))}
-    state.require_batcher().activity.sampled(client, name, images=len(result))  # /v1/clients
+    if state.batcher is not None:  # /v1/clients (served images are answered, even at stop)
+        state.batcher.activity.sampled(client, name, images=len(result))
     if empty:
         headers["X-Genaug-Empty-Labels"] = ",".join(empty)
     # Labels no wait will ever fill, named with the judge's reason so that a waiter can end.

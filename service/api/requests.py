@@ -35,7 +35,7 @@ def state_of(request: Request) -> AppState:
 def client_identity(request: Request) -> str:
     """Who is asking, for round-robin fairness: the API key's id and/or ``X-Client-Id``."""
     given = request.headers.get("x-client-id")
-    if given is not None and not _CLIENT_ID.match(given):
+    if given is not None and not _CLIENT_ID.fullmatch(given):  # "$" passes a last "\n"
         raise InvalidRequestError(
             f"X-Client-Id {given[:80]!r} is not 1-64 characters of letters, digits and "
             "'._:@/-'; send a short name such as 'trainer-a'",

@@ -289,7 +289,10 @@ class Adapters:
         self._slot_weights = [p for n, p in unet.named_parameters() if f".{SLOT}." in n]
         self._slot_scalings = [m.scaling for m in unet.modules()
                                if isinstance(m, LoraLayer) and SLOT in m.scaling]
-        for name, (where, path, state) in states.items():
+        # `first` is in the slot now: save it first, then swap each other one in and save it
+        # (in load order, `first` may come later, when the slot holds another adapter).
+        for name in order:
+            where, path, state = states[name]
             if name != first:
                 self._hotswap(where, state, first)
             self._saved[name] = _Saved(
@@ -297,6 +300,7 @@ class Adapters:
                 units=[float(s[SLOT]) for s in self._slot_scalings],
             )
             self._in_slot = name
+        for name, (where, path, state) in states.items():  # /v1/info lists them in load order
             self._infos[name] = self._info_of(name, where, path, state)
 
     def _hotswap(self, where: str, state: dict[str, Any], first: str) -> None:

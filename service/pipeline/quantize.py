@@ -11,9 +11,10 @@ is large: :func:`fp8_layer_filter` keeps the small ones, and those whose input i
 per image, in bf16.
 
 torchao is an optional extra (``pip install 'genaug[fp8]'``): nothing here imports it until
-the option is used, and the service runs without it. Its import-time noise (libraries it could
-not load, pytree deprecations) is held back by :mod:`~genaug.service.pipeline.quiet` and logged
-here, once, when FP8 is actually used: then it may matter.
+the option is used, and the service runs without it. Its import-time noise is quieted by
+:mod:`~genaug.service.pipeline.quiet`: torchao's own lines (libraries it could not load) are
+held back and logged here, once, when FP8 is actually used: then they may matter; torch's
+pytree deprecations and diffusers' torchao warning it causes are dropped.
 
 FP8 needs a bfloat16 UNet (per-row scales are computed from bf16 weights); a float32 one is
 refused in one line. ``skip`` keeps more layers in bf16 by name (e.g. the layer

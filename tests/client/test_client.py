@@ -324,6 +324,8 @@ def test_client_id_reaches_the_service(service: Any, kind: str) -> None:
     with pytest.raises(ValueError, match=r"client_id 'not valid!' is not 1-64 characters .* "
                                          r"such as 'not-valid'"):
         call(kind, service.url, "info", client={"client_id": "not valid!"})
+    with pytest.raises(ValueError, match=r"client_id 'trainer-a\\n'"):  # read from a file
+        call(kind, service.url, "info", client={"client_id": "trainer-a\n"})
 
 
 def test_url_defaults_to_genaug_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -384,3 +384,14 @@ def test_a_request_the_service_refuses_stops_the_feeder_loudly(
     wait_for(lambda: not feeder.running)
     assert "refused its request: X-Client-Id" in (feeder.stats.last_error or "")
     assert any("genaug feeder stopped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_lenient_feeder_says_why_it_stopped(caplog: pytest.LogCaptureFixture) -> None:
+    """strict=False: start() raises nothing, so the stop is logged as an error, not dropped."""
+    feeder = ReservoirFeeder(NumpyReservoir(3, 4), url=f"http://127.0.0.1:{closed_port()}",
+                             recipe="demo", label_map=LABELS, strict=False,
+                             client_kwargs={"client_id": "my trainer"})
+    feeder.start()
+    wait_for(lambda: not feeder.running)
+    assert any("genaug feeder stopped" in r.getMessage() and "'my trainer'" in r.getMessage()
+               for r in caplog.records)

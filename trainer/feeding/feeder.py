@@ -370,7 +370,7 @@ class ReservoirFeeder:
                 except FeederConfigError as exc:
                     self._record_failure(exc)
                     self._config_error = exc
-                    if self._contact.is_set():  # training already runs: say it loudly, stop
+                    if self._contact.is_set() or not self.strict:  # start() will not raise it
                         log.error("genaug feeder stopped: %s", exc)
                     self._contact.set()
                     return

@@ -210,6 +210,24 @@ def test_the_slot_makes_the_images_resident_adapters_make(mixed_loras: dict[str,
     assert slot.adapters.switches == 4
 
 
+def test_the_slot_keeps_each_adapters_own_weights_whatever_the_load_order(
+    mixed_loras: dict[str, Path],
+) -> None:
+    """The slot is laid out by the adapter with the most layers (ink), here listed after one
+    of fewer layers (qk): ink must still draw with ink's weights, not with what qk left in the
+    slot (the save had followed the load order, and ink was saved from a slot holding qk)."""
+    loras = {"qk": mixed_loras["qk"], "ink": mixed_loras["ink"]}
+    resident = PipelineWorker(fresh_model(), loras=loras)
+    slot = PipelineWorker(fresh_model(), loras=loras, hotswap=True)
+    assert [i["name"] for i in slot.adapters.info()] == ["qk", "ink"]  # load order
+    for adapter in ("ink", "qk", "ink"):
+        key = GroupKey(height=64, width=64, steps=2, adapter=adapter, adapter_scale=1.0)
+        batch = [item(21), item(22, guidance=1.0)]
+        want = np.stack(resident.run(key, batch).images).astype(int)
+        got = np.stack(slot.run(key, batch).images).astype(int)
+        assert np.abs(got - want).max() <= 1, adapter
+
+
 def test_switching_keeps_every_slot_tensor_in_place(loras: dict[str, Path]) -> None:
     """What a compiled graph guards on stays put: no tensor of the slot is replaced, and the
     scales stay tensors (diffusers' set_adapters would make them floats: a recompile)."""
