@@ -34,8 +34,10 @@ def _needs_tensorflow() -> None:
         pytest.skip("needs tensorflow (the trainer extra)")
 
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
-                                reason="reads processes from /proc (Linux)")
+# Slow: each test starts a real command (a service, TensorFlow) and waits for a phase of it,
+# about 10 s each on 2 cores; `make test-slow` and CI run them after the suite.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
+                                reason="reads processes from /proc (Linux)")]
 
 
 # -- processes, by PID ----------------------------------------------------------------------

@@ -363,6 +363,8 @@ class ReservoirFeeder:
                     try:
                         await self._cycle_once(client)
                     except InvalidRequestError as exc:  # a 4xx naming a field: no retry helps
+                        if not self.strict:  # lenient: logged, kept trying, as documented
+                            raise
                         raise FeederConfigError(f"genaug feeder: the service refused its "
                                                 f"request: {exc}") from None
                 except asyncio.CancelledError:
