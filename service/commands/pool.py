@@ -84,8 +84,9 @@ def _say_stopped(recipe: str, fill: dict[str, int], targets: dict[str, int],
           + f"{len(stopped)} label(s) cannot be: the judge stopped them, so no more of their "
             "images are made", file=sys.stderr)
     for label, why in stopped.items():
-        print(f"  {label} ({fill.get(label, 0)} of {targets[label]}): {why}",  # noqa: T201
-              file=sys.stderr)
+        held = (f"{fill.get(label, 0)} of {targets[label]}" if label in targets
+                else f"{fill.get(label, 0)} held")
+        print(f"  {label} ({held}): {why}", file=sys.stderr)  # noqa: T201
     print(f"genaug pregenerate: exit status {STOPPED_EXIT} (a label the judge stopped); after "  # noqa: T201
           "the fix, restart the service and run this again", file=sys.stderr)
     return STOPPED_EXIT
@@ -111,7 +112,9 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
             detail = client.fill(args.recipe, per_label=args.per_label, images=args.images)
         except GenaugError as exc:
             print(f"genaug pregenerate: {exc}", file=sys.stderr)  # noqa: T201
-            return 1
+            # 409: no label has room for the budget but those the judge stopped
+            return _refused_for_stopped(client, args.recipe) if getattr(
+                exc, "status", None) == 409 else 1
         if args.images is None:
             targets = {label: args.per_label for label in detail["labels"]}
         else:  # the labels the budget went to, each to the fill it was asked up to
@@ -145,6 +148,21 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
     if stopped:
         return _say_stopped(args.recipe, detail["fill"], targets, stopped)
     return 0
+
+
+def _refused_for_stopped(client: Any, recipe: str) -> int:
+    """After a refused fill: :data:`STOPPED_EXIT` naming each label the judge stopped, with
+    its reason and fix, when the recipe has such labels; else 1."""
+    from genaug.client import GenaugError
+
+    try:
+        detail = client.recipe(recipe)
+    except GenaugError:
+        return 1
+    stopped = dict(detail.get("stopped") or {})
+    if not stopped:
+        return 1
+    return _say_stopped(recipe, detail.get("fill") or {}, {}, stopped)
 
 
 def _settings(args: argparse.Namespace) -> Settings:

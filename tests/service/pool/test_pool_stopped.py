@@ -174,3 +174,42 @@ def test_pregenerate_in_process_exits_3_naming_the_stopped_label(
     line = next(line for line in err.splitlines() if line.startswith("  square ("))
     assert "stopped: the judge accepted" in line and "of label 'square'" in line, line
     assert SQUARE_FIX in line, line
+
+
+def test_an_images_budget_refused_because_every_label_with_room_is_stopped_exits_3(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--images B``: the service answers 409 when no label but stopped ones has room; the
+    command then names the stopped labels with the judge's reason (exit 3), not a bare 1.
+    (A unit test of the command's routing, with a stand-in client: the live stop is above.)"""
+    import argparse
+
+    import genaug.client
+    from genaug.client import StatusError
+    from genaug.service.commands import pool
+
+    reason = f"stopped: the judge accepted 2 of the 50 images of label 'square' ... {SQUARE_FIX}"
+
+    class Refusing:
+        def __init__(self, url: str) -> None:
+            pass
+
+        def __enter__(self) -> Refusing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def fill(self, recipe: str, **kwargs: Any) -> dict[str, Any]:
+            raise StatusError("no label of recipe 'shapes' has room: square stopped ...",
+                              status=409)
+
+        def recipe(self, name: str) -> dict[str, Any]:
+            return {"name": name, "fill": {"circle": 64, "square": 3},
+                    "stopped": {"square": reason}}
+
+    monkeypatch.setattr(genaug.client, "Client", Refusing)
+    args = argparse.Namespace(url="http://127.0.0.1:9", recipe="shapes", per_label=None,
+                              images=8)
+    assert pool._pregenerate_remote(args) == pool.STOPPED_EXIT
+    err = capsys.readouterr().err
+    assert f"  square (3 held): {reason}" in err and "exit status 3" in err
