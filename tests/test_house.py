@@ -21,13 +21,14 @@ PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.c
             "trainer": "genaug.trainer"}
 
 #: service/'s rooms from the top down: each imports only rooms below it. The wiring (test
-#: support, the commands, the app factory) sits on top; the HTTP edge next; then the pool, which
+#: support, the commands, adapt (``genaug adapt``'s work: it uses the pipeline and the judge),
+#: the app factory) sits on top; the HTTP edge next; then the pool, which
 #: plans with intake's plan and stores what the pipeline made, then the judge, which scores it
 #: before the pool stores it; the request's own way below it
 #: (intake, then the pipeline); and at the bottom the vocabulary every room shares: recipes,
 #: settings, batching (``items.py``, the queue, the batcher), errors and metrics.
-ORDER = ("testing", "__main__", "commands", "app", "api", "pool", "judge", "intake",
-         "pipeline", "recipes", "settings", "batching", "errors", "metrics")
+ORDER = ("testing", "__main__", "commands", "adapt", "app", "api", "pool", "judge",
+         "intake", "pipeline", "recipes", "settings", "batching", "errors", "metrics")
 
 #: trainer/'s rooms from the top down, the same way: the reference trainer, the checks,
 #: feeding, and at the bottom the hardware and the reservoir's mixing (the package's

@@ -62,10 +62,10 @@ NOT_RUN = {
         "tiny-random",
     "genaug serve --model /models/sdxl": "serves until stopped, and needs SDXL weights and "
         "a CUDA device; this module's own service is the same command on the default model",
-    "genaug adapt DATA": "needs SDXL weights and a CUDA device; tests/service/commands/"
+    "genaug adapt DATA": "needs SDXL weights and a CUDA device; tests/service/adapt/"
         "test_adapt.py runs genaug adapt on the tiny model",
     "GENAUG_LORAS=wounds=wounds.safetensors genaug serve": "serves until stopped, and needs "
-        "the adapter above; tests/service/commands/test_adapt.py runs the line genaug adapt "
+        "the adapter above; tests/service/adapt/test_adapt.py runs the line genaug adapt "
         "prints until /readyz",
 }
 

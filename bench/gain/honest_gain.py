@@ -195,7 +195,8 @@ def judge_bar(work: Path, k: int, seed: int) -> float:
         return 0.5
     import torch
 
-    from genaug.service.commands.adapt_check import calibrated_bar, cross_validate, read_shots
+    from genaug.service.adapt.check import calibrated_bar, cross_validate
+    from genaug.service.adapt.data import read_shots
     from genaug.service.judge.encoders import load_encoder
     from genaug.service.recipes.spec import TINY_ENCODER, LabelSpec, Recipe
 

@@ -97,7 +97,7 @@ def _grid(images: np.ndarray, per: int, out: Path) -> None:
 def read_sheet(path: Path, rows: int) -> np.ndarray:
     """The images of ``genaug adapt``'s check sheet (``OUT.check.png``: one row per label,
     cells kept at their pixels; the sheet's own layout says where), row by row."""
-    from genaug.service.commands.adapt_check import read_sheet as cut
+    from genaug.service.adapt.report import read_sheet as cut
 
     per_label = list(cut(path).values())
     assert len(per_label) == rows, f"the sheet has {len(per_label)} rows, not {rows}"

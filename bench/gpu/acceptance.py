@@ -14,7 +14,7 @@ weights (``gpu_sdxl.build_sdxl``), 1024x1024, :data:`STEPS` steps. In order:
 3. ``judge``: a CLIP-size encoder (ViT-L/14 image and text towers, random weights, saved as a
    local transformers folder) loaded as a judge's encoder; prompts-rule probabilities of the
    images from 1.
-4. ``adapt``: ``genaug adapt``'s training (:func:`~genaug.service.pipeline.adapt.adapt`) for a
+4. ``adapt``: ``genaug adapt``'s training (:func:`~genaug.service.adapt.train.adapt`) for a
    few steps at full size on the images from 1; its file's record; a second adapter derived
    from it (its up-projections negated, rank and header kept).
 5. ``adapters``: both adapters served with ``GENAUG_COMPILE=regional``, hotswapped into one
@@ -251,7 +251,8 @@ def check_adapt(run: Run, found: dict[str, Any]) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from genaug.service.pipeline.adapt import AdaptConfig, AdaptData, adapt, read_record
+    from genaug.service.adapt.train import AdaptConfig, AdaptData, adapt
+    from genaug.service.pipeline.lora_record import read_record
 
     assert run.images is not None, "needs the http check's images"
     model = run.build()
@@ -333,7 +334,8 @@ def check_fp8_cuda_graphs(run: Run, found: dict[str, Any]) -> None:
     import torch
 
     from genaug.client import Client
-    from genaug.service.pipeline.speed import SpeedError, SpeedOptions
+    from genaug.service.pipeline.speed import SpeedError
+    from genaug.service.pipeline.speed_options import SpeedOptions
 
     try:
         SpeedOptions(compile="regional", compile_mode="reduce-overhead")

@@ -181,7 +181,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def options_of(spec: str, best: str, new_best: str = NEW_BEST) -> Any:
     """A config's options: options joined by ``+``; ``best`` and ``new-best`` stand for
     those combinations (``best+quantize=fp8``: today's best with FP8)."""
-    from genaug.service.pipeline.speed import SpeedOptions
+    from genaug.service.pipeline.speed_options import SpeedOptions
 
     names = {"best": best, "new-best": new_best}
     parts = [names.get(part.strip(), part.strip()) for part in spec.strip().split("+")]

@@ -33,8 +33,9 @@ from fastapi.responses import HTMLResponse, Response
 
 from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
 
+from ..intake.fields import SEED_MAX
 from ..intake.parse import read_body
-from ..intake.schemas import MAX_BROWSE_LIMIT, SEED_MAX
+from ..intake.schemas import MAX_BROWSE_LIMIT
 from .recipes import _hints, _pools_for
 from .requests import binary_media, state_of
 from .responses import (

@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from genaug import __version__
 from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
 
-from ..intake.schemas import MIN_TIMEOUT_S
+from ..intake.fields import MIN_TIMEOUT_S
 from .recipes import summary_of
 from .requests import binary_media, state_of
 from .responses import (

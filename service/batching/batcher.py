@@ -31,15 +31,12 @@ Scheduling (the order itself is :mod:`~genaug.service.batching.queue`'s):
    stopping and planning again keeps every step already run, keeps a pool batch's
    reservation (so no plan index, hence no seed, is repeated or skipped) and gives
    bit-identical images.
-   **Time slices.** Within one priority, a request batch (interactive or bulk) pauses the
-   same way once the group that opened it has been served ``slice_ms`` more than a group
-   that waits (queued or paused) with none of its images in the batch: the flight is told
-   *when* (:meth:`Flight.pause_at <genaug.service.batching.items.Flight.pause_at>`), from
-   the fair queue's ledger plus the segment's own running time, and told again whenever the
-   queue changes. A lone client is never paused. The next batch is the least-served
-   group's, its oldest paused batch before new work. At most :data:`MAX_PAUSED` batches are
-   paused at once; at that bound the batch in the pipeline runs on. Generator time is
-   measured per segment and charged to the fair queue and to each client's usage then.
+   **Time slices.** Within one priority, a request batch pauses once the group that opened
+   it has been served ``slice_ms`` more than a group that waits; the next batch is the
+   least-served group's (the policy: :mod:`~genaug.service.batching.slices`). At most
+   :data:`MAX_PAUSED` batches are paused at once; at that bound the batch in the pipeline
+   runs on. Generator time is measured per segment and charged to the fair queue and to each
+   client's usage then.
 4. **Stop work nobody waits for.** A request whose client went away or whose deadline passed
    (:meth:`forget`, or the batch's own deadline timer: 504 at the deadline, during generation
    too) is dropped from the queue, and its rows in the batch in flight (or paused) are cut at
@@ -64,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -78,7 +74,8 @@ from ..errors import (
 )
 from ..metrics import Metrics
 from .items import Flight, GroupKey, IdleSource, Item, Outcome, Paused, Worker
-from .queue import PRIORITIES, Batch, FairQueue, Job, Priority, group_of
+from .queue import Batch, FairQueue, Job, Priority, group_of
+from .slices import pick, yield_at
 from .usage import POOL_CLIENT, Activity
 
 log = logging.getLogger(__name__)
@@ -88,7 +85,6 @@ SHUTTING_DOWN = "the service is shutting down; retry on a replica"
 #: embeddings on the device (an SDXL 1024x1024 batch of 8: about 10 MB), so the bound is
 #: about the count of clients switched between, not memory.
 MAX_PAUSED = 8
-_RANK = {p: i for i, p in enumerate(PRIORITIES)}
 
 __all__ = ["POOL_CLIENT", "Batcher", "Job", "Priority"]
 
@@ -293,33 +289,11 @@ class Batcher:
             self._running.flight.pause_at(self._yield_at(self._running))
 
     def _yield_at(self, batch: Batch) -> float | None:
-        """When ``batch`` (in the pipeline) should pause, on :attr:`clock`; ``None``: never.
-
-        Interactive work waiting pauses bulk and pool work at once. Otherwise a request batch
-        yields to the least-served group waiting at its own priority (queued, or paused) with
-        no image in it, once the batch's opener has been served ``slice`` more: the ledger at
-        the segment's start plus the opener's share of the segment's running time."""
+        """When ``batch`` (in the pipeline) should pause (:func:`~.slices.yield_at`);
+        ``None``: never, also while stopping or at :data:`MAX_PAUSED` paused batches."""
         if self._stopping or len(self._paused) >= MAX_PAUSED:
             return None
-        if batch.idle is not None or batch.priority != "interactive":
-            if self.queue.has("interactive"):
-                return -math.inf
-            if batch.idle is not None:
-                return None  # pool work yields to people only; bulk requests wait for it
-        inside = batch.groups
-        least = self.queue.least_served(batch.priority, inside)
-        for paused in self._paused:
-            if paused.idle is None and paused.priority == batch.priority and \
-                    paused.opener not in inside:
-                served = self.queue.served(paused.opener)
-                least = served if least is None else min(least, served)
-        if least is None:
-            return None  # nobody else waits: a lone client is never paused
-        share = batch.share_of(batch.opener)
-        if share <= 0:
-            return None
-        behind = least + self.slice_s - self.queue.served(batch.opener)
-        return batch.segment_start + behind / share
+        return yield_at(batch, self.queue, self._paused, slice_s=self.slice_s)
 
     def _prune(self, now: float) -> None:
         """Drop jobs that no longer need the pipeline, failing expired ones with 504."""
@@ -351,29 +325,6 @@ class Batcher:
         return Batch(key, parts, priority=opened_by[0], opener=group_of(opened_by[1]),
                      flight=Flight(self.clock))
 
-    def _pick(self) -> Batch | tuple[Priority, str, Job] | None:
-        """What runs next: a paused batch to resume, or the queue's head to open a batch.
-
-        Highest priority first (a paused pool batch counts as bulk, ahead of every bulk
-        group: it holds a pool reservation); within it the least-served group; a group's
-        oldest paused batch before its new work. A paused batch whose requests are all gone
-        goes first: it only frees its place."""
-        head = self.queue.head()
-        best: Batch | None = None
-        best_rank: tuple[int, float] | None = None
-        for batch in self._paused:  # oldest first: ties keep the oldest
-            if batch.idle is None and all(part.job.finished for part in batch.parts):
-                return batch  # nobody waits for it: it ends at its first step boundary
-            served = -math.inf if batch.idle is not None else self.queue.served(batch.opener)
-            rank = (_RANK[batch.priority], served)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = batch, rank
-        if best is not None and best_rank is not None:
-            if head is None or best_rank <= (_RANK[head[0]],
-                                             self.queue.served(group_of(head[1]))):
-                return best
-        return head
-
     async def _next_batch(self) -> Batch | None:
         """The next batch to run (a paused one to resume, a new one), or ``None`` to stop."""
         loop = asyncio.get_running_loop()
@@ -381,7 +332,7 @@ class Batcher:
             self._wakeup.clear()
             now = time.monotonic()
             self._prune(now)
-            head = self._pick()
+            head = pick(self._paused, self.queue)
             if isinstance(head, Batch):
                 self._paused.remove(head)
                 self._update_gauges()

@@ -10,18 +10,18 @@
     genaug adapt --check wounds.safetensors [--model M]   # was it made for this model?
 
 Each image is resized to the recipe's generation size (``height`` x ``width``) and paired
-with its label's prompts; :func:`genaug.service.pipeline.adapt.adapt` trains. ``--model``
+with its label's prompts; :func:`genaug.service.adapt.train.adapt` trains. ``--model``
 defaults to ``GENAUG_MODEL`` (else the embedded ``tiny-digits``): the LoRA is made for that
 model's weights and records their hash; the service refuses it over any other model. A
 missing label folder, an unknown recipe or a bad file gives one line and exit status 2.
 
 **Defaults by the data's size**: ``--steps`` is 1,200 per label of the recipe (at least
 1,000, at most 12,000: 6,000 for five labels), ``--rank`` 32
-(:func:`~genaug.service.pipeline.adapt.default_steps`). On the embedded ``tiny-digits-base``
+(:func:`~genaug.service.adapt.train.default_steps`). On the embedded ``tiny-digits-base``
 and five images per class of digits 5-9 they reach the 80 % goal below in a few minutes on
 2 CPU cores (docs/benchmarks.md).
 
-**The final check** (:mod:`genaug.service.commands.adapt_check`; ``--no-check`` skips it):
+**The final check** (:mod:`genaug.service.adapt.check`; ``--no-check`` skips it):
 the new LoRA, loaded as the service loads it, draws ``--check-images`` (50) images of every
 label with the recipe's prompts and settings; the judge's ``shots`` rule, fitted on DATA, scores
 them; a table per label (drawn as asked, k of N, %) and a one-line verdict with the fix
@@ -41,7 +41,6 @@ to the LoRA, ``OUT.check.json``); 130 when interrupted.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import shlex
@@ -49,22 +48,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from ..adapt.data import AdaptInputError
+from ..pipeline.lora_record import DEFAULT_RANK
 
-__all__ = ["AdaptInputError", "add_adapt_arguments", "read_labelled_folder", "run_adapt"]
+__all__ = ["add_adapt_arguments", "run_adapt"]
 
 log = logging.getLogger(__name__)
 
-_SUFFIXES = {".png", ".jpg", ".jpeg"}
-DEFAULT_RANK = 32  # as genaug.service.pipeline.adapt.DEFAULT_RANK (not imported: no torch here)
 #: The final check's images per label. At 20 one image moved a label's share by 5 points, and
 #: the check's reading and an outside classifier's, on the same images, differed by up to 15
 #: on one label; at 50 and 100 they agree within 8 on every label (docs/benchmarks.md).
 CHECK_IMAGES = 50
-
-
-class AdaptInputError(ValueError):
-    """The data, recipe or arguments cannot be used; the message says what to change."""
 
 
 def add_adapt_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,45 +96,6 @@ def add_adapt_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the final check (no images drawn, no table, no verdict)")
     parser.add_argument("--check", type=Path, default=None, metavar="LORA",
                         help="only say whether LORA was made for --model; exit 1 if not")
-
-
-def read_labelled_folder(
-    data: Path, labels: dict[str, list[str]], size: tuple[int, int]
-) -> tuple[np.ndarray, list[list[str]], str]:
-    """``data/<label>/*`` -> uint8 ``[N, height, width, 3]``, each image's prompts, and a data
-    hash (16 hex chars over labels, prompts, generation size and file contents)."""
-    from PIL import Image, UnidentifiedImageError
-
-    if not data.is_dir():
-        raise AdaptInputError(f"DATA {str(data)!r} is not a folder; give a folder with one "
-                              "sub-folder of images per label")
-    height, width = size
-    hasher = hashlib.blake2b(digest_size=8)
-    hasher.update(f"{height}x{width}".encode())
-    images: list[np.ndarray] = []
-    prompts: list[list[str]] = []
-    for label, label_prompts in labels.items():
-        folder = data / label
-        files = sorted(p for p in folder.glob("*") if p.suffix.lower() in _SUFFIXES) \
-            if folder.is_dir() else []
-        if not files:
-            raise AdaptInputError(
-                f"no images for label {label!r}: {str(folder)!r} is missing or holds no "
-                f".png/.jpg; every label of the recipe needs a folder DATA/{label}/"
-            )
-        hasher.update(b"\0label\0" + label.encode() + b"\0" + "\0".join(label_prompts).encode())
-        for path in files:
-            raw = path.read_bytes()
-            hasher.update(hashlib.blake2b(raw, digest_size=16).digest())
-            try:
-                with Image.open(path) as img:
-                    rgb = img.convert("RGB").resize((width, height),
-                                                    Image.Resampling.BICUBIC)
-            except (UnidentifiedImageError, OSError) as exc:
-                raise AdaptInputError(f"{str(path)!r} is not a readable image: {exc}") from exc
-            images.append(np.asarray(rgb, dtype=np.uint8))
-            prompts.append(list(label_prompts))
-    return np.stack(images), prompts, hasher.hexdigest()
 
 
 def run_adapt(args: argparse.Namespace) -> int:
@@ -195,7 +150,8 @@ def _load(settings: Any) -> Any:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from ..pipeline.adapt import (
+    from ..adapt.data import read_labelled_folder
+    from ..adapt.train import (
         MAX_STEPS,
         MIN_STEPS,
         STEPS_PER_LABEL,
@@ -274,7 +230,8 @@ def _final_check(args: argparse.Namespace, settings: Any, recipe: Any,
     import gc
     import json
 
-    from .adapt_check import check_adapter, read_shots
+    from ..adapt.check import check_adapter
+    from ..adapt.data import read_shots
 
     gc.collect()
     model = _load(settings)
@@ -309,7 +266,7 @@ def serve_command(settings: Any, model: str, out: Path) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..pipeline.adapt import read_record
+    from ..pipeline.lora_record import read_record
 
     path: Path = args.check
     if not path.is_file():

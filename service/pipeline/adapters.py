@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .adapt import read_record
+from .lora_record import read_record
 from .quiet import quiet_diffusers
 from .weights import hash_files
 

@@ -21,40 +21,24 @@ wires it to the batcher's poke) to call, from any thread, when there is work aga
 ``stored`` callback for samples waiting for images. Sampling, waiting and the routes' reports
 live in :mod:`genaug.service.pool.serving`.
 
-Targets. A label's target (what it is generated up to) is the larger of what was *asked*
-and, when ``pregenerate`` is on, the pool capacity, capped at the capacity (and for a label of
-real images at ``images x variants_per_image``). What was asked is the larger of this
-process's own (``genaug pregenerate`` in process) and the shared one in the database (raised
-by ``POST /v1/recipes/{name}/fill`` and by samples that wait). Asked-for images go first: a
-label below what was asked is planned before any label that is only below the capacity, so on
-a pre-generating service a fill moves its images ahead of the background work.
+Its parts, each a module of its own: targets and demand
+(:mod:`~genaug.service.pool.targets`, pure, given ``now``), which label next
+(:mod:`~genaug.service.pool.choice`), the trainers' need (:mod:`~genaug.service.pool.need`),
+a batch's outcome, the judge's call and the outage buffer
+(:mod:`~genaug.service.pool.outcomes`: it says on which thread the judge runs, and why), and
+the low-acceptance stop (:mod:`~genaug.service.pool.acceptance`: a stopped label is no longer
+planned or given a fill budget). The planner keeps the planning and wires them.
 
 Variants. A label with ``images: <folder>`` is filled with img2img variants of the folder's
 images (read under ``GENAUG_DATA_ROOT`` once, at the recipe's generation size): plan index k
 takes source ``k mod len(images)`` and the k-th seed, and the pool keeps each variant's source
 hash.
 
-The judge. A recipe with a ``judge:`` block has a :class:`~genaug.service.judge.Judge` (built
-once at start-up on the generator's device and handed in as ``judges``): each finished batch
-is scored after decoding, in the store thread, and stored with its ``scores`` and ``keep``
-flags (score >= ``min_score``). The pool stores a rejected image, counts it and never samples
-it; targets count accepted images, so a label is generated until enough images pass. Images
-stored before the recipe had a judge keep no score: they are left unjudged and sampled as
-before (drop the pool with ``genaug pool drop`` to have every image judged).
-
-The low-acceptance stop. When the judge accepts under :data:`STOP_ACCEPTANCE` (10 %) of a
-label's images once :data:`STOP_AFTER` (50) were judged since this process started (the
-pool's ``judged_total`` and ``accepted_total``, every replica's), the planner stops spending on
-the label: it is no longer planned or given a fill budget. :meth:`PoolPlanner.stopped` says
-why with the fix (``GET /v1/recipes/{name}``, the status page); the log says it once. A restart
-(with better shots, a longer-trained adapter or a lower ``min_score``) gives the label a new
-window of 50.
-
 Outages. When the pool database is unreachable, pre-generation pauses (``None``, and the
-batcher is woken again after a back-off) and finished batches are kept in memory and stored
-once the database is back. The batcher runs one idle batch at a time; an interactive request
-pauses it at the next denoising step (it resumes later, keeping its reservation, so no plan
-index is repeated or skipped).
+batcher is woken again after a back-off) and finished batches wait in
+:mod:`~genaug.service.pool.outcomes` until the database is back. The batcher runs one idle
+batch at a time; an interactive request pauses it at the next denoising step (it resumes
+later, keeping its reservation, so no plan index is repeated or skipped).
 
 Example::
 
@@ -70,21 +54,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ..batching.items import IdleWork, Outcome
+from ..batching.items import IdleWork
 from ..errors import InvalidRequestError, PoolFullError
 from ..intake.plan import plan_pool_batch
 from ..recipes.sources import SourceImage, load_label_sources, sources_digest
 from ..recipes.spec import Recipe, pool_id
+from .acceptance import AcceptanceStop
 from .choice import allocate, choose_label, label_score, label_weight
 from .need import NeedBoard
+from .outcomes import BatchOutcomes
 from .store import PoolStore
-from .types import LabelStats, PoolConnectionError, PoolError, Reservation
+from .targets import DemandBoard, asked_fill, fill_target, label_limit
+from .types import LabelStats, PoolConnectionError, Reservation
 
 if TYPE_CHECKING:
     from ..judge import Judge
@@ -92,50 +77,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_DEMAND_HALF_LIFE_S = 60.0
 _RATE_WINDOW_S = 60.0
 _MAX_BACKOFF_S = 10.0
-_MAX_UNSAVED_BATCHES = 16
 _SHARED_POLL_S = 1.0
-#: The low-acceptance stop: a label whose judge accepted under STOP_ACCEPTANCE of the images
-#: judged since start-up, once STOP_AFTER were judged, is no longer generated.
-STOP_AFTER = 50
-STOP_ACCEPTANCE = 0.10
-
-
-@dataclass
-class _Demand:
-    """Images asked for per label, decaying with a one-minute half-life."""
-
-    value: float = 0.0
-    at: float = 0.0
-
-    def add(self, amount: float, now: float) -> None:
-        self.value = self.current(now) + amount
-        self.at = now
-
-    def current(self, now: float) -> float:
-        if self.value == 0.0:
-            return 0.0
-        decay: float = 0.5 ** ((now - self.at) / _DEMAND_HALF_LIFE_S)
-        return self.value * decay
-
-
-@dataclass
-class _Unsaved:
-    """A finished batch the pool could not store yet (an outage): stored when it is back."""
-
-    pool_id: str
-    label: str
-    images: np.ndarray
-    seeds: list[int]
-    reservation: Reservation
-    indices: list[int]
-    sources: list[str | None] | None
-    meta: dict[str, Any]
-    scores: np.ndarray | None = None
-    keep: np.ndarray | None = None
-
 
 def _no_wake(delay: float = 0.0) -> None:
     return None
@@ -183,25 +127,25 @@ class PoolPlanner:
         # the pool.
         self.pregenerate = pregenerate
         self._targets = {name: dict.fromkeys(r.label_names, 0) for name, r in recipes.items()}
-        self._demand: dict[tuple[str, str], _Demand] = {}
+        self._demand = DemandBoard()
         #: What trainers report they need (``POST /v1/recipes/{name}/feedback``).
         self.need = NeedBoard(need_half_life_s)
         self._added: dict[str, deque[tuple[float, int]]] = {name: deque() for name in recipes}
         #: The counts last read per recipe (the status page shows them through an outage).
         self.last_stats: dict[str, dict[str, LabelStats]] = {}
-        self._unsaved: deque[_Unsaved] = deque()
         self._lock = threading.Lock()
         self._wake: Callable[[float], None] = _no_wake
         self._stored: Callable[[], None] = _no_news
         self._backoff_s = 0.0
         #: True while pre-generation waits for the pool database to come back.
         self.paused = False
-        #: Each judged recipe's judge (see the module doc), by recipe name.
+        #: Each judged recipe's judge (see :mod:`~genaug.service.pool.outcomes`), by recipe.
         self.judges: dict[str, Judge] = dict(judges or {})
-        #: (judged_total, accepted_total) per (recipe, label) when first read: the window of
-        #: the low-acceptance stop starts there.
-        self._judged_at_start: dict[tuple[str, str], tuple[int, int]] = {}
-        self._stopped: dict[str, dict[str, str]] = {name: {} for name in recipes}
+        self._acceptance = AcceptanceStop(recipes)
+        # The wake callback is read when called: connect() may replace it later.
+        self._outcomes = BatchOutcomes(
+            store, model_hash=model_hash, judges=self.judges, added=self._images_added,
+            outage=self._pause, rejected=lambda: self._wake(0.0))
         #: Test hook: called between reading a label's counts and reserving its batch.
         self.before_reserve: Callable[[str, str], None] | None = None
 
@@ -213,28 +157,26 @@ class PoolPlanner:
 
     def target(self, name: str, label: str, shared: int = 0) -> int:
         """The fill ``label`` of recipe ``name`` is generated up to (see the module doc)."""
-        background = self.store.capacity_per_label if self.pregenerate else 0
-        return min(max(self.asked(name, label, shared), background), self._limit(name, label))
+        return fill_target(own=self._targets[name][label], shared=shared,
+                           limit=self._limit(name, label),
+                           capacity=self.store.capacity_per_label, pregenerate=self.pregenerate)
 
     def asked(self, name: str, label: str, shared: int = 0) -> int:
         """The fill asked for ``label`` (in process, or ``shared`` through the pool): planned
         before background pre-generation (see the module doc)."""
-        return min(max(self._targets[name][label], shared), self._limit(name, label))
+        return asked_fill(own=self._targets[name][label], shared=shared,
+                          limit=self._limit(name, label))
 
     def _limit(self, name: str, label: str) -> int:
         """The most a target may be: the capacity, and for real images images x variants."""
-        limit = self.store.capacity_per_label
         spec = self.recipes[name].labels[label]
-        if spec.images is not None:
-            limit = min(limit, len(self.sources[name][label]) * spec.variants_per_image)
-        return limit
+        return label_limit(capacity=self.store.capacity_per_label, images=spec.images,
+                           sources=len(self.sources[name][label]),
+                           variants_per_image=spec.variants_per_image)
 
     def add_demand(self, name: str, labels: Sequence[str], per_label: float) -> None:
         """Note that ``per_label`` images of each label were asked for (by a sample)."""
-        now = time.monotonic()
-        with self._lock:
-            for label in labels:
-                self._demand.setdefault((name, label), _Demand()).add(per_label, now)
+        self._demand.add(name, labels, per_label, now=time.monotonic())
 
     def report_need(self, name: str, client: str, need: Mapping[str, float]) -> None:
         """Replace ``client``'s need for ``name``'s labels (see :class:`NeedBoard`)."""
@@ -278,12 +220,13 @@ class PoolPlanner:
         base = {label: max(s.fill + s.reserved, self.asked(name, label, s.target))
                 for label, s in stats.items()}
         self._check_acceptance(name, stats)
-        room = {label: 0 if label in self._stopped[name]
+        stopped = self._acceptance.stopped(name)
+        room = {label: 0 if label in stopped
                 else max(0, self._limit(name, label) - base[label]) for label in stats}
-        if sum(room.values()) == 0 and self._stopped[name]:
+        if sum(room.values()) == 0 and stopped:
             raise PoolFullError(
                 f"images {images}: no label of recipe {name!r} can take them: "
-                f"{', '.join(sorted(self._stopped[name]))} stopped (its judge accepts almost "
+                f"{', '.join(sorted(stopped))} stopped (its judge accepts almost "
                 f"none of its images; see GET /v1/recipes/{name}, 'stopped', for the fix), the "
                 "others hold, are generating or were asked for their capacity",
                 field="images",
@@ -309,9 +252,7 @@ class PoolPlanner:
         return alloc
 
     def _demand_now(self, name: str, labels: Sequence[str], now: float) -> dict[str, float]:
-        with self._lock:
-            return {label: self._demand.get((name, label), _Demand()).current(now)
-                    for label in labels}
+        return self._demand.current(name, labels, now=now)
 
     # -- IdleSource --------------------------------------------------------------------------
 
@@ -321,7 +262,7 @@ class PoolPlanner:
 
         Runs in a worker thread; every pool read and the reservation happen here."""
         try:
-            self._store_unsaved()
+            self._outcomes.store_unsaved()
             work = self._plan(max_images)
         except PoolConnectionError as exc:
             self._pause(exc)
@@ -345,7 +286,7 @@ class PoolPlanner:
             stats = self.store.stats(self.pool_ids[name], recipe.label_names)
             self.last_stats[name] = stats
             self._check_acceptance(name, stats)
-            stopped = self._stopped[name]
+            stopped = self._acceptance.stopped(name)
             tiers = (
                 {label: 0 if label in stopped else self.asked(name, label, s.target)
                  for label, s in stats.items()},
@@ -389,130 +330,30 @@ class PoolPlanner:
         sources = self.sources[name][label]
         indices = reservation.indices
         key, items = plan_pool_batch(recipe, label, indices, sources)
-        out_h, out_w = recipe.output_size
         meta: dict[str, Any] = {
             "scheduler": key.scheduler,
             "adapter": key.adapter,
             "adapter_scale": key.adapter_scale if key.adapter is not None else None,
         }
-
-        judge = self.judges.get(name)
-
-        def on_done(outcome: Outcome) -> None:
-            ok = outcome.good()
-            if outcome.errors:
-                log.warning("pre-generation: %d of %d images of %s/%s failed: %s",
-                            len(outcome.errors), len(items), name, label,
-                            next(iter(outcome.errors.values())))
-            images = stack_images([outcome.images[i] for i in ok], out_h, out_w,
-                                  recipe.output_channels)
-            scores = keep = None
-            if judge is not None:
-                try:
-                    scores = judge.score(images, label)
-                except Exception:  # a judge that cannot score must not let images through
-                    log.exception("the judge of recipe %r could not score a batch of %s; "
-                                  "the batch is dropped", name, label)
-                    on_failed(RuntimeError("judge failed"))
-                    return
-                keep = judge.keep(scores)
-            batch = _Unsaved(
-                pid, label, images,
-                [items[i].seed for i in ok], reservation, [indices[i] for i in ok],
-                [items[i].source_hash for i in ok] if sources else None, meta, scores, keep,
-            )
-            try:
-                self._save(batch)
-            except PoolConnectionError as exc:
-                self._keep_unsaved(batch, exc)
-                return
-            self._images_added(name, len(ok))
-            if keep is not None and not keep.all():
-                # Rejected images leave the label below its target although nothing is in
-                # flight for it now: the batcher may sleep, thinking the pools are full.
-                self._wake(0.0)
-
-        def on_failed(exc: BaseException) -> None:
-            try:
-                self.store.release(reservation)
-            except PoolError as error:  # it expires by itself
-                log.warning("could not release the reservation of a failed batch: %s", error)
-
+        on_done, on_failed = self._outcomes.handlers(
+            name, pid, label, items, reservation, meta=meta, size=recipe.output_size,
+            channels=recipe.output_channels, sources=bool(sources))
         return IdleWork(key=key, items=items, on_done=on_done, on_failed=on_failed)
 
-    # -- outcomes ----------------------------------------------------------------------------
-
-    def _save(self, batch: _Unsaved) -> None:
-        self.store.add(
-            batch.pool_id, batch.label, batch.images, batch.seeds, model_hash=self.model_hash,
-            reservation=batch.reservation, plan_indices=batch.indices, sources=batch.sources,
-            scores=None if batch.scores is None else [float(v) for v in batch.scores],
-            keep=None if batch.keep is None else [bool(v) for v in batch.keep],
-            **batch.meta,
-        )
-
-    def _keep_unsaved(self, batch: _Unsaved, exc: BaseException) -> None:
-        with self._lock:
-            self._unsaved.append(batch)
-            dropped = None
-            if len(self._unsaved) > _MAX_UNSAVED_BATCHES:
-                dropped = self._unsaved.popleft()
-        log.warning("pool database unreachable; keeping a batch of %d images to store later "
-                    "(%s)", len(batch.seeds), exc)
-        if dropped is not None:
-            log.error("dropping %d unstored pre-generated images (more than %d batches wait "
-                      "for the database)", len(dropped.seeds), _MAX_UNSAVED_BATCHES)
-        self._pause(exc)
-
-    def _store_unsaved(self) -> None:
-        """Store batches kept during an outage (in order); raises while it lasts."""
-        while True:
-            with self._lock:
-                if not self._unsaved:
-                    return
-                batch = self._unsaved[0]
-            self._save(batch)
-            with self._lock:
-                self._unsaved.popleft()
-            name = next(n for n, p in self.pool_ids.items() if p == batch.pool_id)
-            log.info("stored %d images kept during the database outage", len(batch.seeds))
-            self._images_added(name, len(batch.seeds))
-
-    # -- the low-acceptance stop -------------------------------------------------------------
+    # -- the low-acceptance stop and outcomes (their own modules) ---------------------------
 
     def stopped(self, name: str) -> dict[str, str]:
         """Labels of ``name`` the planner stopped spending on, each with why and the fix."""
-        return dict(self._stopped.get(name, {}))
+        return self._acceptance.stopped(name)
 
     def _check_acceptance(self, name: str, stats: Mapping[str, LabelStats]) -> None:
-        """Stop labels whose judge accepts under :data:`STOP_ACCEPTANCE` (module doc)."""
-        judge = self.judges.get(name)
-        if judge is None:
-            return
-        stopped = self._stopped[name]
-        for label, s in stats.items():
-            if label in stopped:
-                continue
-            start = self._judged_at_start.setdefault(
-                (name, label), (s.judged_total, s.accepted_total))
-            judged = s.judged_total - start[0]
-            accepted = s.accepted_total - start[1]
-            if judged < STOP_AFTER or accepted >= STOP_ACCEPTANCE * judged:
-                continue
-            stopped[label] = (
-                f"stopped: the judge accepted {accepted} of the {judged} images of label "
-                f"{label!r} judged since start-up ({100 * accepted / judged:.0f} %, under "
-                f"{100 * STOP_ACCEPTANCE:.0f} %), so generating more would spend the device on "
-                "images that are never sampled. Fix: give the judge more or better shots "
-                f"(judge.shots: {judge.spec.shots}/{label}), train the label's adapter longer, "
-                f"or lower judge.min_score (now {judge.min_score:g}); then restart the service")
-            log.warning("recipe %r label %r: %s", name, label, stopped[label])
+        """Stop labels whose judge accepts too few (:mod:`~genaug.service.pool.acceptance`)."""
+        self._acceptance.check(name, stats, self.judges.get(name))
 
     @property
     def unsaved_images(self) -> int:
         """Images made during an outage and not stored yet."""
-        with self._lock:
-            return sum(len(b.seeds) for b in self._unsaved)
+        return self._outcomes.unsaved_images
 
     def _pause(self, exc: BaseException) -> None:
         if not self.paused:
@@ -546,14 +387,3 @@ def pool_model_hash(model: LoadedModel) -> str:
     """The model identity pools are keyed on: weights and dtype (images differ across both)."""
     return f"{model.weights_hash}-{str(model.dtype).removeprefix('torch.')}"
 
-
-def stack_images(
-    images: list[np.ndarray], height: int, width: int, channels: int = 3
-) -> np.ndarray:
-    """``images`` as one uint8 ``[n, height, width, channels]`` array (also when empty)."""
-    if not images:
-        return np.zeros((0, height, width, channels), np.uint8)
-    out = np.stack(images)
-    if out.ndim == 3:  # [n, h, w] luminance from a worker that drops the channel axis
-        out = out[..., None]
-    return out

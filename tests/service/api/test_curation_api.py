@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from genaug.service.intake.schemas import SEED_MAX, SEED_TEXT_PATTERN
+from genaug.service.intake.fields import SEED_MAX, SEED_TEXT_PATTERN
 from genaug.service.recipes.load import parse_recipes
 from genaug.service.testing import LiveService, start_service
 from genaug.wire import decode_batch

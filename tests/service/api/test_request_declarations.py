@@ -10,17 +10,12 @@ from typing import Annotated, Any
 import pytest
 from pydantic import Field
 
+from genaug.service.intake.fields import SEED_MAX, Bound, Fix, Limits, bounded_model, declaration
 from genaug.service.intake.schemas import (
     ROUTE_MODELS,
-    SEED_MAX,
     ApiModels,
-    Bound,
-    Fix,
     GenerateRequest,
-    Limits,
-    bounded_model,
     build_api_models,
-    declaration,
     hints,
 )
 from genaug.service.recipes.load import load_recipes

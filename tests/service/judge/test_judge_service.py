@@ -102,16 +102,16 @@ def test_scores_are_stored_and_only_accepted_images_are_sampled_and_counted(
 def test_a_label_the_judge_rejects_is_stopped_and_says_why(
         make_service: Any, tmp_path: Path, shapes_recipe: str,
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    from genaug.service.pool import planner
+    from genaug.service.pool import acceptance
 
-    assert (planner.STOP_AFTER, planner.STOP_ACCEPTANCE) == (50, 0.10)  # what the docs say
-    monkeypatch.setattr(planner, "STOP_AFTER", 16)  # the same rule, a third of the images
+    assert (acceptance.STOP_AFTER, acceptance.STOP_ACCEPTANCE) == (50, 0.10)  # the docs' rule
+    monkeypatch.setattr(acceptance, "STOP_AFTER", 16)  # the same rule, a third of the images
     # Two labels, and a min_score no image of the tiny model reaches: nothing is accepted.
     text = shapes_recipe.replace('      triangle: {prompts: ["a triangle"], '
                                  'negative_prompt: "blurry"}\n', "")
     _shots(tmp_path, ("circle", "square"))
     recipes = _recipe(tmp_path, text, "{shots: shots, min_score: 0.99}")
-    with caplog.at_level(logging.WARNING, logger="genaug.service.pool.planner"):
+    with caplog.at_level(logging.WARNING, logger="genaug.service.pool.acceptance"):
         live = make_service(recipes=recipes, pool_path=tmp_path / "pool.db",
                             pool_capacity_per_label=100, max_batch_images=8,
                             data_root=tmp_path)

@@ -304,7 +304,7 @@ def test_ten_adapters_on_a_compiled_unet_never_recompile(tmp_path: Path) -> None
     import torch._dynamo.config as dynamo_config
     from torch._dynamo.utils import counters
 
-    from genaug.service.pipeline.adapt import AdaptConfig, AdaptData, adapt
+    from genaug.service.adapt.train import AdaptConfig, AdaptData, adapt
     from genaug.service.pipeline.speed import Speed
 
     loras: dict[str, Path] = {}

@@ -19,7 +19,8 @@ import pytest
 
 from genaug.client import Client
 from genaug.service.batching.items import Flight, GroupKey, Item, Outcome, Paused, to_end
-from genaug.service.pipeline.speed import Speed, SpeedError, SpeedOptions
+from genaug.service.pipeline.speed import Speed, SpeedError
+from genaug.service.pipeline.speed_options import SpeedOptions
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.pipeline.tracked import PaddedWorker, TrackedWorker
 from genaug.service.pipeline.warmup import (

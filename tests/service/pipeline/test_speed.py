@@ -35,7 +35,8 @@ import torch
 from genaug.client import Client
 from genaug.service.batching.items import GroupKey, Item
 from genaug.service.pipeline.load import LoadedModel
-from genaug.service.pipeline.speed import Speed, SpeedError, SpeedOptions, apply_speed
+from genaug.service.pipeline.speed import Speed, SpeedError, apply_speed
+from genaug.service.pipeline.speed_options import SpeedOptions
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.pipeline.warmup import ShapeTracker
 from genaug.service.pipeline.worker import PipelineWorker

@@ -166,7 +166,7 @@ def test_63_bit_seeds_round_trip_exactly(store: PoolStore, shapes_recipe: str) -
     """Seeds as the planner draws them (BLAKE2b cut to 63 bits), and the edges of that range:
     stored, listed, judged by a person and read back digit for digit on both backends (a
     float anywhere on the way would merge 2**53 and 2**53 + 1)."""
-    from genaug.service.intake.schemas import SEED_MAX
+    from genaug.service.intake.fields import SEED_MAX
     from genaug.service.recipes.load import parse_recipes
 
     recipe = parse_recipes(shapes_recipe, path=Path("recipes.yaml"))["shapes"]

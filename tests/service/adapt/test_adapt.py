@@ -22,9 +22,9 @@ from PIL import Image
 
 from genaug.cli import main
 from genaug.service.batching.items import GroupKey, Item
-from genaug.service.pipeline.adapt import read_record
 from genaug.service.pipeline.adapters import AdapterLoadError, Adapters
 from genaug.service.pipeline.load import load_model
+from genaug.service.pipeline.lora_record import read_record
 from genaug.service.pipeline.worker import PipelineWorker
 from genaug.service.settings import Settings
 
@@ -144,7 +144,7 @@ def test_a_lora_for_another_base_is_refused_in_one_line(
 
 
 def test_ctrl_c_saves_a_usable_lora(tmp_path: Path) -> None:
-    from genaug.service.pipeline.adapt import AdaptConfig, AdaptData, adapt
+    from genaug.service.adapt.train import AdaptConfig, AdaptData, adapt
 
     model = load_model(source="tiny-random", unet_weights=None, device="cpu", dtype="auto")
     forward, calls = model.pipeline.unet.forward, []
@@ -207,7 +207,7 @@ def test_a_few_steps_on_the_sdxl_size_random_model(tmp_path: Path) -> None:
 
     import torch
 
-    from genaug.service.pipeline.adapt import AdaptConfig, AdaptData, adapt
+    from genaug.service.adapt.train import AdaptConfig, AdaptData, adapt
 
     bench: Any = importlib.import_module("bench.gpu.gpu_sdxl")  # from the repository root
     device = torch.device("cuda:0")

@@ -1,9 +1,10 @@
-"""Adapt a served model to a user's own images: a LoRA trained with peft, saved for diffusers.
+"""Training, the one piece: a LoRA on the served model with peft, saved for diffusers.
 
 ``genaug adapt`` (:mod:`genaug.service.commands.adapt`) reads ``DATA/<label>/*.png`` with
-each label's recipe prompts and calls :func:`adapt`, which trains low-rank adapters on the
-UNet's attention projections (``to_q``, ``to_k``, ``to_v``, ``to_out.0``; optionally both
-text encoders' ``q/k/v/out_proj``) of the model genaug serves, the rest frozen:
+each label's recipe prompts (:mod:`genaug.service.adapt.data`) and calls :func:`adapt`, which
+trains low-rank adapters on the UNet's attention projections (``to_q``, ``to_k``, ``to_v``,
+``to_out.0``; optionally both text encoders' ``q/k/v/out_proj``) of the model genaug serves,
+the rest frozen:
 
 * the loss of the model's own noise schedule (its scheduler's ``prediction_type``:
   ``epsilon`` or ``v_prediction``), latents from the frozen VAE (posterior sampled per step),
@@ -19,9 +20,11 @@ text encoders' ``q/k/v/out_proj``) of the model genaug serves, the rest frozen:
 
 The file is what ``StableDiffusionXLPipeline.save_lora_weights`` writes (keys ``unet.*``,
 ``text_encoder.*``, ``text_encoder_2.*``, diffusers naming), so ``GENAUG_LORAS=name=OUT``
-loads it; its safetensors header also holds the record under ``genaug_*`` keys
-(:data:`BASE_HASH_KEY` is the served model's ``weights_hash``, which
-:class:`~genaug.service.pipeline.adapters.Adapters` checks against the model it serves).
+loads it; its safetensors header also holds the record
+(:mod:`genaug.service.pipeline.lora_record`: :data:`BASE_HASH_KEY` is the served model's
+``weights_hash``, which :class:`~genaug.service.pipeline.adapters.Adapters` checks against the
+model it serves). The header's keys and reader live in the pipeline because serving sits
+below adaptation and reads them too.
 
 Example::
 
@@ -48,17 +51,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from .load import LoadedModel
+from ..pipeline.lora_record import BASE_HASH_KEY, DEFAULT_RANK, RECORD_KEY
 
-__all__ = ["BASE_HASH_KEY", "DEFAULT_RANK", "STEPS_PER_LABEL", "AdaptConfig", "AdaptData",
-           "adapt", "default_steps", "read_record"]
+if TYPE_CHECKING:
+    from ..pipeline.load import LoadedModel
+
+__all__ = ["MAX_STEPS", "MIN_STEPS", "STEPS_PER_LABEL", "AdaptConfig", "AdaptData", "adapt",
+           "default_steps"]
 
 log = logging.getLogger(__name__)
 
-#: safetensors header key of the base model's ``weights_hash`` the LoRA was trained on.
-BASE_HASH_KEY = "genaug_base_hash"
-_RECORD_KEY = "genaug_adapt"  # the whole record, JSON
 _UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 _TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
 _MAX_LOSSES = 200  # losses recorded: one per step, or means of equal chunks beyond this
@@ -70,7 +72,6 @@ _MAX_LOSSES = 200  # losses recorded: one per step, or means of equal chunks bey
 STEPS_PER_LABEL = 1200
 MIN_STEPS = 1000
 MAX_STEPS = 12_000
-DEFAULT_RANK = 32
 
 
 def default_steps(labels: int) -> int:
@@ -263,21 +264,6 @@ def adapt(model: LoadedModel, data: AdaptData, out: Path, config: AdaptConfig) -
     return record
 
 
-def read_record(path: Path) -> dict[str, Any]:
-    """The ``genaug adapt`` record in a LoRA file's header; ``{}`` when it has none."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        meta = handle.metadata() or {}
-    try:
-        record: dict[str, Any] = json.loads(meta.get(_RECORD_KEY, "{}"))
-    except ValueError:
-        record = {}
-    if BASE_HASH_KEY in meta:
-        record["base_hash"] = meta[BASE_HASH_KEY]
-    return record
-
-
 def _encode(pipe: Any, images: np.ndarray, device: torch.device,
             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Posterior mean and std of every image (unscaled latents, float32, on the CPU)."""
@@ -367,7 +353,7 @@ def _save(pipe: Any, text_modules: list[Any], out: Path, record: dict[str, Any])
         state.update(StableDiffusionXLPipeline.pack_weights(layers, prefix))
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
     meta = {"format": "pt", BASE_HASH_KEY: str(record["base_hash"]),
-            _RECORD_KEY: json.dumps(record, sort_keys=True)}
+            RECORD_KEY: json.dumps(record, sort_keys=True)}
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     save_file(tensors, str(partial), metadata=meta)

@@ -22,20 +22,19 @@ import pytest
 from PIL import Image
 
 from genaug.cli import main
-from genaug.service.commands.adapt_check import (
+from genaug.service.adapt import train as adapt_module
+from genaug.service.adapt.check import check_adapter, cross_validate, score
+from genaug.service.adapt.data import read_shots
+from genaug.service.adapt.report import (
     UNSURE_COLOUR,
     WRONG_COLOUR,
     CheckResult,
     LabelCheck,
-    check_adapter,
-    cross_validate,
     read_sheet,
-    read_shots,
-    score,
 )
-from genaug.service.pipeline import adapt as adapt_module
-from genaug.service.pipeline.adapt import default_steps, read_record
+from genaug.service.adapt.train import default_steps
 from genaug.service.pipeline.load import load_model
+from genaug.service.pipeline.lora_record import read_record
 from genaug.service.recipes.spec import LabelSpec, Recipe
 
 _WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -270,7 +269,7 @@ def test_default_steps_follow_the_labels() -> None:
 def test_the_cosine_schedule_warms_up_then_decays_to_zero() -> None:
     import torch
 
-    from genaug.service.pipeline.adapt import AdaptConfig, _scheduler
+    from genaug.service.adapt.train import AdaptConfig, _scheduler
 
     def rates(schedule: str) -> list[float]:
         param = torch.nn.Parameter(torch.zeros(1))
