@@ -16,19 +16,30 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	$(BIN)/python -m pip install --quiet -c constraints/cpu.txt -e '.[dev,trainer,fp8]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# KEDA's CRD schemas (npm @kubernetes-models/keda, pinned in tools/keda-schema's lock) for
+# tests/docker/test_keda.py, which validates docker/k8s/keda.yaml with them under node.
+KEDA_DIR := .cache/keda-models
+KEDA := $(KEDA_DIR)/node_modules/@kubernetes-models/keda/package.json
+
+$(KEDA): tools/keda-schema/package.json tools/keda-schema/package-lock.json
+	mkdir -p $(KEDA_DIR)
+	cp tools/keda-schema/package.json tools/keda-schema/package-lock.json $(KEDA_DIR)/
+	cd $(KEDA_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(KEDA)
+
+install: $(STAMP) $(KEDA)
 
 demo: $(STAMP)
 	$(BIN)/genaug demo
 
 # --durations: the slowest tests in every run's log, to keep the suite under 8 minutes on 2 cores.
-test: $(STAMP)
+test: $(STAMP) $(KEDA)
 	$(BIN)/python -m pytest --durations=15
 
 # The long tests (torch.compile, benchmarks in --tiny mode, end-to-end runs of several
 # processes: replicas on PostgreSQL, reliability's load, kill and fuzz runs, two TensorFlow
 # workers), kept out of `make test` to hold it under 8 minutes on 2 cores; CI runs them after it.
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(KEDA)
 	$(BIN)/python -m pytest -m slow --durations=6
 
 lint: $(STAMP)
@@ -42,4 +53,4 @@ reliability: $(STAMP)
 	$(BIN)/python -m reliability --full
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(KEDA_DIR) .pytest_cache .mypy_cache .ruff_cache

@@ -133,7 +133,7 @@ def families() -> dict[str, str]:
 
 def catalogue() -> list[Entry]:
     """Every benchmark in this tree: each ``bench/<family>/<name>.py`` that defines ``run``
-    (a module without one breaks the contract, and fails ``tests/test_bench.py``)."""
+    (a module without one breaks the contract, and fails ``tests/bench/test_bench.py``)."""
     out = []
     for family in families():
         for path in sorted((BENCH / family).glob("*.py")):

@@ -26,6 +26,7 @@ BENCHMARKS = (
     "pool_fill_rate",
     "need_fill_rate",
     "fair_share",
+    "webhook_overhead",
 )
 
 
@@ -68,6 +69,14 @@ def summary_row(name: str, result: dict[str, Any]) -> list[Any]:
             f"heavy/light share {heavy:.2f}/{1 - heavy:.2f}, 10 ids/1 id {result['id_ratio']:.2f}",
             "0.4-0.6 each; 0.8-1.25",
             result["cost_goal_met"] and result["id_goal_met"],
+        ]
+    if name == "webhook_overhead":
+        return [
+            name,
+            f"hanging webhooks/none = {result['ratio_shipped']:.3f} (stress "
+            f"{result['ratio_stress']:.3f})",
+            ">= 0.95",
+            result["met"],
         ]
     return [name, "", "", ""]
 

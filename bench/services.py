@@ -18,11 +18,13 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.harness import ROOT
+
+T = TypeVar("T")
 
 # -- torch ----------------------------------------------------------------------------------
 
@@ -206,18 +208,14 @@ def wait_generated(
     which slows a CPU pipeline; sleeping through most of the expected duration and then
     polling often keeps both the disturbance and the timing error small.
     """
-    from genaug.experiments.fewshot import raise_if_stopped
+    from genaug.experiments.fewshot import poll_pool
 
-    deadline = time.monotonic() + timeout
     time.sleep(quiet_s)
-    while True:
-        detail = http.get(f"{url}/v1/recipes/{name}").json()
-        if detail["totals"]["generated"] >= total:
-            return time.perf_counter(), detail
-        raise_if_stopped(detail, None)  # a label the judge stopped is generated no more
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"pool {name} reached {detail['totals']} of {total} in time")
-        time.sleep(poll_s)
+    # per_label None: any label the judge stopped raises, it is generated no more
+    detail = poll_pool(lambda: dict(http.get(f"{url}/v1/recipes/{name}").json()),
+                       per_label=None, timeout=max(0.0, timeout - quiet_s), poll_s=poll_s,
+                       filled=lambda detail: detail["totals"]["generated"] >= total)
+    return time.perf_counter(), detail
 
 
 # -- clients --------------------------------------------------------------------------------
@@ -239,3 +237,41 @@ async def saturate(
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return requests * n / (time.perf_counter() - started)
+
+
+class Clients:
+    """One :class:`~genaug.client.AsyncClient` per service and the event loop they run on, for
+    a benchmark whose phases are plain functions (:func:`bench.harness.interleave` calls
+    them); leaving the ``with`` block closes the clients, then the loop::
+
+        with Clients(urls, timeout=120) as clients:
+            rate = clients.saturate("a", concurrency=4, requests=12, n=8)
+            clients.run(clients["b"].generate("a prompt"))
+    """
+
+    def __init__(self, urls: Mapping[str, str], **options: Any) -> None:
+        from genaug.client import AsyncClient
+
+        self.loop = asyncio.new_event_loop()
+        self.clients = {name: AsyncClient(url, **options) for name, url in urls.items()}
+
+    def __getitem__(self, name: str) -> Any:
+        return self.clients[name]
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work`` run to its end on the clients' loop."""
+        return self.loop.run_until_complete(work)
+
+    def saturate(self, name: str, **options: Any) -> float:
+        """:func:`saturate` with the client of service ``name``: images per second."""
+        return self.run(saturate(self.clients[name], **options))
+
+    def __enter__(self) -> Clients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for client in self.clients.values():
+                self.loop.run_until_complete(client.aclose())
+        finally:
+            self.loop.close()

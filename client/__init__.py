@@ -14,6 +14,8 @@ Example::
         variants = client.variants(batch.images[:2], "a healing wound", strength=0.5,
                                    n_per_image=3, seed=0)
         variants.sources  # [0, 0, 0, 1, 1, 1]: which input each variant came from
+        job = client.fill("digits", per_label=200)   # a FillJob: the service's job
+        job.wait(timeout=600)["state"]               # "done" (or stopped, failed, cancelled)
 
 ``backoff_s`` is the clients' one backoff formula, public for loops that retry on their own
 (the trainer's feeder). The wire codecs live in :mod:`genaug.wire`, shared with the service.
@@ -21,11 +23,12 @@ Example::
 
 from __future__ import annotations
 
-from ._async import AsyncClient
+from ._async import AsyncClient, AsyncFillJob
 from ._base import GenerateResult, SampleResult, backoff_s
-from ._sync import Client
+from ._sync import Client, FillJob
 from .errors import (
     AuthenticationError,
+    ConflictError,
     DeadlineExceededError,
     DecodeError,
     GenaugError,
@@ -40,10 +43,13 @@ from .errors import (
 
 __all__ = [
     "AsyncClient",
+    "AsyncFillJob",
     "AuthenticationError",
     "Client",
+    "ConflictError",
     "DeadlineExceededError",
     "DecodeError",
+    "FillJob",
     "GenaugError",
     "GenerateResult",
     "InvalidRequestError",

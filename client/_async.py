@@ -12,12 +12,18 @@ import httpx
 import numpy as np
 
 from ._base import (
+    JOB_POLL_S,
+    JOBS_LIMIT,
     PROBE_TIMEOUT_S,
+    SAMPLE_N,
+    SAMPLE_WAIT_S,
     BaseClient,
     Call,
     Endpoint,
+    FillAnswer,
     GenerateOptions,
     GenerateResult,
+    JobWatch,
     SampleResult,
     VariantOptions,
 )
@@ -162,8 +168,8 @@ class AsyncClient:
         return result
 
     async def sample(
-        self, recipe: str, *, labels: str | Sequence[str] | None = None, n: int = 64,
-        wait_s: float = 0.0,
+        self, recipe: str, *, labels: str | Sequence[str] | None = None, n: int = SAMPLE_N,
+        wait_s: float = SAMPLE_WAIT_S,
     ) -> SampleResult:
         """Up to ``n`` pre-generated images of ``recipe``, spread over ``labels`` (default all:
         label names, strings even where they are digits; a number raises ``TypeError``).
@@ -174,7 +180,7 @@ class AsyncClient:
         label it waits for is stopped or full it answers with what it has), and
         ``result.stopped`` names those labels with the judge's reason and fix.
         """
-        return await self._call(self._base.calls.sample(recipe, labels, n, wait_s))
+        return await self._call(self._base.calls.sample(recipe, labels=labels, n=n, wait_s=wait_s))
 
     async def info(self) -> dict[str, Any]:
         """Model identity, device, dtype, limits and version."""
@@ -189,10 +195,13 @@ class AsyncClient:
         return await self._call(self._base.calls.recipe(name))
 
     async def fill(
-        self, recipe: str, *, per_label: int | None = None, images: int | None = None
-    ) -> dict[str, Any]:
-        """Ask the service to generate images for ``recipe``'s pool, in the background;
-        returns the recipe's current counts and targets at once. Give one of:
+        self, recipe: str, per_label: int | None = None, images: int | None = None, *,
+        notify_url: str | None = None,
+    ) -> AsyncFillJob:
+        """Hand the service a fill of ``recipe``'s pool; returns at once with the
+        :class:`AsyncFillJob` the service runs it as (``await job.wait()``, ``await
+        job.cancel()``), which reads as the fill's answer: the recipe's counts and targets
+        (``job["fill"]``, ``job["budget"]``). Give one of:
 
         - ``per_label``: fill every label to at least that many images;
         - ``images``: generate that many more, split over the labels by the trainers'
@@ -201,13 +210,62 @@ class AsyncClient:
           go before background pre-generation, so on a pre-generating service, whose labels
           are already headed for the capacity, this moves that much of the remaining work
           forward. The answer's ``budget`` says what happens (``asked`` is less than
-          ``images`` when less room is left; a full pool is 409).
+          ``images`` when less room is left; a full pool is :class:`ConflictError`, 409).
+
+        ``notify_url``: the service POSTs the job there once it ends (an ``https://`` URL on a
+        host the operator allowed, ``GENAUG_WEBHOOK_HOSTS``; docs/webhooks.md).
 
         Example::
 
-            await client.fill("digits", images=2000)
+            job = await client.fill("digits", images=2000)
+            job["budget"]["asked"]                # what the service took on
+            done = await job.wait(timeout=600)    # the job once it ended
+            done["state"]                         # "done", or "stopped" (done["reason"])
         """
-        return await self._call(self._base.calls.fill(recipe, per_label, images))
+        answer = await self._call(self._base.calls.fill(recipe, per_label, images, notify_url))
+        return AsyncFillJob(self, answer)
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        """The job ``job_id`` now: its ``state`` (queued, running; then done, stopped, failed
+        or cancelled), ``reason``, per-label counts (``labels``), ``asked``, ``accepted``,
+        ``missing``, ``rate`` and ``eta_s``. An unknown id is :class:`NotFoundError`."""
+        return await self._call(self._base.calls.job(job_id))
+
+    async def jobs(self, recipe: str | None = None, state: str | None = None,
+                   limit: int = JOBS_LIMIT) -> list[dict[str, Any]]:
+        """The most recent jobs (of ``recipe``, in ``state``), newest first, at most
+        ``limit``.
+
+        Example::
+
+            [j["id"] for j in await client.jobs("digits", state="running")]
+        """
+        return await self._call(self._base.calls.jobs(recipe, state, limit))
+
+    async def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued or running job; returns it, ``cancelled``. What it asked for and
+        no live job still wants is no longer made (what is made or being made is kept). A job
+        that already ended is :class:`ConflictError` (409, naming its state), an unknown id
+        :class:`NotFoundError`."""
+        return await self._call(self._base.calls.cancel_job(job_id))
+
+    async def wait_job(self, job_id: str, timeout: float | None = None, *,
+                       poll_s: float = JOB_POLL_S, progress: bool | None = None
+                       ) -> dict[str, Any]:
+        """Poll the job every ``poll_s`` seconds until it ended; returns it (``state`` done,
+        stopped, failed or cancelled: a stopped job's ``reason`` names each label the judge
+        stopped, with its fix). ``progress``: a tqdm bar on stderr (``None``: where stderr is
+        a terminal). Raises ``TimeoutError`` naming the job and its state after ``timeout``
+        seconds (``None``: no limit); the job goes on in the service."""
+        watch = JobWatch(job_id, timeout=timeout, poll_s=poll_s, progress=progress)
+        try:
+            while True:
+                job = await self.job(job_id)
+                if watch.seen(job):
+                    return job
+                await asyncio.sleep(watch.delay())
+        finally:
+            watch.close()
 
     async def feedback(self, recipe: str, need: Mapping[str, float]) -> dict[str, Any]:
         """Tell the service what this client needs from ``recipe``'s pool: ``need`` maps
@@ -259,3 +317,37 @@ class AsyncClient:
             if time.monotonic() >= deadline:
                 raise TransportError(f"no genaug replica became ready within {timeout:g} s: {last}")
             await asyncio.sleep(0.2)
+
+
+class AsyncFillJob(FillAnswer):
+    """A fill the service runs as a job, for :class:`AsyncClient`: the fill's answer (a
+    mapping: ``job["fill"]``, ``job["budget"]``), the job's ``id`` and ``url``, and what
+    follows it, through the client that made it (keep it open meanwhile).
+
+    Example::
+
+        async with AsyncClient("http://127.0.0.1:8000") as client:
+            job = await client.fill("digits", per_label=200)
+            (await job.status())["state"]        # "queued" or "running"
+            final = await job.wait(timeout=600)
+            final["state"], final["reason"]      # "done", None
+    """
+
+    def __init__(self, client: AsyncClient, answer: dict[str, Any]) -> None:
+        super().__init__(answer)
+        self._client = client
+
+    async def status(self) -> dict[str, Any]:
+        """The job now (:meth:`AsyncClient.job`)."""
+        return await self._client.job(self._job_id())
+
+    async def wait(self, timeout: float | None = None, *, poll_s: float = JOB_POLL_S,
+                   progress: bool | None = None) -> dict[str, Any]:
+        """Poll until the job ended and return it (:meth:`AsyncClient.wait_job`)."""
+        return await self._client.wait_job(self._job_id(), timeout, poll_s=poll_s,
+                                           progress=progress)
+
+    async def cancel(self) -> dict[str, Any]:
+        """Cancel the job (:meth:`AsyncClient.cancel_job`); :class:`ConflictError` once it
+        ended."""
+        return await self._client.cancel_job(self._job_id())

@@ -12,8 +12,10 @@ import math
 import os
 import random
 import re
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar, Unpack
 
@@ -41,6 +43,11 @@ from .errors import (
 DEFAULT_URL = "http://127.0.0.1:8000"
 PROBE_TIMEOUT_S = 2.0
 RETRYABLE = (TransportError, RateLimitedError, UnavailableError)
+
+# ``sample``'s defaults, once for both clients: the service's own (``SampleRequest``), which
+# tests/client pins them to, so a call that leaves them out means what the service means.
+SAMPLE_N = 64
+SAMPLE_WAIT_S = 0.0
 
 
 @dataclass
@@ -514,6 +521,191 @@ def expect_png(payload: bytes) -> bytes:
     return payload
 
 
+# -- jobs: a fill handed off -----------------------------------------------------------------
+
+#: A job's states while the service still works on it, and once it ended (the service's
+#: ``JOB_STATES``); a waiter returns at the latter.
+LIVE_JOB_STATES = ("queued", "running")
+ENDED_JOB_STATES = ("done", "stopped", "failed", "cancelled")
+#: ``wait()``'s default seconds between polls of ``GET /v1/jobs/{id}``, and ``jobs()``'s
+#: default count (the service's own).
+JOB_POLL_S = 1.0
+JOBS_LIMIT = 50
+
+
+def job_ended(job: Mapping[str, Any]) -> bool:
+    """True once ``job`` (a ``GET /v1/jobs/{id}`` answer) is done, stopped, failed or
+    cancelled."""
+    return str(job.get("state")) in ENDED_JOB_STATES
+
+
+def job_held(job: Mapping[str, Any]) -> tuple[int, int]:
+    """``(held, asked)``: how much of what ``job`` asked its labels hold now (``asked -
+    missing``: a ``per_label`` job counts the images its labels held before it began, an
+    ``images`` one only those it made), and what it asked."""
+    asked = int(job.get("asked") or 0)
+    return max(0, asked - int(job.get("missing") or 0)), asked
+
+
+def job_path(job_id: str) -> str:
+    """``/v1/jobs/{job_id}``, the id quoted (an id with a ``/`` is a 404, never another
+    route).
+
+    Raises:
+        ValueError: an empty id (it would name the list, not a job).
+    """
+    if not isinstance(job_id, str) or not job_id:
+        raise ValueError(f"job id {job_id!r}: give the id a fill answered (fill(...).id: 'j_' "
+                         "and 16 hex characters); jobs() lists the recent ones")
+    return "/v1/jobs/" + urllib.parse.quote(job_id, safe="")
+
+
+def jobs_query(recipe: str | None, state: str | None, limit: int) -> str:
+    """``GET /v1/jobs``' query string (only the filters given)."""
+    query = {key: value for key, value in (("recipe", recipe), ("state", state))
+             if value is not None}
+    query["limit"] = str(int(limit))
+    return "?" + urllib.parse.urlencode(query)
+
+
+class FillAnswer(Mapping[str, Any]):
+    """What a fill answered: the recipe's counts and targets at once (read it as a mapping:
+    ``job["budget"]``, ``job["fill"]``, ``dict(job)``), and the job the service carries the
+    fill out as (``id``, ``url``). :class:`~genaug.client.FillJob` and
+    :class:`~genaug.client.AsyncFillJob` add ``status()``, ``wait()`` and ``cancel()``.
+
+    ``id`` is ``None`` only from a service older than jobs (its answer names none): the fill
+    still runs there, but there is nothing to follow or cancel.
+    """
+
+    def __init__(self, answer: Mapping[str, Any]) -> None:
+        self.answer: dict[str, Any] = dict(answer)
+        job = self.answer.get("job")
+        found = isinstance(job, Mapping) and isinstance(job.get("id"), str)
+        self.id: str | None = str(job["id"]) if found and isinstance(job, Mapping) else None
+        self.url: str | None = (str(job["url"]) if found and isinstance(job, Mapping)
+                                and job.get("url") else None)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.answer[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.answer)
+
+    def __len__(self) -> int:
+        return len(self.answer)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, recipe={self.answer.get('name')!r})"
+
+    def _job_id(self) -> str:
+        if self.id is None:
+            raise DecodeError(
+                f"the service's fill answer names no job (keys: {sorted(self.answer)}): it is "
+                "older than this client, so there is nothing to follow or cancel; watch "
+                "recipe(name)['fill'] instead, or upgrade the service")
+        return self.id
+
+
+class JobWatch:
+    """One wait for a job, without I/O: its deadline, its progress bar, and whether the job
+    ended. The clients poll; this decides.
+
+    ``progress``: ``None`` draws a tqdm bar (held of asked images, the state and rate) when
+    ``sys.stderr`` is a terminal and tqdm is installed, ``True`` always (tqdm required),
+    ``False`` never.
+
+    Example::
+
+        watch = JobWatch("j_0123456789abcdef", timeout=60.0, poll_s=1.0, progress=False)
+        while not watch.seen(client.job(watch.job_id)):
+            time.sleep(watch.delay())   # raises TimeoutError at the deadline
+        watch.close()
+    """
+
+    def __init__(self, job_id: str, *, timeout: float | None, poll_s: float,
+                 progress: bool | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        job_path(job_id)  # the id is one before anything waits
+        if not (isinstance(poll_s, int | float) and math.isfinite(poll_s) and poll_s > 0):
+            raise ValueError(f"poll_s={poll_s!r}: give the seconds between polls, a number > 0 "
+                             f"(default {JOB_POLL_S:g})")
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
+            raise ValueError(f"timeout={timeout!r}: give seconds >= 0, or None to wait until "
+                             "the job ends")
+        self.job_id = job_id
+        self.timeout = timeout
+        self.poll_s = float(poll_s)
+        self._clock = clock
+        self.deadline = None if timeout is None else clock() + float(timeout)
+        self.last: Mapping[str, Any] | None = None
+        self._tqdm = _tqdm_class(progress)
+        self._bar: Any = None
+
+    def seen(self, job: Mapping[str, Any]) -> bool:
+        """Record a poll's answer (the bar follows it); True when the job ended."""
+        self.last = job
+        if self._tqdm is not None:
+            held, asked = job_held(job)
+            if self._bar is None:
+                self._bar = self._tqdm(total=asked, desc=self.job_id, unit="img",
+                                       file=sys.stderr, dynamic_ncols=True, leave=True)
+            self._bar.total = asked
+            self._bar.n = min(held, asked)
+            self._bar.set_postfix_str(
+                f"{job.get('state')}, {float(job.get('rate') or 0.0):.2f} img/s",
+                refresh=False)
+            self._bar.refresh()
+        return job_ended(job)
+
+    def delay(self) -> float:
+        """Seconds to sleep before the next poll.
+
+        Raises:
+            TimeoutError: the deadline passed; the message names the job and its state.
+        """
+        if self.deadline is None:
+            return self.poll_s
+        remaining = self.deadline - self._clock()
+        if remaining <= 0:
+            raise TimeoutError(self.timeout_message())
+        return min(self.poll_s, remaining)
+
+    def timeout_message(self) -> str:
+        job = self.last or {}
+        held, asked = job_held(job)
+        return (f"job {self.job_id} is still {job.get('state', 'unknown')} after "
+                f"{self.timeout:g} s ({held} of {asked} images); it goes on in the service: "
+                f"wait again, or cancel it (cancel_job({self.job_id!r}), or genaug jobs cancel "
+                f"{self.job_id})")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _tqdm_class(progress: bool | None) -> Any:
+    """tqdm's class when a bar is wanted (see :class:`JobWatch`), else None."""
+    if progress is False or (progress is None and not _stderr_is_a_terminal()):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError as exc:
+        if progress is None:
+            return None  # the bar is a nicety where a terminal shows it; waiting works without
+        raise ImportError("wait(progress=True) draws a tqdm bar: pip install tqdm, or pass "
+                          "progress=False") from exc
+    return tqdm
+
+
+def _stderr_is_a_terminal() -> bool:
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
+
+
 T = TypeVar("T")
 
 
@@ -577,7 +769,8 @@ class Calls:
         )
 
     def sample(
-        self, recipe: str, labels: str | Sequence[str] | None, n: int, wait_s: float
+        self, recipe: str, *, labels: str | Sequence[str] | None = None, n: int = SAMPLE_N,
+        wait_s: float = SAMPLE_WAIT_S,
     ) -> Call[SampleResult]:
         return Call(
             "POST", f"/v1/recipes/{recipe}/sample",
@@ -596,13 +789,27 @@ class Calls:
         return Call("GET", f"/v1/recipes/{name}", decode=_json)
 
     def fill(
-        self, name: str, per_label: int | None = None, images: int | None = None
+        self, name: str, per_label: int | None = None, images: int | None = None,
+        notify_url: str | None = None,
     ) -> Call[dict[str, Any]]:
         """``per_label``: fill every label to that many; ``images``: that many more, split
-        by need. Only the given one is sent (the service requires exactly one)."""
-        body = {key: value for key, value in (("per_label", per_label), ("images", images))
+        by need; ``notify_url``: where the service POSTs the job once it ended. Only what is
+        given is sent (the service requires exactly one of the first two)."""
+        body = {key: value for key, value in (("per_label", per_label), ("images", images),
+                                              ("notify_url", notify_url))
                 if value is not None}
         return Call("POST", f"/v1/recipes/{name}/fill", decode=_json, body=body)
+
+    def job(self, job_id: str) -> Call[dict[str, Any]]:
+        return Call("GET", job_path(job_id), decode=_json)
+
+    def jobs(self, recipe: str | None = None, state: str | None = None,
+             limit: int = JOBS_LIMIT) -> Call[list[dict[str, Any]]]:
+        return Call("GET", "/v1/jobs" + jobs_query(recipe, state, limit),
+                    decode=lambda content: _json(content)["jobs"])
+
+    def cancel_job(self, job_id: str) -> Call[dict[str, Any]]:
+        return Call("DELETE", job_path(job_id), decode=_json)
 
     def feedback(self, name: str, need: Mapping[str, float]) -> Call[dict[str, Any]]:
         return Call("POST", f"/v1/recipes/{name}/feedback", decode=_json,

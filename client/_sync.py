@@ -12,12 +12,18 @@ import httpx
 import numpy as np
 
 from ._base import (
+    JOB_POLL_S,
+    JOBS_LIMIT,
     PROBE_TIMEOUT_S,
+    SAMPLE_N,
+    SAMPLE_WAIT_S,
     BaseClient,
     Call,
     Endpoint,
+    FillAnswer,
     GenerateOptions,
     GenerateResult,
+    JobWatch,
     SampleResult,
     VariantOptions,
 )
@@ -165,8 +171,8 @@ class Client:
         return result
 
     def sample(
-        self, recipe: str, *, labels: str | Sequence[str] | None = None, n: int = 64,
-        wait_s: float = 0.0,
+        self, recipe: str, *, labels: str | Sequence[str] | None = None, n: int = SAMPLE_N,
+        wait_s: float = SAMPLE_WAIT_S,
     ) -> SampleResult:
         """Up to ``n`` pre-generated images of ``recipe``, spread over ``labels`` (default all:
         label names, strings even where they are digits; a number raises ``TypeError``).
@@ -177,7 +183,7 @@ class Client:
         label it waits for is stopped or full it answers with what it has), and
         ``result.stopped`` names those labels with the judge's reason and fix.
         """
-        return self._call(self._base.calls.sample(recipe, labels, n, wait_s))
+        return self._call(self._base.calls.sample(recipe, labels=labels, n=n, wait_s=wait_s))
 
     def info(self) -> dict[str, Any]:
         """Model identity, device, dtype, limits and version."""
@@ -192,10 +198,13 @@ class Client:
         return self._call(self._base.calls.recipe(name))
 
     def fill(
-        self, recipe: str, *, per_label: int | None = None, images: int | None = None
-    ) -> dict[str, Any]:
-        """Ask the service to generate images for ``recipe``'s pool, in the background;
-        returns the recipe's current counts and targets at once. Give one of:
+        self, recipe: str, per_label: int | None = None, images: int | None = None, *,
+        notify_url: str | None = None,
+    ) -> FillJob:
+        """Hand the service a fill of ``recipe``'s pool; returns at once with the
+        :class:`FillJob` the service runs it as (``wait()`` for it, ``cancel()`` it), which
+        reads as the fill's answer: the recipe's counts and targets (``job["fill"]``,
+        ``job["budget"]``). Give one of:
 
         - ``per_label``: fill every label to at least that many images;
         - ``images``: generate that many more, split over the labels by the trainers'
@@ -204,13 +213,61 @@ class Client:
           go before background pre-generation, so on a pre-generating service, whose labels
           are already headed for the capacity, this moves that much of the remaining work
           forward. The answer's ``budget`` says what happens (``asked`` is less than
-          ``images`` when less room is left; a full pool is 409).
+          ``images`` when less room is left; a full pool is :class:`ConflictError`, 409).
+
+        ``notify_url``: the service POSTs the job there once it ends (an ``https://`` URL on a
+        host the operator allowed, ``GENAUG_WEBHOOK_HOSTS``; docs/webhooks.md).
 
         Example::
 
-            client.fill("digits", images=2000)
+            job = client.fill("digits", images=2000)
+            job["budget"]["asked"]          # what the service took on
+            done = job.wait(timeout=600)    # the job once it ended
+            done["state"]                   # "done", or "stopped" (done["reason"] says why)
         """
-        return self._call(self._base.calls.fill(recipe, per_label, images))
+        answer = self._call(self._base.calls.fill(recipe, per_label, images, notify_url))
+        return FillJob(self, answer)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job ``job_id`` now: its ``state`` (queued, running; then done, stopped, failed
+        or cancelled), ``reason``, per-label counts (``labels``), ``asked``, ``accepted``,
+        ``missing``, ``rate`` and ``eta_s``. An unknown id is :class:`NotFoundError`."""
+        return self._call(self._base.calls.job(job_id))
+
+    def jobs(self, recipe: str | None = None, state: str | None = None,
+             limit: int = JOBS_LIMIT) -> list[dict[str, Any]]:
+        """The most recent jobs (of ``recipe``, in ``state``), newest first, at most
+        ``limit``.
+
+        Example::
+
+            [j["id"] for j in client.jobs("digits", state="running")]
+        """
+        return self._call(self._base.calls.jobs(recipe, state, limit))
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued or running job; returns it, ``cancelled``. What it asked for and
+        no live job still wants is no longer made (what is made or being made is kept). A job
+        that already ended is :class:`ConflictError` (409, naming its state), an unknown id
+        :class:`NotFoundError`."""
+        return self._call(self._base.calls.cancel_job(job_id))
+
+    def wait_job(self, job_id: str, timeout: float | None = None, *,
+                 poll_s: float = JOB_POLL_S, progress: bool | None = None) -> dict[str, Any]:
+        """Poll the job every ``poll_s`` seconds until it ended; returns it (``state`` done,
+        stopped, failed or cancelled: a stopped job's ``reason`` names each label the judge
+        stopped, with its fix). ``progress``: a tqdm bar on stderr (``None``: where stderr is
+        a terminal). Raises ``TimeoutError`` naming the job and its state after ``timeout``
+        seconds (``None``: no limit); the job goes on in the service."""
+        watch = JobWatch(job_id, timeout=timeout, poll_s=poll_s, progress=progress)
+        try:
+            while True:
+                job = self.job(job_id)
+                if watch.seen(job):
+                    return job
+                time.sleep(watch.delay())
+        finally:
+            watch.close()
 
     def feedback(self, recipe: str, need: Mapping[str, float]) -> dict[str, Any]:
         """Tell the service what this client needs from ``recipe``'s pool: ``need`` maps
@@ -262,3 +319,39 @@ class Client:
             if time.monotonic() >= deadline:
                 raise TransportError(f"no genaug replica became ready within {timeout:g} s: {last}")
             time.sleep(0.2)
+
+
+class FillJob(FillAnswer):
+    """A fill the service runs as a job: the fill's answer (a mapping: ``job["fill"]``,
+    ``job["budget"]``), the job's ``id`` and ``url``, and what follows it, through the
+    :class:`Client` that made it (keep it open meanwhile).
+
+    Example::
+
+        with Client("http://127.0.0.1:8000") as client:
+            job = client.fill("digits", per_label=200)
+            job.id                       # "j_0123456789abcdef"
+            job.status()["state"]        # "queued" or "running"
+            final = job.wait(timeout=600)
+            if final["state"] == "stopped":
+                print(final["reason"])   # each stopped label, with the judge's reason and fix
+    """
+
+    def __init__(self, client: Client, answer: dict[str, Any]) -> None:
+        super().__init__(answer)
+        self._client = client
+
+    def status(self) -> dict[str, Any]:
+        """The job now (:meth:`Client.job`)."""
+        return self._client.job(self._job_id())
+
+    def wait(self, timeout: float | None = None, *, poll_s: float = JOB_POLL_S,
+             progress: bool | None = None) -> dict[str, Any]:
+        """Poll until the job ended and return it (:meth:`Client.wait_job`)."""
+        return self._client.wait_job(self._job_id(), timeout, poll_s=poll_s,
+                                     progress=progress)
+
+    def cancel(self) -> dict[str, Any]:
+        """Cancel the job (:meth:`Client.cancel_job`); :class:`ConflictError` once it
+        ended."""
+        return self._client.cancel_job(self._job_id())

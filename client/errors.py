@@ -4,8 +4,9 @@
     ├── TransportError               no answer: refused, reset, timed out, name not found
     ├── StatusError                  the service answered with an error status
     │   ├── InvalidRequestError      400/413/422: the request is wrong; fix it (not retried)
+    │   │   └── ConflictError        409: not now: the pool has no room, the job already ended
     │   ├── AuthenticationError      401: missing or wrong API key
-    │   ├── NotFoundError            404: no such route or recipe
+    │   ├── NotFoundError            404: no such route, recipe or job
     │   ├── RateLimitedError         429: queue full (retried, honouring Retry-After)
     │   ├── UnavailableError         503: loading, shutting down, or a failed batch (retried)
     │   ├── DeadlineExceededError    504: the request's timeout_s passed (not retried)
@@ -59,12 +60,18 @@ class InvalidRequestError(StatusError):
     """400, 413 or 422: the request breaks a bound; the message says which and how to fix it."""
 
 
+class ConflictError(InvalidRequestError):
+    """409: the request is valid but the service's state refuses it: a fill with no room left,
+    a cancel of a job that already ended (the message names its state). Not retried: the
+    state will not change by itself."""
+
+
 class AuthenticationError(StatusError):
     """401: pass ``api_key=...`` or set ``GENAUG_API_KEY`` to one of the service's keys."""
 
 
 class NotFoundError(StatusError):
-    """404: no such route or recipe."""
+    """404: no such route, recipe or job."""
 
 
 class RateLimitedError(StatusError):
@@ -88,6 +95,7 @@ _BY_STATUS: dict[int, type[StatusError]] = {
     401: AuthenticationError,
     403: AuthenticationError,
     404: NotFoundError,
+    409: ConflictError,
     413: InvalidRequestError,
     422: InvalidRequestError,
     429: RateLimitedError,

@@ -11,7 +11,7 @@
 # candidate's local label when the specifier has none, so the installed 2.13.0+cu128
 # satisfies torch==2.13.0 and pip leaves it alone. The image therefore uses the same
 # constraints file as CI and never names the CPU index. TORCH_VERSION must equal the pin in
-# constraints/cpu.txt (tests/test_docker.py checks this; the build also asserts it below), or
+# constraints/cpu.txt (tests/docker/test_docker.py checks this; the build also asserts it below), or
 # pip would replace the base image's torch with another wheel.
 ARG TORCH_VERSION=2.13.0
 ARG CUDA_FLAVOR=cuda12.8-cudnn9-runtime
@@ -45,7 +45,7 @@ COPY recipes/ /opt/genaug/recipes/
 # Same extras and constraints as CI (which installs -e .[dev] = [service] + test tools).
 # The last check imports with -P: from this WORKDIR, the source folder genaug/ (which has no
 # service/ inside: that mapping lives in the install) would hide the installed package.
-# tests/test_compose_install.py runs these steps in a fresh environment.
+# tests/docker/test_compose_install.py runs these steps in a fresh environment.
 RUN python -m pip install -c constraints/cpu.txt ".[service]" \
  && python -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '${TORCH_VERSION}' and torch.version.cuda else 'torch in the image is ' + torch.__version__ + ', expected ${TORCH_VERSION} with CUDA: keep TORCH_VERSION equal to the pin in constraints/cpu.txt')" \
  && python -P -c "import genaug.service, genaug.client"

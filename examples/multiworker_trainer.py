@@ -18,7 +18,7 @@ Rules this follows (docs/deploy.md, "Several trainers, several machines"):
    own feeder: the reservoir is a host variable of this process, which no other worker sees.
 3. A custom training loop: Keras 3 ``model.fit`` under MultiWorkerMirroredStrategy fails in
    this TensorFlow/Keras with "Attempt to convert a value (PerReplica...)", with or without
-   genaug (tests/trainer/test_multiworker.py records it).
+   genaug (tests/trainer/mixing/test_multiworker.py records it).
 """
 
 from __future__ import annotations

@@ -1,25 +1,33 @@
-"""The ``genaug`` command: one table of subcommands, each a module of :mod:`genaug.commands`.
+"""The ``genaug`` command: one table of subcommands, each pointing straight at its module.
 
-Every subcommand has the same shape (its module's docstring begins with its one-line help,
-``add_arguments(parser)`` adds its flags, ``run(args) -> int`` runs it) and is listed once in
-:data:`COMMANDS`. A command's flags are added, and its library imported, only when that
-command runs: ``serve`` loads torch, ``train`` loads tensorflow, no command loads both, and
-``genaug --help`` loads neither.
+Every subcommand is one module of one shape (its docstring begins with its one-line help,
+``add_arguments(parser)`` adds its flags, ``run(args) -> int`` runs it), listed once in
+:data:`COMMANDS` with that help line and the extra it needs. ``genaug --help`` reads the table
+and imports no command module; ``genaug CMD ...`` imports only CMD's. A command module
+imports nothing heavy at import (torch, TensorFlow and numpy come inside ``run``): ``serve``
+loads torch, ``train`` loads tensorflow, no command loads both.
 
     genaug serve [--port 8000] [--model PATH] ...   every setting is also a GENAUG_* variable
     genaug demo [--out genaug-demo.png]             service + client on the tiny default
     genaug pregenerate --recipe NAME --per-label N [--url URL]
     genaug export --recipe NAME --out DIR
     genaug pool list | genaug pool drop POOL_ID
+    genaug jobs list | show ID | wait ID | cancel ID [--url URL]   a running service's fills
     genaug train --data DIR [--service URL --recipe NAME --p 0.5] [--gpus 1,2,3,4]
     genaug convert-unet SRC DST [--base MODEL] --trust-this-file
     genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors [--steps N] ...
     genaug doctor [--url URL] [--recipe NAME] [--json]   check this host and the service
 
-Ctrl-C ends every command in one line on stderr, ``genaug COMMAND: interrupted; <what was
-kept, what to run>``, and exit status 130 (SIGTERM: ``terminated``, 143), after the command's
-own cleanup ran (its child processes stopped: :mod:`genaug.local_service`). A command module
-may say what its interruption leaves with ``interrupted(args) -> str``.
+A command whose extra is not installed ends in one line naming it (:class:`MissingExtraError`,
+exit status 2). Ctrl-C ends every command in one line on stderr, ``genaug COMMAND:
+interrupted; <what was kept, what to run>``, and exit status 130 (SIGTERM: ``terminated``,
+143), after the command's own cleanup ran (its child processes stopped:
+:mod:`genaug.local_service`). A command module may say what its interruption leaves with
+``interrupted(args) -> str``.
+
+To add a command: copy a neighbour's module and add its line to :data:`COMMANDS`
+(``tests/genaug/test_cli.py`` checks the shape, and that the table, the docstrings and ``--help``
+agree).
 """
 
 from __future__ import annotations
@@ -32,21 +40,50 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType, ModuleType
+from typing import NamedTuple
 
-from genaug.commands import MissingExtraError
 
-#: Every ``genaug`` subcommand, in ``--help``'s order: its name and the module that holds it.
-COMMANDS: dict[str, str] = {
-    "serve": "genaug.commands.serve",
-    "demo": "genaug.commands.demo",
-    "pregenerate": "genaug.commands.pregenerate",
-    "export": "genaug.commands.export",
-    "pool": "genaug.commands.pool",
-    "convert-unet": "genaug.commands.convert_unet",
-    "adapt": "genaug.commands.adapt",
-    "train": "genaug.commands.train",
-    "doctor": "genaug.commands.doctor",
+class Command(NamedTuple):
+    """One ``genaug`` subcommand: the module that is the command, its ``--help`` line (the
+    first line of that module's docstring, kept here so that ``genaug --help`` imports no
+    command) and the extra it needs (``genaug[EXTRA]``)."""
+
+    module: str
+    help: str
+    extra: str
+
+
+#: Every ``genaug`` subcommand, in ``--help``'s order.
+COMMANDS: dict[str, Command] = {
+    "serve": Command("genaug.service.commands.serve", "Run the generation service", "service"),
+    "demo": Command("genaug.experiments.demo",
+                    "The full loop on the tiny model: service, grid, pool, training, stop",
+                    "service"),
+    "pregenerate": Command("genaug.service.commands.pregenerate",
+                           "Fill a recipe's pool, with progress bars", "service"),
+    "export": Command("genaug.service.commands.export",
+                      "Write a recipe's pool as OUT/<label>/<seed>.png", "service"),
+    "pool": Command("genaug.service.commands.pool",
+                    "List the pools in the pool database, or drop one", "service"),
+    "jobs": Command("genaug.jobs",
+                    "List, show, wait for and cancel the fill jobs of a running service",
+                    "client"),
+    "convert-unet": Command("genaug.service.commands.convert_unet",
+                            "Turn a fine-tuned UNet checkpoint you trust into safetensors",
+                            "service"),
+    "adapt": Command("genaug.service.commands.adapt",
+                     "Train a LoRA on DATA/<label>/*.png for the served model", "service"),
+    "train": Command("genaug.trainer.reference.command", "The reference TensorFlow trainer",
+                     "trainer"),
+    "doctor": Command("genaug.doctor",
+                      "Check the service, the recipe's pool, GPUs, XLA, versions and memory "
+                      "before training", "client"),
 }
+
+
+class MissingExtraError(Exception):
+    """A command's module, or what it imports, is not installed: the message names the extra
+    to install."""
 
 
 def help_line(module: ModuleType) -> str:
@@ -54,20 +91,43 @@ def help_line(module: ModuleType) -> str:
     return (module.__doc__ or "").strip().split("\n", 1)[0].rstrip(".")
 
 
+@contextmanager
+def _needs_extra(name: str) -> Iterator[None]:
+    """Inside, an ImportError of a module genaug does not ship (torch without ``[service]``,
+    tensorflow without ``[trainer]``) becomes :class:`MissingExtraError` naming the command's
+    extra. One of genaug's own modules failing to import is a bug, and stays a traceback."""
+    try:
+        yield
+    except ImportError as exc:
+        missing = exc.name or ""
+        if missing == "genaug" or missing.startswith("genaug."):
+            raise
+        extra = COMMANDS[name].extra
+        raise MissingExtraError(f"genaug {name} needs the {extra} extras: pip install "
+                                f"'genaug[{extra}]' ({exc})") from exc
+
+
+def command_module(name: str) -> ModuleType:
+    """Import the module that is ``genaug NAME``; a missing extra is
+    :class:`MissingExtraError`."""
+    with _needs_extra(name):
+        return importlib.import_module(COMMANDS[name].module)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser: every command with its one-line help; ``command`` (the first argument) gets
-    its flags too, so only the command that runs imports what its flags need."""
+    """The parser: every command with its one-line help from :data:`COMMANDS`; ``command``
+    (the first argument) gets its flags too, so only the command that runs is imported."""
     parser = argparse.ArgumentParser(
         prog="genaug",
         description="Out-of-process generative augmentation for deep-learning training.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, path in COMMANDS.items():
-        module = importlib.import_module(path)
-        line = help_line(module)
-        command_parser = sub.add_parser(name, help=line, description=line)
+    for name, entry in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=entry.help, description=entry.help)
         if name == command:
-            module.add_arguments(command_parser)
+            module = command_module(name)
+            with _needs_extra(name):
+                module.add_arguments(command_parser)
     return parser
 
 
@@ -101,7 +161,9 @@ def interrupted_line(command: str | None, args: argparse.Namespace | None,
     what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
     hint = ""
     if command in COMMANDS and args is not None:
-        said = getattr(importlib.import_module(COMMANDS[command]), "interrupted", None)
+        # parsed arguments mean the module was imported: never import while interrupted
+        module = sys.modules.get(COMMANDS[command].module)
+        said = getattr(module, "interrupted", None)
         hint = said(args) if callable(said) else ""
     name = f"genaug {command}" if command in COMMANDS else "genaug"
     return f"{name}: {what}" + (f"; {hint}" if hint else "")
@@ -113,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _sigterm_raises():
             args = build_parser(argv[0] if argv else None).parse_args(argv)
-            code: int = importlib.import_module(COMMANDS[args.command]).run(args)
+            with _needs_extra(args.command):
+                code: int = command_module(args.command).run(args)
     except MissingExtraError as exc:  # one line: which extra to install
         print(exc, file=sys.stderr)
         return 2

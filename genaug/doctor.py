@@ -1,7 +1,8 @@
-"""``genaug doctor``: check a training host against its genaug service before training.
+"""Check the service, the recipe's pool, GPUs, XLA, versions and memory before training.
 
-Each check answers ``ok``, ``warn`` or ``fail`` with one line of what it found and, unless it
-is ok, one line of the fix. The doctor reads and never fixes: it changes no configuration.
+``genaug doctor`` checks a training host against its genaug service. Each check answers
+``ok``, ``warn`` or ``fail`` with one line of what it found and, unless it is ok, one line
+of the fix. The doctor reads and never fixes: it changes no configuration.
 
 ======== ====================================================================================
 check    looks at
@@ -43,15 +44,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from genaug.client import (
-    AuthenticationError,
-    Client,
-    GenaugError,
-    NotFoundError,
-    TransportError,
-)
 from genaug.trainer.hardware.host import (
     Check,
     Host,
@@ -63,14 +57,17 @@ from genaug.trainer.hardware.host import (
     recipe_size,
 )
 
+if TYPE_CHECKING:  # the client (httpx, numpy) is imported when the checks run
+    from genaug.client import Client
+
 __all__ = [
     "Options",
-    "add_doctor_arguments",
+    "add_arguments",
     "check_pool",
     "format_checks",
     "main",
+    "run",
     "run_checks",
-    "run_doctor",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -186,7 +183,7 @@ def _model_check(info: Mapping[str, Any]) -> Check:
 
 @dataclass
 class Options:
-    """What ``genaug doctor`` checks; its flags, parsed (see :func:`add_doctor_arguments`).
+    """What ``genaug doctor`` checks; its flags, parsed (see :func:`add_arguments`).
 
     Example::
 
@@ -204,6 +201,8 @@ class Options:
 
 def run_checks(options: Options, host: Host | None = None) -> list[Check]:
     """Every check, in the order printed. Never raises for what it finds."""
+    from genaug.client import AuthenticationError, Client, GenaugError, TransportError
+
     host = host if host is not None else Host.this_machine()
     url = options.url
     checks: list[Check] = []
@@ -269,6 +268,8 @@ def _ms(t0: float) -> float:
 
 def _ready_check(client: Client, url: str, version: str, took: str) -> Check:
     """``/readyz`` (open to all: no key needed) as a check; its detail when not ready."""
+    from genaug.client import GenaugError
+
     name = f"genaug {version}" if version != "?" else "a genaug service"
     try:
         client.wait_ready(timeout=0.0)
@@ -283,6 +284,8 @@ def _ready_check(client: Client, url: str, version: str, took: str) -> Check:
 
 
 def _recipe_check(client: Client, options: Options) -> tuple[Check, dict[str, Any] | None]:
+    from genaug.client import GenaugError, NotFoundError
+
     name = options.recipe
     try:
         recipes = client.recipes()
@@ -336,7 +339,7 @@ def _default_url() -> str:
     return env.split(",")[0].strip() or DEFAULT_URL
 
 
-def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``genaug doctor``."""
     parser.add_argument("--url", default=None,
                         help=f"the service (default: GENAUG_URL, else {DEFAULT_URL})")
@@ -362,7 +365,7 @@ def _default_slots() -> int:
     return int(TrainConfig().slots_per_class)
 
 
-def run_doctor(args: argparse.Namespace, *, host: Host | None = None,
+def run(args: argparse.Namespace, *, host: Host | None = None,
                write: Callable[[str], Any] | None = None) -> int:
     """Run the checks for parsed arguments; print them; 1 when any failed, else 0."""
     options = Options(url=(args.url or _default_url()).rstrip("/"), recipe=args.recipe,
@@ -381,8 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m genaug.doctor [flags]`` (the same as ``genaug doctor``)."""
     parser = argparse.ArgumentParser(prog="genaug doctor",
                                      description=(__doc__ or "").split("\n")[0])
-    add_doctor_arguments(parser)
-    return run_doctor(parser.parse_args(argv))
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -164,8 +164,8 @@ def check_kill_during_fill(*, rounds: int = 1, workdir: Path | None = None) -> C
 def training_reference() -> CheckResult:
     """SIGKILL during a training run is covered by the trainer tests; this row points there."""
     result = CheckResult("Faults", "kill_during_training")
-    path = Path(__file__).resolve().parents[1] / "tests" / "trainer" / "test_train.py"
-    where = ("tests/trainer/test_train.py::"
+    path = Path(__file__).resolve().parents[1] / "tests/trainer/reference/test_train.py"
+    where = ("tests/trainer/reference/test_train.py::"
              "test_service_killed_mid_fit_training_continues_and_feeder_reconnects")
     result.add("SIGKILL of the service during a training run", "see trainer tests",
                f"covered by {where}" + ("" if path.exists() else " — not in this checkout yet"),

@@ -21,21 +21,9 @@ import httpx
 
 from genaug.service.testing import read_metric
 
+from .faults import RECIPE  # the checks' one tiny recipe: shapes, two labels
 from .harness import child_service, listen_addresses, rss_bytes
 from .result import CheckResult, Table, ms, percentile
-
-RECIPE = """
-recipes:
-  - name: load
-    height: 32
-    width: 32
-    steps: 2
-    guidance: 3.0
-    base_seed: 11
-    labels:
-      a: {prompts: ["a circle"]}
-      b: {prompts: ["a square"]}
-"""
 
 MAX_QUEUE = 12
 HARD_TIMEOUT_S = 30.0  # per request, client side: an answer later than this is "hanging"
@@ -50,7 +38,7 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     # so this deadline is missed by construction, not only when the queue happens to be slow.
     "generate tiny timeout": ("/v1/generate", {"prompt": "impatient", "n": 2, "height": 32,
                                                "width": 32, "steps": 150, "timeout_s": 0.5}),
-    "pool sample": ("/v1/recipes/load/sample", {"n": 4}),
+    "pool sample": ("/v1/recipes/shapes/sample", {"n": 4}),
 }
 
 

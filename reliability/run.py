@@ -88,7 +88,7 @@ def run(sizes: Sizes, only: set[str] | None = None) -> list[CheckResult]:
         if only and name not in only and area.lower().split()[0] not in only:
             continue
         started = time.monotonic()
-        print(f"[reliability] {area} / {name} ...", file=sys.stderr, flush=True)  # noqa: T201
+        print(f"[reliability] {area} / {name} ...", file=sys.stderr, flush=True)
         try:
             result = fn(model)
         except Exception as exc:  # a crashed check is a failed row, not a lost table
@@ -97,7 +97,7 @@ def run(sizes: Sizes, only: set[str] | None = None) -> list[CheckResult]:
                        lost="the check", ok=False, traceback=traceback.format_exc()[-2000:])
         result.seconds = time.monotonic() - started
         verdict = "held" if result.ok else "FAILED"
-        print(f"[reliability]   {verdict} in {result.seconds:.1f} s",  # noqa: T201
+        print(f"[reliability]   {verdict} in {result.seconds:.1f} s",
               file=sys.stderr, flush=True)
         results.append(result)
     return results
@@ -232,7 +232,7 @@ def render(results: list[CheckResult], sizes: Sizes, *, started: dt.datetime,
         "## Not repeated here",
         "",
         "- SIGKILL of the service during a training run (training completes, the feeder "
-        "reconnects after the restart): `tests/trainer/test_train.py::"
+        "reconnects after the restart): `tests/trainer/reference/test_train.py::"
         "test_service_killed_mid_fit_training_continues_and_feeder_reconnects`.",
         "- Single-request behaviour already pinned by `tests/service/api/test_generate_api.py` "
         "(429, 504, one disconnect, 422 messages, one megabyte body with Content-Length) and "
@@ -272,14 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     text = render(results, sizes, started=started, seconds=time.monotonic() - t0,
                   machine_line=machine_line)
     if args.no_write:
-        print(text)  # noqa: T201
+        print(text)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
-        print(f"[reliability] wrote {args.out}", file=sys.stderr)  # noqa: T201
+        print(f"[reliability] wrote {args.out}", file=sys.stderr)
     failed = [r for r in results if not r.ok]
     for r in failed:
-        print(r.explain(), file=sys.stderr)  # noqa: T201
+        print(r.explain(), file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -204,22 +204,24 @@ class _Payload:
         return (Path.write_text, (self.marker, "pwned"))
 
 
+def _put_env(values: dict[str, str | None]) -> None:
+    """Set each variable of ``values``; None unsets it."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @contextlib.contextmanager
 def _env(**values: str | None) -> Any:
+    """``values`` in this process's environment for the block; what was there before after it."""
     saved = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _put_env(values)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _put_env(saved)
 
 
 def check_secure_defaults(model: Any, *, workdir: Path | None = None) -> CheckResult:

@@ -43,12 +43,16 @@ from .api.state import AppState, ModelLoader, Startup, WorkerWrapper
 from .batching.batcher import Batcher
 from .batching.items import Worker
 from .intake.schemas import build_api_models
+from .jobs.loop import JobLoop
+from .jobs.webhooks import WebhookSender
 from .metrics import Metrics
 from .pipeline.speed import Speed, SpeedError, check_speed_settings
 from .pool.open import open_pool_store, replica_info
+from .pool.pending import pending_by_recipe
 from .pool.planner import PoolPlanner, pool_model_hash
 from .pool.serving import PoolServing
 from .recipes.load import check_recipes, load_recipes, long_prompts
+from .setting_values import allowed_hosts
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -98,6 +102,7 @@ def create_app(
         description="Out-of-process generative augmentation: SDXL batches for training.",
         lifespan=lifespan,
     )
+    state.webhook_hosts = allowed_hosts(settings.webhook_hosts)
     app.state.genaug = state
     for exc_class, handler in EXCEPTION_HANDLERS.items():
         app.add_exception_handler(exc_class, handler)
@@ -148,6 +153,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
             await loading
         except asyncio.CancelledError:
             pass
+        if state.job_loop is not None:
+            await state.job_loop.stop()
+            state.job_loop = None
         if state.batcher is not None:
             await state.batcher.stop()
             state.batcher = None
@@ -242,8 +250,10 @@ async def _load_and_warm(state: AppState) -> None:
                     data_root=settings.data_root,
                     need_half_life_s=settings.need_half_life_s,
                     judges=build_judges(state.recipes, settings.data_root, model.device),
+                    adapter_hashes={a["name"]: a["hash"] for a in state.adapters_info},
                 ))
             )
+            _sample_pending(state)
         batcher = Batcher(
             worker,
             max_batch_images=settings.max_batch_images,
@@ -265,6 +275,7 @@ async def _load_and_warm(state: AppState) -> None:
             state.pools.attach(wake=batcher.poke)
             batcher.idle_source = state.pools.planner
             batcher.poke()
+            state.job_loop = _job_loop(state, state.pools.planner)
         state.ready = True
         log.info(
             "ready: %s model %s (weights %s) on %s as %s, %s torch threads",
@@ -306,6 +317,38 @@ def is_refusal(exc: BaseException) -> bool:
     from .pipeline.device import ModelLoadError
 
     return isinstance(exc, ModelLoadError | AdapterLoadError | SpeedError)
+
+
+def _job_loop(state: AppState, planner: PoolPlanner) -> JobLoop:
+    """Start following the pools' jobs; webhooks only where GENAUG_WEBHOOK_HOSTS allows some
+    (the settings refused hosts without a secret)."""
+    secret = state.settings.webhook_secret
+    sender = (WebhookSender(secret.get_secret_value())
+              if state.webhook_hosts and secret is not None else None)
+    loop = JobLoop(planner, sender)
+    loop.start()
+    if sender is not None:
+        def sample() -> None:
+            for what in ("delivered", "failed", "retries", "pending", "in_flight"):
+                state.metrics.webhooks.labels(what).set(getattr(sender, what))
+
+        state.metrics.on_render(sample)
+    return loop
+
+
+def _sample_pending(state: AppState) -> None:
+    """At each scrape, every recipe's pending images (genaug.service.pool.pending) from the
+    planner's last counts: no pool query on the scrape."""
+
+    def sample() -> None:
+        if state.pools is not None:
+            planner = state.pools.planner
+            # cached: the scrape is on the event loop, it never waits for the database
+            stopped = lambda name: planner.stopped(name, cached=True)  # noqa: E731
+            for name, pending in pending_by_recipe(planner.last_stats, stopped).items():
+                state.metrics.pool_pending_images.labels(name).set(pending)
+
+    state.metrics.on_render(sample)
 
 
 def _sample_device_memory(state: AppState) -> None:

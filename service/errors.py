@@ -72,6 +72,14 @@ class PoolFullError(ApiError):
     error_type = "pool_full"
 
 
+class ConflictError(ApiError):
+    """A valid request the resource's state refuses (cancelling a job that already ended):
+    asking again will not help until the state changes, so a 409, not a 422."""
+
+    status = 409
+    error_type = "conflict"
+
+
 class BodyTooLargeError(ApiError):
     status = 413
     error_type = "body_too_large"

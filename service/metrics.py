@@ -100,6 +100,24 @@ class Metrics:
             registry=r,
         )
         self.recompiles = Counter("genaug_recompiles", "Batches of new compiled shapes", registry=r)
+        # Read from the one pool every replica shares, so each reports the same figure:
+        # aggregate across replicas with max, not sum (KEDA reads it in the database:
+        # genaug.service.pool.pending).
+        self.pool_pending_images = Gauge(
+            "genaug_pool_pending_images",
+            "Images a recipe's pool still owes what was asked (fill targets and jobs, in "
+            "accepted images, labels the judge stopped left out), as the planner last read "
+            "it; the same on every replica: aggregate with max",
+            ["recipe"],
+            registry=r,
+        )
+        self.webhooks = Gauge(
+            "genaug_webhooks",
+            "This replica's job webhooks: delivered, failed and retries since start, pending "
+            "and in_flight now",
+            ["what"],
+            registry=r,
+        )
         self._before_render: list[Callable[[], None]] = []
 
     def on_render(self, hook: Callable[[], None]) -> None:

@@ -1,7 +1,10 @@
 """Service settings: one pydantic-settings class, read from ``GENAUG_*`` variables and CLI flags.
 
 Nothing here is read at import time; ``Settings()`` reads the environment when constructed, and
-``create_app(settings)`` receives the instance.
+``create_app(settings)`` receives the instance. This module declares the fields (their order and
+descriptions are the flags of ``genaug serve``) and the rules between them; values written as
+one string that holds several (warm-up shapes, LoRA lists, comma lists) are parsed in
+:mod:`~genaug.service.setting_values`, and :class:`WarmupShape` is importable from both.
 
 Example::
 
@@ -11,18 +14,22 @@ Example::
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .batching.items import SchedulerName
-
-_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_SHAPE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*:\s*(\d+)\s*$")
+from .batching.names import SchedulerName
+from .setting_values import (
+    MIN_SECRET_CHARS,
+    WarmupShape,
+    allowed_hosts,
+    check_lora_names,
+    parse_loras,
+    parse_warmup_shapes,
+    split_commas,
+)
 
 TINY_DEFAULTS = {"size": 64, "steps": 4, "guidance": 5.0}
 SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
@@ -72,70 +79,6 @@ def model_path(model: str | Path | None) -> Path | None:
     if model is None or builtin_model(model) is not None:
         return None
     return Path(model).expanduser()
-
-
-# GENAUG_WARMUP_SHAPES entries. Settings parse their own values: the pipeline's warm-up reads
-# these shapes from here, and nothing here imports the pipeline.
-
-
-class WarmupShape(NamedTuple):
-    """One ``HxW:batch`` entry of ``GENAUG_WARMUP_SHAPES``: generation size and batch size.
-
-    Example::
-
-        WarmupShape.parse("1024x1024:8")   # WarmupShape(height=1024, width=1024, batch=8)
-        str(WarmupShape(768, 1024, 4))     # '768x1024:4'
-    """
-
-    height: int
-    width: int
-    batch: int
-
-    def __str__(self) -> str:
-        return f"{self.height}x{self.width}:{self.batch}"
-
-    @classmethod
-    def parse(cls, text: str) -> WarmupShape:
-        match = _SHAPE.match(text)
-        if match is None:
-            raise ValueError(
-                f"warm-up shape {text.strip()!r} is not HxW:batch; write e.g. 1024x1024:8 "
-                "(several separated by commas)"
-            )
-        height, width, batch = (int(g) for g in match.groups())
-        for name, value in (("height", height), ("width", width)):
-            if value < 8 or value % 8:
-                raise ValueError(
-                    f"warm-up shape {text.strip()!r}: {name} {value} is not a positive "
-                    "multiple of 8 (the VAE downsamples by 8); e.g. 1024x1024:8"
-                )
-        if batch < 1:
-            raise ValueError(f"warm-up shape {text.strip()!r}: batch {batch} must be >= 1")
-        return cls(height, width, batch)
-
-
-def parse_warmup_shapes(value: object) -> tuple[WarmupShape, ...]:
-    """``"1024x1024:8, 768x768:4"`` (or a list of such strings or shapes) -> shapes, in order,
-    without duplicates. Raises ``ValueError`` naming the bad entry and the expected form."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        parts: Iterable[Any] = [p for p in value.split(",") if p.strip()]
-    elif isinstance(value, Iterable):
-        parts = value
-    else:
-        raise ValueError(f"warm-up shapes must be a string like '1024x1024:8', got {value!r}")
-    out: list[WarmupShape] = []
-    for part in parts:
-        if isinstance(part, str):
-            shape = WarmupShape.parse(part)
-        elif isinstance(part, Sequence) and len(part) == 3:
-            shape = WarmupShape.parse(f"{part[0]}x{part[1]}:{part[2]}")
-        else:
-            raise ValueError(f"warm-up shape {part!r} is not HxW:batch; write e.g. 1024x1024:8")
-        if shape not in out:
-            out.append(shape)
-    return tuple(out)
 
 
 class Settings(BaseSettings):
@@ -276,6 +219,18 @@ class Settings(BaseSettings):
         " a report not renewed loses half its weight on the planner every this many seconds.",
     )
 
+    # -- jobs --
+    webhook_hosts: str = Field(
+        default="",
+        description="Hosts a fill's notify_url may name, comma-separated host or host:port "
+        "(a bare host: any port); empty: webhooks are off and a notify_url is refused.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="Key the webhooks are signed with (HMAC-SHA256 of the body in "
+        "X-Genaug-Signature), at least 16 characters; needed when GENAUG_WEBHOOK_HOSTS is set.",
+    )
+
     log_level: str = Field(default="info", description="debug, info, warning or error.")
 
     @field_validator("model", mode="before")
@@ -319,29 +274,12 @@ class Settings(BaseSettings):
     @field_validator("loras", mode="before")
     @classmethod
     def _parse_loras(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        out: dict[str, str] = {}
-        for part in (p.strip() for p in value.split(",")):
-            if not part:
-                continue
-            name, sep, path = (x.strip() for x in part.partition("="))
-            if not sep or not name or not path:
-                raise ValueError(f"LoRA entry {part!r} is not name=path (GENAUG_LORAS)")
-            if name in out:
-                raise ValueError(f"LoRA name {name!r} appears twice (GENAUG_LORAS)")
-            out[name] = path
-        return out
+        return parse_loras(value)
 
     @field_validator("loras")
     @classmethod
     def _check_lora_names(cls, value: dict[str, Path]) -> dict[str, Path]:
-        for name in value:
-            if not _LORA_NAME.fullmatch(name):
-                raise ValueError(
-                    f"LoRA name {name!r} must be letters, digits, '_', '.' or '-' (at most 64, "
-                    "starting with a letter or digit)"
-                )
+        check_lora_names(value)
         return value
 
     # -- speed --
@@ -428,9 +366,19 @@ class Settings(BaseSettings):
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return split_commas(value)
+
+    @model_validator(mode="after")
+    def _check_webhooks(self) -> Settings:
+        hosts = allowed_hosts(self.webhook_hosts)  # a bad entry: ValueError naming it
+        secret = self.webhook_secret.get_secret_value() if self.webhook_secret else ""
+        if hosts and len(secret) < MIN_SECRET_CHARS:
+            raise ValueError(
+                f"GENAUG_WEBHOOK_HOSTS allows {', '.join(hosts)} but GENAUG_WEBHOOK_SECRET is "
+                f"{'empty' if not secret else f'{len(secret)} characters'}: webhooks are "
+                f"signed, set GENAUG_WEBHOOK_SECRET to at least {MIN_SECRET_CHARS} random "
+                "characters (e.g. python -c 'import secrets; print(secrets.token_hex(32))')")
+        return self
 
     @model_validator(mode="after")
     def _check_defaults_within_limits(self) -> Settings:

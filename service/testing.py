@@ -297,6 +297,31 @@ class LiveService:
                 raise TimeoutError(f"{what} did not happen within {timeout:g} s")
             time.sleep(0.01)
 
+    def recipe(self, name: str = "shapes") -> dict[str, Any]:
+        """``GET /v1/recipes/{name}``: its pool's fill, targets, totals, stops and jobs."""
+        r = httpx.get(f"{self.url}/v1/recipes/{name}", headers=self.headers(), timeout=30)
+        if r.status_code != 200:
+            raise RuntimeError(f"GET /v1/recipes/{name} answered {r.status_code}: {r.text}")
+        return dict(r.json())
+
+    def wait_recipe(
+        self, done: Callable[[dict[str, Any]], bool], *, name: str = "shapes",
+        timeout: float = 60.0,
+    ) -> dict[str, Any]:
+        """Poll :meth:`recipe` until ``done(detail)`` holds and return that detail;
+        ``TimeoutError`` with the last one after ``timeout`` s. For a pool that fills (or
+        stops) in the background::
+
+            live.wait_recipe(lambda d: all(v >= 4 for v in d["fill"].values()))
+        """
+        deadline = time.monotonic() + timeout
+        while not done(detail := self.recipe(name)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"recipe {name} did not get there within {timeout:g} s: "
+                                   f"{detail}")
+            time.sleep(0.1)  # each poll is a request the service answers beside its work
+        return detail
+
     def queued(self, client: str | None = None) -> int:
         """Images waiting in the queue, for ``client`` or in all."""
         reports = self.clients()

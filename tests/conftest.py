@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from genaug.service.testing import LiveService, load_tiny, start_service
-
 # Tests import the benchmarks (bench/ runs from the checkout, it is not installed). The root
 # goes LAST on the path: first, its genaug/ folder (which has no service/ inside: the
-# package-dir mapping lives in the install) would hide an installed genaug.
+# package-dir mapping lives in the install) would hide an installed genaug. And it goes on
+# BEFORE the first `import genaug`: pytest has put tests/ on the path, where tests/genaug/
+# (no __init__.py) would otherwise import as a namespace package `genaug` whenever the
+# package is found only through the editable install's finder (`pytest` run as a script).
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
+
+from genaug.service.testing import LiveService, load_tiny, start_service  # noqa: E402
 
 if TYPE_CHECKING:
     from genaug.service.pipeline.load import LoadedModel

@@ -55,25 +55,6 @@ def test_cli_help_lists_the_commands() -> None:
         assert command in out
 
 
-def test_a_command_without_its_extras_says_what_to_install(capsys: Any, monkeypatch: Any
-                                                           ) -> None:
-    from genaug.cli import main
-    from genaug.commands import MissingExtraError, library
-
-    with pytest.raises(MissingExtraError) as raised:
-        library("genaug.not_installed_here", "doctor", "client")
-    assert str(raised.value).startswith(
-        "genaug doctor needs the client extras: pip install 'genaug[client]' (")
-    assert "genaug.not_installed_here" in str(raised.value)
-
-    # the whole command: its library cannot be imported (as without the extra), one line, exit 2
-    monkeypatch.setitem(sys.modules, "genaug.doctor", None)
-    assert main(["doctor", "--json"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("genaug doctor needs the client extras: pip install 'genaug[client]' (")
-    assert err.count("\n") == 1
-
-
 def test_readme_commands_exist_in_the_makefile() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "make demo" in README and "make test" in README
@@ -100,3 +81,78 @@ def test_links_between_the_docs_land_on_a_heading() -> None:
             if linked in anchors and anchor not in anchors[linked]:
                 broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
     assert broken == []
+
+
+# A path docs/architecture.md names: a backticked name with a folder or a file suffix
+# (`service/pool/targets.py`, `trainer/feeding/`, `plan.py`), or a bare one under a top folder
+# (bench/pool/need_fill_rate.py). Placeholders (`tests/service/<room>/`, `DATA/<label>/*`),
+# routes (`/v1/variants`) and module names (`genaug.wire`: checked apart) are not paths.
+_REST = r"(?:/[\w.-]+)*(?:/|\.(?:py|md|yaml|yml|toml|json|txt|ipynb))"
+_PATH = r"[A-Za-z_][\w.-]*" + _REST
+_TOP = "bench|client|docker|docs|examples|genaug|recipes|reliability|service|tests|tools|trainer"
+
+
+def _resolves(name: str, bases: list[Path]) -> bool:
+    return any((base / name).exists() for base in bases)
+
+
+def missing_architecture_paths(text: str) -> list[str]:
+    """The names in ``text`` (docs/architecture.md's) that exist nowhere they may be meant.
+
+    A name in a row of the map resolves from that row's folder (`guard.py` in the
+    `service/api/` row) or any folder above it; elsewhere, from the root, `service/` (the
+    prose follows a request through service/'s rooms: `api/guard.py`), `trainer/` (its rooms:
+    `reference/`) or, for a page, `docs/`, and a file name alone from any room ("intake's
+    `plan.py`"). A module name (`genaug.trainer`) must import."""
+    import importlib.util
+
+    prose = [ROOT, ROOT / "service", ROOT / "trainer", ROOT / "docs"]
+    rooms = [p for top in prose[1:3] for p in sorted(top.iterdir()) if p.is_dir()]
+    missing = []
+    for line in text.splitlines():
+        row = re.match(r"\| `([\w/]+/)`", line)
+        # a row's folder, then each folder above it up to the root (`genaug/doctor.py`)
+        in_row = [ROOT / up for up in (row.group(1), *Path(row.group(1)).parents)] if row else []
+        names = re.findall(rf"`({_PATH})`", line)
+        bare = re.sub(r"`[^`]*`", " ", line)
+        names += re.findall(rf"(?<![\w/.])((?:{_TOP}){_REST})", bare)
+        names += re.findall(r"\]\(([\w./-]+\.md)(?:#[^)]*)?\)", line)
+        for name in names:
+            bases = in_row or (prose + rooms if "/" not in name else prose)
+            if not _resolves(name, bases):
+                missing.append(f"{name} (line: {line.strip()[:60]}...)")
+        for module in re.findall(r"`(genaug(?:\.\w+)+)`", line):
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{module} (module)")
+    return missing
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def test_every_path_the_architecture_names_exists() -> None:
+    """docs/architecture.md is the map of the house: a file moved or renamed without it fails
+    here, naming the path the page still gives."""
+    assert missing_architecture_paths(ARCHITECTURE.read_text()) == []
+
+
+@pytest.mark.parametrize(("right", "wrong", "named"), [
+    ("`targets.py` (targets and", "`target.py` (targets and", "target.py"),  # in a map row
+    ("`pool/need.py`", "`pool/needs.py`", "pool/needs.py"),                 # prose, service/
+    ("bench/pool/need_fill_rate.py", "bench/pool/fill_rate.py", "bench/pool/fill_rate.py"),
+    ("`tests/test_house.py`", "`tests/test_home.py`", "tests/test_home.py"),  # from the root
+    ("[deploy.md](deploy.md)", "[deploy.md](deploy2.md)", "deploy2.md"),    # a link
+    ("`genaug.trainer`", "`genaug.trainers`", "genaug.trainers"),           # a module
+    # a row's folder: it, and every name of the row below it
+    ("| `trainer/feeding/` |", "| `trainer/feed/` |", "trainer/feed/"),
+])
+def test_a_wrong_path_in_the_architecture_is_named(right: str, wrong: str, named: str) -> None:
+    """The check above can fail: the page with one name changed is caught on that name."""
+    text = ARCHITECTURE.read_text()
+    assert right in text, f"{right!r} is no longer in docs/architecture.md: pick another"
+    missing = [m.split(" (")[0] for m in missing_architecture_paths(text.replace(right, wrong, 1))]
+    assert missing[:1] == [named], missing
+    if "| `" not in right:
+        assert missing == [named]
+    else:
+        assert {"feeder.py", "cycle.py", "class_error.py"} <= set(missing)

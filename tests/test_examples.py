@@ -254,7 +254,8 @@ def test_multimodal_example_rebalances_the_rare_class(make_service: Any, tmp_pat
     assert "on 2 replica(s)" in stdout
 
 
-@pytest.mark.slow  # two TensorFlow workers: tests/trainer/test_multiworker.py keeps the cluster
+# two TensorFlow workers: tests/trainer/mixing/test_multiworker.py keeps the cluster
+@pytest.mark.slow
 def test_multiworker_example_two_workers_on_localhost(make_service: Any, tmp_path: Path) -> None:
     """MultiWorkerMirroredStrategy, custom training loop, a feeder per worker."""
     sys.path.insert(0, str(ROOT / "tests" / "trainer"))

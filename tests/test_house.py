@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from genaug.cli import COMMANDS
+
 ROOT = Path(__file__).resolve().parents[1]
 #: Top-level folders and the import names pyproject.toml maps them to.
 PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.client",
@@ -22,13 +24,16 @@ PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.c
 
 #: service/'s rooms from the top down: each imports only rooms below it. The wiring (test
 #: support, the commands, adapt (``genaug adapt``'s work: it uses the pipeline and the judge),
-#: the app factory) sits on top; the HTTP edge next; then the pool, which
+#: the app factory) sits on top; the HTTP edge next; then jobs (a fill handed off, its webhook:
+#: above the pool, where jobs are stored); then the pool, which
 #: plans with intake's plan and stores what the pipeline made, then the judge, which scores it
 #: before the pool stores it; the request's own way below it
 #: (intake, then the pipeline); and at the bottom the vocabulary every room shares: recipes,
-#: settings, batching (``items.py``, the queue, the batcher), errors and metrics.
-ORDER = ("testing", "__main__", "commands", "adapt", "app", "api", "pool", "judge",
-         "intake", "pipeline", "recipes", "settings", "batching", "errors", "metrics")
+#: settings (and the parsers of its composite values, ``setting_values.py``), batching
+#: (``items.py``, the queue, the batcher), errors and metrics.
+ORDER = ("testing", "__main__", "commands", "adapt", "app", "api", "jobs", "pool", "judge",
+         "intake", "pipeline", "recipes", "settings", "setting_values", "batching", "errors",
+         "metrics")
 
 #: trainer/'s rooms from the top down, the same way: the reference trainer, the checks,
 #: feeding, and at the bottom the hardware and the reservoir's mixing (the package's
@@ -44,6 +49,19 @@ FENCES = {
     "genaug.trainer": ("genaug.trainer", "genaug.client", "genaug.wire", "genaug.digits",
                        "genaug.local_service", "genaug"),
 }
+
+#: genaug/'s ground: what every package beside it may import (the wire format, the digits,
+#: the child-process helper). It imports nothing of genaug but itself, never service/,
+#: trainer/, client/ or genaug/'s roof.
+GROUND = ("genaug", "genaug.wire", "genaug.digits", "genaug.local_service")
+#: genaug/'s roof: the command table, the doctor, the jobs command and the experiments. They
+#: use everything; nothing of service/, trainer/ or client/ imports them (the fences above and
+#: below).
+ROOF = ("genaug.cli", "genaug.doctor", "genaug.jobs", "genaug.experiments")
+#: The roof's rooms elsewhere: each command's module (``genaug.cli.COMMANDS`` names them) and
+#: ``python -m genaug.service``, which is ``genaug serve``.
+ROOF_ELSEWHERE = ("genaug.service.__main__",
+                  *(e.module for e in COMMANDS.values() if not e.module.startswith(ROOF)))
 
 
 def _modules() -> dict[str, Path]:
@@ -164,3 +182,37 @@ def test_no_import_circles() -> None:
         if module not in index:
             visit(module)
     assert circles == [], f"import circles: {circles}"
+
+
+def test_genaugs_ground_imports_only_the_ground() -> None:
+    modules = _modules()
+    wrong = []
+    for module in GROUND:
+        path = modules[module]
+        for target, line in _imports(module, path):
+            if (_resolve(target, modules) or target) not in GROUND:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert wrong == [], "genaug/'s ground imports above itself:\n" + "\n".join(wrong)
+
+
+def test_every_module_of_genaug_is_ground_or_roof_and_the_roof_is_fenced_off() -> None:
+    modules = _modules()
+    top = {".".join(m.split(".")[:2]) for m in modules if m.split(".")[:2][-1] not in
+           {"service", "client", "trainer"}}
+    assert top == set(GROUND) | set(ROOF), (
+        f"place these in GROUND or ROOF (and in docs/architecture.md): "
+        f"{top ^ (set(GROUND) | set(ROOF))}")
+    wrong = []
+    for module, path in modules.items():
+        if (module.startswith(("genaug.service", "genaug.client", "genaug.trainer"))
+                and module not in ROOF_ELSEWHERE):
+            for target, line in _imports(module, path):
+                resolved = _resolve(target, modules) or target
+                if any(resolved == r or resolved.startswith(r + ".") for r in ROOF):
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert wrong == [], "imports of genaug/'s roof from below it:\n" + "\n".join(wrong)
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for kind, names in (("ground", GROUND[1:]), ("roof", ROOF)):
+        row = next((r for r in doc.splitlines() if r.startswith(f"| `genaug/` {kind}")), "")
+        missing = [n for n in names if f"`{n.split('.')[-1]}" not in row]
+        assert row and not missing, f"docs/architecture.md's genaug/ {kind} row lacks {missing}"

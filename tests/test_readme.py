@@ -54,11 +54,11 @@ NOT_RUN = {
     "pip install": "an install: this checkout's environment already holds the package "
                    "(tests/test_packaging.py checks what it ships)",
     "nice -n 10 python tools/train_tiny_generator.py": "minutes of training; "
-        "tests/test_train_tiny_generator.py runs the same script for a few steps",
+        "tests/tools/test_train_tiny_generator.py runs the same script for a few steps",
     "genaug serve --model /tmp/tiny-digits/pipeline": "serves until stopped, and needs the "
-        "training above; tests/test_train_tiny_generator.py serves such a folder",
+        "training above; tests/tools/test_train_tiny_generator.py serves such a folder",
     "genaug serve --model tiny-random --unet-weights": "serves until stopped, and needs the "
-        "training above; tests/test_train_tiny_generator.py loads such weights over "
+        "training above; tests/tools/test_train_tiny_generator.py loads such weights over "
         "tiny-random",
     "genaug serve --model /models/sdxl": "serves until stopped, and needs SDXL weights and "
         "a CUDA device; this module's own service is the same command on the default model",

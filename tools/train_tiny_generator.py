@@ -427,7 +427,7 @@ def evaluate(pipe: Any, recipe: Any, all_labels: list[str], labels: list[str], c
     generated = sample(pipe, eval_prompts, seeds, steps, guidance)
     log.info("sampled %d images in %.1f s", len(generated), time.monotonic() - t0)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    _grid(generated, per, len(all_labels), cfg.out / "samples.png")
+    _grid(generated, per, cfg.out / "samples.png")
     try:
         from genaug.digits import LABELS, fidelity_classifier, to_digits8
     except ImportError:
@@ -455,16 +455,13 @@ def evaluate(pipe: Any, recipe: Any, all_labels: list[str], labels: list[str], c
     return result
 
 
-def _grid(images: np.ndarray, per: int, rows: int, out: Path) -> None:
-    from PIL import Image
+def _grid(images: np.ndarray, per: int, out: Path) -> None:
+    """The first 10 images of each label, one row per label (the service's PNG grid)."""
+    from genaug.wire import encode_png_grid
 
     cols = min(per, 10)
-    h = images.shape[1]
-    canvas = np.zeros((rows * h, cols * h, 3), dtype=np.uint8)
-    for r in range(rows):
-        for c in range(cols):
-            canvas[r * h:(r + 1) * h, c * h:(c + 1) * h] = images[r * per + c]
-    Image.fromarray(canvas).save(out)
+    first = images.reshape(-1, per, *images.shape[1:])[:, :cols]
+    out.write_bytes(encode_png_grid(first.reshape(-1, *images.shape[1:]), columns=cols))
 
 
 def parse(argv: list[str] | None = None) -> Config:

@@ -40,24 +40,16 @@ The package is in rooms, by what a user is doing:
 - ``checks/``: the graph audit, the step instruments, and ``diagnose`` with its findings.
 - ``reference/``: ``genaug train``'s library (config, data, the trainer, its summary).
 
-``demo.py`` and ``fewshot.py`` are experiments for the demo and the benchmarks.
+The demo's and the benchmarks' experiments live in ``genaug.experiments``.
 
 Names are imported lazily: ``genaug.trainer.feeding`` (the feeder and its preflight),
 ``genaug.trainer.hardware`` and ``genaug.trainer.checks.diagnose`` do not import TensorFlow at
 import time; the reservoir, the audit and ``NeedCallback`` do.
-
-The modules' paths before the rooms (``genaug.trainer.need``, ``genaug.trainer.config``...)
-still import: :data:`MOVED` maps each to its room, and importing an old path gives the very
-module object of the new one (no second copy, so classes and ``isinstance`` agree).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -121,52 +113,6 @@ _WHERE = {
     "tracing_counts": "checks.audit",
 }
 
-MOVED = {
-    "audit": "checks.audit",
-    "class_error": "feeding.class_error",
-    "config": "reference.config",
-    "contact": "feeding.preflight",
-    "data": "reference.data",
-    "devices": "hardware.devices",
-    "diagnose": "checks.diagnose",
-    "diagnosis": "checks.findings",
-    "feeder": "feeding.feeder",
-    "host": "hardware.host",
-    "instruments": "checks.instruments",
-    "labels": "feeding.labels",
-    "need": "feeding.need",
-    "probe": "checks.probe",
-    "reservoir": "mixing.reservoir",
-    "summary": "reference.summary",
-    "train": "reference.train",
-}
-"""Old module path (below ``genaug.trainer``) -> where that module lives now."""
-
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``genaug.trainer.<old>`` as the module of its room (:data:`MOVED`)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        head, _, old = fullname.rpartition(".")
-        if head != __name__ or old not in MOVED:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: Any) -> ModuleType:
-        module = importlib.import_module(f"{__name__}.{MOVED[spec.name.rpartition('.')[2]]}")
-        spec.loader_state = module.__spec__
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        # The import system gave the room's module the alias's spec: give it back its own.
-        alias = module.__spec__
-        if alias is not None and alias.loader_state is not None:
-            module.__spec__ = alias.loader_state
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
-
 
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
@@ -174,12 +120,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'genaug.trainer' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
-    if name in MOVED:
-        # A public name that is also an old module path (``diagnose``): register the module
-        # under the old path now, so a later ``import genaug.trainer.diagnose`` finds it loaded
-        # and does not rebind the package's ``diagnose`` from the function to the module.
-        sys.modules.setdefault(f"{__name__}.{name}",
-                               importlib.import_module(f"{__name__}.{MOVED[name]}"))
     return value
 
 

@@ -46,6 +46,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,21 +103,16 @@ def write_recipes(work: Path, seeds: Sequence[int], *, with_variants: bool,
 
 
 def wait_fill(url: str, recipes: Sequence[str], per_label: int, timeout: float) -> None:
-    import httpx
-
-    from genaug.experiments.fewshot import raise_if_stopped
+    """Until every label of each of ``recipes`` holds ``per_label`` images, within one
+    ``timeout`` for all (a label the judge stopped never fills: that raises, saying why)."""
+    from genaug.client import Client
+    from genaug.experiments.fewshot import poll_pool
 
     deadline = time.monotonic() + timeout
-    while True:
-        details = {r: httpx.get(f"{url}/v1/recipes/{r}", timeout=10).json() for r in recipes}
-        fills = {r: d["fill"] for r, d in details.items()}
-        if all(min(f.values()) >= per_label for f in fills.values()):
-            return
-        for detail in details.values():  # a label the judge stopped never fills: say why
-            raise_if_stopped(detail, per_label)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pools hold {fills} after {timeout:.0f} s; wanted {per_label}")
-        time.sleep(2)
+    with Client(url, client_id="augmentation-gain", timeout=10.0) as client:
+        for recipe in recipes:  # the pools fill together: waiting on each in turn is enough
+            poll_pool(partial(client.recipe, recipe), per_label=per_label,
+                      timeout=max(0.0, deadline - time.monotonic()), poll_s=2.0)
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

@@ -84,14 +84,11 @@ def judge(images: np.ndarray, digits: list[int], per: int) -> dict[str, Any]:
 
 def _grid(images: np.ndarray, per: int, out: Path) -> None:
     """The first 10 images of each digit, one row per digit."""
-    from PIL import Image
+    from genaug.wire import encode_png_grid
 
-    rows, cols, h = len(images) // per, min(per, 10), images.shape[1]
-    canvas = np.zeros((rows * h, cols * h, 3), dtype=np.uint8)
-    for r in range(rows):
-        for c in range(cols):
-            canvas[r * h:(r + 1) * h, c * h:(c + 1) * h] = images[r * per + c]
-    Image.fromarray(canvas).save(out)
+    cols = min(per, 10)
+    first = images.reshape(-1, per, *images.shape[1:])[:, :cols]
+    out.write_bytes(encode_png_grid(first.reshape(-1, *images.shape[1:]), columns=cols))
 
 
 def read_sheet(path: Path, rows: int) -> np.ndarray:

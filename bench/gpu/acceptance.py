@@ -2,7 +2,7 @@
 
 ``bash bench/gpu/gpu_run.sh --plan acceptance`` runs it on a lent GPU (about 5 minutes on an
 H100 with the install); ``python -m bench.gpu.acceptance --tiny`` runs the same code on the
-tiny model and the CPU (tests/test_gpu_sdxl_bench.py does, so the GPU run is never its first).
+tiny model and the CPU (tests/bench/test_gpu_sdxl_bench.py does, so the GPU run is never its first).
 It checks that things work, not how fast: SDXL base 1.0 built from its configs with random
 weights (``gpu_sdxl.build_sdxl``), 1024x1024, :data:`STEPS` steps. In order:
 

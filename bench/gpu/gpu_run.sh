@@ -25,7 +25,7 @@ mkdir -p "$OUT"
 # package-dir mapping: genaug/, genaug.service = service/, ...), with no build step.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" .whl/*.whl || { echo "gpu_run: installing .whl/ failed" >&2; exit 1; }
-# The whole genaug/ package (commands/, experiments/, data files), then the mapped folders.
+# The whole genaug/ package (cli.py, jobs.py, experiments/, data files), then the mapped folders.
 rm -rf "$SITE/genaug" && mkdir -p "$SITE/genaug"
 cp -R genaug/. "$SITE/genaug/"
 find "$SITE/genaug" -name __pycache__ -prune -exec rm -rf {} +

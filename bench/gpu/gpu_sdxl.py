@@ -240,19 +240,12 @@ def build_sdxl(device: Any, dtype: Any, seed: int = 0) -> Any:
     default initialisation runs there, seconds on a GPU), in float32, then cast.
     """
     import torch
-    from diffusers import (
-        AutoencoderKL,
-        EulerDiscreteScheduler,
-        StableDiffusionXLPipeline,
-        UNet2DConditionModel,
-    )
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     from genaug.service.pipeline.load import LoadedModel
-    from genaug.service.pipeline.tiny import tiny_tokenizer_dir
+    from genaug.service.pipeline.tiny import assemble_sdxl
 
-    tokenizer = CLIPTokenizer.from_pretrained(tiny_tokenizer_dir(), local_files_only=True)
-    tokenizer_2 = CLIPTokenizer.from_pretrained(tiny_tokenizer_dir(), local_files_only=True)
     index = load_config("model_index")
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
@@ -262,21 +255,11 @@ def build_sdxl(device: Any, dtype: Any, seed: int = 0) -> Any:
             text_encoder = CLIPTextModel(clip_config("text_encoder"))
             text_encoder_2 = CLIPTextModelWithProjection(clip_config("text_encoder_2"))
     scheduler = EulerDiscreteScheduler.from_config(load_config("scheduler"))
-    pipeline: Any = StableDiffusionXLPipeline(  # diffusers is untyped
-        vae=vae,
-        text_encoder=text_encoder,
-        text_encoder_2=text_encoder_2,
-        tokenizer=tokenizer,
-        tokenizer_2=tokenizer_2,
-        unet=unet,
-        scheduler=scheduler,
+    pipeline = assemble_sdxl(
+        unet, vae, text_encoder, text_encoder_2, scheduler,
         force_zeros_for_empty_prompt=index["force_zeros_for_empty_prompt"],
-        add_watermarker=False,
     )
     pipeline.to(device=device, dtype=dtype)
-    for module in (pipeline.unet, pipeline.vae, pipeline.text_encoder, pipeline.text_encoder_2):
-        module.eval()
-    pipeline.set_progress_bar_config(disable=True)
     return LoadedModel(
         pipeline=pipeline,
         kind="sdxl-random",

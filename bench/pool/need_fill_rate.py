@@ -91,7 +91,7 @@ def fill_once(url: str, worker: TimedWorker, recipe: str, labels: list[str], per
     was full, and that time."""
     import httpx
 
-    from genaug.experiments.fewshot import raise_if_stopped
+    from genaug.experiments.fewshot import poll_pool
 
     needed = labels[0]
     with httpx.Client(base_url=url, timeout=60, headers={"X-Client-Id": "trainer-a"}) as http:
@@ -102,20 +102,16 @@ def fill_once(url: str, worker: TimedWorker, recipe: str, labels: list[str], per
         started = time.perf_counter()
         http.post(f"/v1/recipes/{recipe}/fill", json={"per_label": per_label}).raise_for_status()
         deadline = time.monotonic() + 600
-        while (detail := http.get(f"/v1/recipes/{recipe}").json())["fill"][needed] < per_label:
-            raise_if_stopped(detail, per_label, [needed])  # a stopped label never fills
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{recipe}: {needed} not filled in time")
-            time.sleep(0.05)
+
+        def detail() -> dict[str, Any]:
+            return dict(http.get(f"/v1/recipes/{recipe}").json())
+
+        poll_pool(detail, per_label=per_label, labels=[needed], timeout=600, poll_s=0.05)
         if need:  # leave the next arm a service without this need
             http.post(f"/v1/recipes/{recipe}/feedback", json={"need": {}}).raise_for_status()
         # the rest of the pool fills before the next arm starts: arms never overlap
-        while min((detail := http.get(f"/v1/recipes/{recipe}").json())["fill"].values()
-                  ) < per_label:
-            raise_if_stopped(detail, per_label)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{recipe}: not filled in time")
-            time.sleep(0.1)
+        poll_pool(detail, per_label=per_label, poll_s=0.1,
+                  timeout=max(0.0, deadline - time.monotonic()))
     made = dict.fromkeys(labels, 0)
     owner = {f"{label} of {recipe}": label for label in labels}
     at = started

@@ -22,7 +22,6 @@ Goal: fill rate / direct >= 0.95.
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import finish, goal_text, interleave, main, median, parse_args, table
-from bench.services import saturate, service, wait_generated, write_recipe
+from bench.services import Clients, service, wait_generated, write_recipe
 
 GOAL = 0.95
 BATCH = 8
@@ -39,8 +38,6 @@ BATCH = 8
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(__doc__ or "", argv)
     import httpx
-
-    from genaug.client import AsyncClient
 
     per_label = 8 if args.quick else 48
     rounds = 3 if args.quick else 8
@@ -66,9 +63,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 max_queue_images=4096,
             ) as url,
             httpx.Client(timeout=60) as http,
+            Clients({"bench": url}, client_id="bench", timeout=120) as clients,
         ):
-            loop = asyncio.new_event_loop()
-            client = AsyncClient(url, client_id="bench", timeout=120)
 
             def generated() -> int:
                 return int(http.get(f"{url}/v1/recipes/bench").json()["totals"]["generated"])
@@ -89,29 +85,16 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
             def direct() -> float:
                 before = generated()
-                rate = loop.run_until_complete(
-                    saturate(
-                        client,
-                        concurrency=4,
-                        requests=images // BATCH,
-                        n=BATCH,
-                        height=size,
-                        width=size,
-                        steps=steps,
-                        guidance=5.0,
-                    )
-                )
+                rate = clients.saturate("bench", concurrency=4, requests=images // BATCH,
+                                        n=BATCH, height=size, width=size, steps=steps,
+                                        guidance=5.0)
                 leaked.append(generated() - before)
                 rates.append(rate)
                 return rate
 
-            try:
-                direct()  # connections, first batches, and a first rate for the quiet time
-                fill()  # first pool writes: SQLite file growth, first label choice
-                values = interleave(rounds, {"fill": fill, "direct": direct})
-            finally:
-                loop.run_until_complete(client.aclose())
-                loop.close()
+            direct()  # connections, first batches, and a first rate for the quiet time
+            fill()  # first pool writes: SQLite file growth, first label choice
+            values = interleave(rounds, {"fill": fill, "direct": direct})
 
     ratios = [f / d for f, d in zip(values["fill"], values["direct"], strict=True)]
     ratio = median(ratios)

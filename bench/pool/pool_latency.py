@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,19 @@ GOAL_P99_MS = 20.0
 GOAL_OVERHEAD_N1_MS = 0.7
 GOAL_OVERHEAD_N64_MS = 1.5
 N = 64
+
+
+def timed(call: Callable[[], Any], times: int, into: list[float], *,
+          size: int | None = None) -> float:
+    """Make ``call`` ``times`` times, adding each one's milliseconds to ``into`` (and, with
+    ``size``, checking each answer holds that many images). Returns 0.0: these phases keep
+    their own lists, :func:`~bench.harness.interleave` only orders them."""
+    for _ in range(times):
+        t0 = time.perf_counter()
+        got = call()
+        into.append((time.perf_counter() - t0) * 1000)
+        assert size is None or len(got) == size, (len(got), size)
+    return 0.0
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -78,53 +91,20 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 on_httpcore.sample("bench", n=N)
                 store.sample(detail["pool_id"], list(labels), N)
 
-            def via_http() -> float:
-                for _ in range(per_round):
-                    t0 = time.perf_counter()
-                    got = client.sample("bench", n=N)
-                    http_ms.append((time.perf_counter() - t0) * 1000)
-                    assert len(got) == N
-                return 0.0
-
-            def via_http_one() -> float:
-                # The fixed cost of a sample call (routing, SQLite, thread hops), few bytes.
-                for _ in range(per_round // 3):
-                    t0 = time.perf_counter()
-                    client.sample("bench", n=1)
-                    one_ms.append((time.perf_counter() - t0) * 1000)
-                return 0.0
-
-            def via_httpcore() -> float:
-                for _ in range(per_round):
-                    t0 = time.perf_counter()
-                    on_httpcore.sample("bench", n=N)
-                    core_ms.append((time.perf_counter() - t0) * 1000)
-                for _ in range(per_round // 3):
-                    t0 = time.perf_counter()
-                    on_httpcore.sample("bench", n=1)
-                    core_one_ms.append((time.perf_counter() - t0) * 1000)
-                return 0.0
-
-            def in_process() -> float:
-                for _ in range(per_round):
-                    t0 = time.perf_counter()
-                    got = store.sample(detail["pool_id"], list(labels), N)
-                    local_ms.append((time.perf_counter() - t0) * 1000)
-                    assert len(got.images) == N
-                return 0.0
-
-            def in_process_one() -> float:
-                for _ in range(per_round // 3):
-                    t0 = time.perf_counter()
-                    store.sample(detail["pool_id"], list(labels), 1)
-                    local_one_ms.append((time.perf_counter() - t0) * 1000)
-                return 0.0
-
-            interleave(
-                rounds,
-                {"http": via_http, "in_process": in_process, "http_n1": via_http_one,
-                 "in_process_n1": in_process_one, "httpcore": via_httpcore},
-            )
+            pool_id, names, few = detail["pool_id"], list(labels), per_round // 3
+            interleave(rounds, {
+                "http": lambda: timed(lambda: client.sample("bench", n=N), per_round, http_ms,
+                                      size=N),
+                "in_process": lambda: timed(lambda: store.sample(pool_id, names, N).images,
+                                            per_round, local_ms, size=N),
+                # the fixed cost of a sample call (routing, SQLite, thread hops), few bytes
+                "http_n1": lambda: timed(lambda: client.sample("bench", n=1), few, one_ms),
+                "in_process_n1": lambda: timed(lambda: store.sample(pool_id, names, 1), few,
+                                               local_one_ms),
+                "httpcore": lambda: timed(lambda: on_httpcore.sample("bench", n=N), per_round,
+                                          core_ms)
+                + timed(lambda: on_httpcore.sample("bench", n=1), few, core_one_ms),
+            })
             store.close()
 
     p50, p99 = percentile(http_ms, 50), percentile(http_ms, 99)

@@ -59,14 +59,12 @@ def _fill(http: Any, urls: Sequence[str], per_label: int, labels: int) -> float:
     for url in urls:
         r = http.post(f"{url}/v1/recipes/bench/fill", json={"per_label": per_label})
         r.raise_for_status()
-    from genaug.experiments.fewshot import raise_if_stopped
+    from genaug.experiments.fewshot import poll_pool
 
-    while True:
-        detail = http.get(f"{urls[0]}/v1/recipes/bench").json()
-        if sum(detail["fill"].values()) >= per_label * labels:
-            return time.perf_counter() - started
-        raise_if_stopped(detail, per_label)  # a label the judge stopped never fills
-        time.sleep(0.02)
+    poll_pool(lambda: dict(http.get(f"{urls[0]}/v1/recipes/bench").json()),
+              per_label=per_label, timeout=600, poll_s=0.02,
+              filled=lambda detail: sum(detail["fill"].values()) >= per_label * labels)
+    return time.perf_counter() - started
 
 
 def _duplicates(url: str, pool_id: str) -> tuple[int, int]:

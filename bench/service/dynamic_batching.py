@@ -19,12 +19,11 @@ Each service is tried with ``max_batch_images=16, max_wait_ms=10`` and with
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from bench.harness import finish, interleave, main, median, parse_args, table
-from bench.services import saturate, services
+from bench.services import Clients, services
 
 CLIENTS = 16
 WAIT_MS = 10
@@ -44,39 +43,18 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "max_queue_images": 4096,
             }
 
-    from genaug.client import AsyncClient
+    with services(specs, threads=args.threads) as urls, Clients(urls, timeout=120) as clients:
 
-    loop = asyncio.new_event_loop()
-    with services(specs, threads=args.threads) as urls:
-        clients = {name: AsyncClient(url, timeout=120) for name, url in urls.items()}
-        try:
+        def phase(name: str) -> Any:
+            def go() -> float:
+                return clients.saturate(name, concurrency=CLIENTS, requests=images, n=1,
+                                        height=64, width=64, steps=4, guidance=5.0)
 
-            def phase(name: str) -> Any:
-                def go() -> float:
-                    return loop.run_until_complete(
-                        saturate(
-                            clients[name],
-                            concurrency=CLIENTS,
-                            requests=images,
-                            n=1,
-                            height=64,
-                            width=64,
-                            steps=4,
-                            guidance=5.0,
-                        )
-                    )
+            return go
 
-                return go
-
-            for name in urls:  # open the 16 connections and run first batches
-                loop.run_until_complete(
-                    saturate(clients[name], concurrency=CLIENTS, requests=CLIENTS, n=1)
-                )
-            values = interleave(rounds, {name: phase(name) for name in urls})
-        finally:
-            for client in clients.values():
-                loop.run_until_complete(client.aclose())
-            loop.close()
+        for name in urls:  # open the 16 connections and run first batches
+            clients.saturate(name, concurrency=CLIENTS, requests=CLIENTS, n=1)
+        values = interleave(rounds, {name: phase(name) for name in urls})
 
     rows = []
     result: dict[str, Any] = {

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.harness import finish, goal_text, interleave, main, median, parse_args, table
-from bench.services import services
+from bench.services import Clients, services
 
 CLIENTS = 8
 GUIDANCES = [1.5 + i for i in range(CLIENTS)]
@@ -123,31 +123,22 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     per_client = 4 if args.quick else 12
     settings = {"max_batch_images": CLIENTS, "max_wait_ms": WAIT_MS, "max_queue_images": 4096}
 
-    from genaug.client import AsyncClient
-
-    loop = asyncio.new_event_loop()
     counter = iter(range(10**6))
     specs = {mode: {**SPECS[mode], **settings} for mode in MODES}
-    with services(specs, threads=args.threads) as urls:
-        clients = {mode: AsyncClient(url, timeout=300) for mode, url in urls.items()}
-        try:
-            for mode in MODES:  # open the connections, run first batches
-                loop.run_until_complete(clients_round(clients[mode], 1, 0))
+    with services(specs, threads=args.threads) as urls, Clients(urls, timeout=300) as clients:
+        for mode in MODES:  # open the connections, run first batches
+            clients.run(clients_round(clients[mode], 1, 0))
 
-            def phase(mode: str) -> Any:
-                def go() -> float:
-                    seed = 10**7 * (1 + next(counter))
-                    return loop.run_until_complete(clients_round(clients[mode], per_client, seed))
+        def phase(mode: str) -> Any:
+            def go() -> float:
+                seed = 10**7 * (1 + next(counter))
+                return clients.run(clients_round(clients[mode], per_client, seed))
 
-                return go
+            return go
 
-            before = {mode: batch_counts(url) for mode, url in urls.items()}
-            values = interleave(rounds, {mode: phase(mode) for mode in MODES})
-            after = {mode: batch_counts(url) for mode, url in urls.items()}
-        finally:
-            for client in clients.values():
-                loop.run_until_complete(client.aclose())
-            loop.close()
+        before = {mode: batch_counts(url) for mode, url in urls.items()}
+        values = interleave(rounds, {mode: phase(mode) for mode in MODES})
+        after = {mode: batch_counts(url) for mode, url in urls.items()}
 
     mean_batch = {
         mode: (after[mode][0] - before[mode][0]) / max(1.0, after[mode][1] - before[mode][1])

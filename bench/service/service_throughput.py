@@ -13,13 +13,12 @@ Goal: service / direct >= 0.95.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from bench.harness import finish, goal_text, interleave, main, median, parse_args, table
-from bench.services import pin_threads, saturate, service, tiny_model
+from bench.services import Clients, pin_threads, service, tiny_model
 
 GOAL = 0.95
 
@@ -32,7 +31,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rounds = 3 if args.quick else 20
     batches_per_round = 2 if args.quick else 3
 
-    from genaug.client import AsyncClient
     from genaug.service.batching.items import GroupKey, Item
     from genaug.service.pipeline.worker import PipelineWorker
 
@@ -52,32 +50,18 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             generator.run(key, items)
         return batches_per_round * batch / (time.perf_counter() - started)
 
-    with service(
-        threads=args.threads, max_batch_images=batch, max_wait_ms=10, max_queue_images=4096
-    ) as url:
-        loop = asyncio.new_event_loop()
-        client = AsyncClient(url, client_id="bench", timeout=120)
-        try:
+    with (
+        service(threads=args.threads, max_batch_images=batch, max_wait_ms=10,
+                max_queue_images=4096) as url,
+        Clients({"service": url}, client_id="bench", timeout=120) as senders,
+    ):
 
-            def via_service() -> float:
-                return loop.run_until_complete(
-                    saturate(
-                        client,
-                        concurrency=clients,
-                        requests=batches_per_round,
-                        n=batch,
-                        height=size,
-                        width=size,
-                        steps=steps,
-                        guidance=5.0,
-                    )
-                )
+        def via_service() -> float:
+            return senders.saturate("service", concurrency=clients, requests=batches_per_round,
+                                    n=batch, height=size, width=size, steps=steps, guidance=5.0)
 
-            via_service()  # first connections, first batches
-            values = interleave(rounds, {"direct": direct, "service": via_service})
-        finally:
-            loop.run_until_complete(client.aclose())
-            loop.close()
+        via_service()  # first connections, first batches
+        values = interleave(rounds, {"direct": direct, "service": via_service})
 
     ratios = [s / d for s, d in zip(values["service"], values["direct"], strict=True)]
     ratio = median(ratios)

@@ -1,6 +1,6 @@
 """What ``genaug.trainer.diagnose`` costs, and its false alarms on a clean pipeline.
 
-Runs the ``cost`` and ``clean`` scenarios of ``tests/trainer/_diagnose_child.py`` (one
+Runs the ``cost`` and ``clean`` scenarios of ``tests/trainer/checks/_diagnose_child.py`` (one
 TensorFlow interpreter, 4 logical CPU devices, the reference trainer with mixing):
 
 * cost: ``diagnose`` with 20 steps against the same 20 steps run as ``fit`` runs them
@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.harness import ROOT, finish, goal_text, main, make_parser, table
 
-CHILD = ROOT / "tests" / "trainer" / "_diagnose_child.py"
+CHILD = ROOT / "tests" / "trainer" / "checks" / "_diagnose_child.py"
 MARK = "GENAUG_RESULT "
 
 

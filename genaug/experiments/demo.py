@@ -1,6 +1,12 @@
-"""The full loop on the embedded default: service, pool, reservoir, MirroredStrategy training.
+"""The full loop on the tiny model: service, grid, pool, training, stop.
 
-:func:`run_full_demo` starts ``genaug serve`` (the embedded ``tiny-digits`` generator on the
+``genaug demo``: the whole round trip on the embedded default, no GPU, no download. ``--out``
+names the labelled grid PNG, ``--port`` the service's port (0: a free one), and ``--no-train``
+stops after the grid and the pool (no TensorFlow needed: it waits for the recipe pool to fill
+instead). Ctrl-C stops the service and the training process, then ends in one line (exit
+status 130).
+
+:func:`full_demo` starts ``genaug serve`` (the embedded ``tiny-digits`` generator on the
 CPU) with ``recipes/digits.yaml`` and a throw-away pool, writes a labelled grid of generated
 digits through the client, and lets the pool fill (to a fixed size: the mixing run starts
 from the full pool, so its figure does not depend on how fast the pool filled) while a
@@ -16,13 +22,13 @@ The few-shot runs live in :mod:`genaug.experiments.fewshot`, which also backs
 comes from the generator: it was trained on the 997 images of the ``generator`` split, which
 the few-shot classifier never sees (as SDXL saw far more images than any user's data set holds).
 
-This module imports neither TensorFlow nor torch at import time: both live in the child
-processes.
+This module imports neither TensorFlow nor torch at import time (both live in the child
+processes), nor numpy (``genaug demo --help`` stays light).
 
 Example::
 
-    from genaug.experiments.demo import run_full_demo
-    raise SystemExit(run_full_demo())
+    from genaug.experiments.demo import full_demo
+    raise SystemExit(full_demo())
 """
 
 from __future__ import annotations
@@ -36,19 +42,23 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from genaug.experiments.fewshot import FewShotRun, PoolStoppedError, run_fewshot
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "BENCHMARK",
     "DEMO_RECIPE",
+    "add_arguments",
     "default_recipes_path",
+    "full_demo",
+    "interrupted",
     "interrupted_note",
     "labelled_grid",
-    "run_full_demo",
+    "run",
     "verdict",
     "wait_for_pool",
     "write_digit_grid",
@@ -91,33 +101,18 @@ def default_recipes_path() -> Path:
 def wait_for_pool(
     url: str, recipe: str, per_label: int, *, timeout: float = 120.0
 ) -> dict[str, int]:
-    """Poll ``GET /v1/recipes/{recipe}`` until every label's pool fill reaches ``per_label``.
-
-    Returns the last fill seen. Raises ``TimeoutError`` naming the fill after ``timeout`` s,
-    and :class:`~genaug.experiments.fewshot.PoolStoppedError` (with the judge's reason and
-    fix) as soon as the recipe's judge stopped a label short of ``per_label``: the service
-    makes no more of its images, so the wait could never end.
+    """Wait until every label of ``recipe``'s pool at ``url`` holds ``per_label`` images;
+    return the fill per label. The demo's client around
+    :func:`~genaug.experiments.fewshot.poll_pool`, which raises ``TimeoutError`` naming the
+    fill after ``timeout`` s and :class:`~genaug.experiments.fewshot.PoolStoppedError` (with
+    the judge's reason and fix) as soon as the judge stopped a label short of ``per_label``.
     """
     from genaug.client import Client
-    from genaug.experiments.fewshot import raise_if_stopped
-    from genaug.trainer.feeding.labels import recipe_description
+    from genaug.experiments.fewshot import poll_pool
 
-    deadline = time.monotonic() + timeout
-    fill: dict[str, int] = {}
     with Client(url, client_id="genaug-demo", timeout=10.0) as client:
-        while True:
-            detail = client.recipe(recipe)
-            labels, fill, _ = recipe_description(detail)
-            fill = {label: fill.get(label, 0) for label in labels}
-            if labels and min(fill.values()) >= per_label:
-                return fill
-            raise_if_stopped({**detail, "fill": fill}, per_label)
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"pool of recipe {recipe!r} at {url} holds {fill} after {timeout:.0f} s; "
-                    f"wanted {per_label} per label (is pre-generation on? GENAUG_PREGENERATE)"
-                )
-            time.sleep(0.5)
+        detail = poll_pool(lambda: client.recipe(recipe), per_label=per_label, timeout=timeout)
+    return {label: int(detail["fill"].get(label, 0)) for label in detail["labels"]}
 
 
 # ----------------------------------------------------------------------------- the demo
@@ -167,6 +162,8 @@ def write_digit_grid(client: Any, out: Path, *, per_label: int = 4) -> None:
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    import numpy as np
+
     from genaug.digits import PROMPTS, load_split, subset
 
     t0 = time.monotonic()
@@ -185,11 +182,11 @@ def write_digit_grid(client: Any, out: Path, *, per_label: int = 4) -> None:
         rows["real"] = real
         rows["variant"] = np.stack([f.result().images[0] for f in variants_made])
     out.write_bytes(labelled_grid(rows, columns=list(PROMPTS)))
-    print(f"      wrote {out}: {len(PROMPTS)} digits x {per_label} images + a row of real "  # noqa: T201
+    print(f"      wrote {out}: {len(PROMPTS)} digits x {per_label} images + a row of real "
           f"digits and their img2img variants in {time.monotonic() - t0:.1f} s")
 
 
-def run_full_demo(
+def full_demo(
     *,
     port: int = 0,
     steps: int = 300,
@@ -227,12 +224,12 @@ def run_full_demo(
 
     recipes = recipes or default_recipes_path()
     if not recipes.is_file():
-        print(f"genaug demo: recipe file {recipes} not found; pass recipes=PATH", file=sys.stderr)  # noqa: T201
+        print(f"genaug demo: recipe file {recipes} not found; pass recipes=PATH", file=sys.stderr)
         return 2
     try:
         import sklearn  # noqa: F401  (the digits ship inside scikit-learn)
     except ImportError:
-        print("genaug demo: needs scikit-learn for its real data (the handwritten digits "  # noqa: T201
+        print("genaug demo: needs scikit-learn for its real data (the handwritten digits "
               "that ship inside it): pip install scikit-learn, or 'genaug[dev]'",
               file=sys.stderr)
         return 2
@@ -248,7 +245,7 @@ def run_full_demo(
     service_env.pop("GENAUG_MODEL", None)  # the demo is about the embedded default
     started = time.monotonic()
     try:
-        print(f"[1/4] starting the genaug service (tiny-digits generator, CPU) at {url}, "  # noqa: T201
+        print(f"[1/4] starting the genaug service (tiny-digits generator, CPU) at {url}, "
               f"recipes {recipes.name}, pool {work / 'pool.db'}")
         with running_service(
             port,
@@ -261,22 +258,22 @@ def run_full_demo(
                 with Client(url, client_id="genaug-demo") as client:
                     client.wait_ready(timeout=180)
                     if grid_out is not None:
-                        print(f"[2/4] ready after {time.monotonic() - started:.1f} s; "  # noqa: T201
+                        print(f"[2/4] ready after {time.monotonic() - started:.1f} s; "
                               "generating a column of images per digit through the client")
                         write_digit_grid(client, grid_out)
                 if not train:
                     fill = wait_for_pool(url, DEMO_RECIPE, pool_per_label, timeout=300)
-                    print(f"[3/4] after {time.monotonic() - started:.1f} s the pool of "  # noqa: T201
+                    print(f"[3/4] after {time.monotonic() - started:.1f} s the pool of "
                           f"{DEMO_RECIPE!r} holds {fill} (filled while the service was idle)")
                     return 0
             except PoolStoppedError as exc:  # the judge stopped a label: no wait fills it
-                print(f"genaug demo: {exc}", file=sys.stderr)  # noqa: T201
+                print(f"genaug demo: {exc}", file=sys.stderr)
                 return 1
             except (GenaugError, TimeoutError) as exc:
-                print(f"genaug demo: the service did not get ready: {exc} (log: {service_log})",  # noqa: T201
+                print(f"genaug demo: the service did not get ready: {exc} (log: {service_log})",
                       file=sys.stderr)
                 return 1
-            print(f"[3/4] training a small CNN on 5 real digits per class (few-shot split), "  # noqa: T201
+            print(f"[3/4] training a small CNN on 5 real digits per class (few-shot split), "
                   f"{cpu_replicas} logical CPUs under MirroredStrategy, in a separate "
                   f"TensorFlow process; the mixing run starts once the pool holds its fixed "
                   f"{pool_per_label} images per digit")
@@ -290,23 +287,39 @@ def run_full_demo(
             try:
                 real, gen = run_fewshot([base, mixed], timeout_s=train_timeout_s)
             except RuntimeError as exc:
-                print(f"genaug demo: {exc}", file=sys.stderr)  # noqa: T201
+                print(f"genaug demo: {exc}", file=sys.stderr)
                 return 1
         said = verdict(real["test_accuracy"], gen["test_accuracy"], seed=seed,
                        pool_per_label=pool_per_label)
-        print(f"[4/4] test accuracy on the 500 held-out test digits:\n"  # noqa: T201
+        print(f"[4/4] test accuracy on the 500 held-out test digits:\n"
               f"      real only (5 per class, shifts/rotations)   {real['test_accuracy']:.3f}\n"
               f"      + genaug mixing (p={p}, pool of recipe {DEMO_RECIPE!r})  "
               f"{gen['test_accuracy']:.3f}   ({100 * gen['mixed_fraction']:.0f}% of "
               f"examples synthetic, {gen['feeder']} images fed)\n"
               f"      {said}\n"
               f"      {PROTOCOL_LINE}")
-        print(f"service stopped (exit code {proc.returncode}); whole demo "  # noqa: T201
+        print(f"service stopped (exit code {proc.returncode}); whole demo "
               f"{time.monotonic() - started:.1f} s")
         return 0
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="genaug-demo.png", help="where to write the grid PNG")
+    parser.add_argument("--port", type=int, default=0, help="port (0: a free one)")
+    parser.add_argument("--no-train", action="store_true",
+                        help="stop after the grid and the pool (no TensorFlow needed)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``genaug demo``: :func:`full_demo` with the grid written to ``--out``."""
+    return full_demo(port=args.port, grid_out=Path(args.out), train=not args.no_train)
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    return interrupted_note(Path(args.out))
 
 
 def interrupted_note(grid_out: Path | None = None) -> str:
@@ -321,9 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     genaug-demo.png`` without the grid); Ctrl-C ends it in one line, exit status 130."""
     argparse.ArgumentParser(prog="python -m genaug.experiments.demo").parse_args(argv)
     try:
-        return run_full_demo()
-    except KeyboardInterrupt:  # run_full_demo's blocks stopped the children on the way out
-        print(f"genaug demo: interrupted; {interrupted_note()}", file=sys.stderr)  # noqa: T201
+        return full_demo()
+    except KeyboardInterrupt:  # full_demo's blocks stopped the children on the way out
+        print(f"genaug demo: interrupted; {interrupted_note()}", file=sys.stderr)
         return 130
 
 

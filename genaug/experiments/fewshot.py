@@ -31,14 +31,14 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from genaug.local_service import INTERRUPT_GRACE_S, start_child, stop_child
 
-__all__ = ["FewShotRun", "PoolStoppedError", "fewshot_child", "raise_if_stopped", "run_fewshot",
-           "tf_child_env"]
+__all__ = ["FewShotRun", "PoolStoppedError", "fewshot_child", "poll_pool", "raise_if_stopped",
+           "run_fewshot", "tf_child_env"]
 
 _RESULT = "GENAUG_FEWSHOT_RESULT "  # prefix of the child's JSON result lines
 # Progress lines of the child start with this; only they are echoed (a library's warning,
@@ -148,6 +148,52 @@ def raise_if_stopped(detail: dict[str, Any], want: int | None,
         raise PoolStoppedError(str(detail.get("name")), stopped, fill, want)
 
 
+def poll_pool(
+    fetch: Callable[[], dict[str, Any]],
+    *,
+    per_label: int | None,
+    labels: Sequence[str] | None = None,
+    filled: Callable[[dict[str, Any]], bool] | None = None,
+    timeout: float = 120.0,
+    poll_s: float = 0.5,
+) -> dict[str, Any]:
+    """Poll one recipe's pool until it is filled; return the last answer of ``fetch``.
+
+    ``fetch`` makes one ``GET /v1/recipes/{name}`` with whatever client the caller holds
+    (``lambda: client.recipe("digits")``). Filled: ``filled(detail)`` where given, else every
+    label of ``labels`` (default: the recipe's) holds ``per_label`` images. Raises
+    :class:`PoolStoppedError` as soon as the judge stopped one of those labels short of
+    ``per_label`` (``None``: any stopped label): the service makes no more of its images, so
+    no wait would end. Raises ``TimeoutError`` naming the fill after ``timeout`` s.
+
+    Example::
+
+        with Client(url) as client:
+            detail = poll_pool(lambda: client.recipe("digits"), per_label=32, timeout=300)
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        detail = fetch()
+        fill = {str(k): int(v) for k, v in (detail.get("fill") or {}).items()}
+        names = [str(x) for x in (labels if labels is not None
+                                  else detail.get("labels") or list(fill))]
+        if filled is not None:
+            done = filled(detail)
+        else:
+            done = per_label is not None and bool(names) and min(
+                fill.get(name, 0) for name in names) >= per_label
+        if done:
+            return detail
+        raise_if_stopped({**detail, "fill": fill}, per_label, names)
+        if time.monotonic() >= deadline:
+            wanted = f"{per_label} images per label" if per_label is not None else "more"
+            raise TimeoutError(
+                f"pool of recipe {detail.get('name')!r} holds {fill} after {timeout:.0f} s; "
+                f"wanted {wanted} (is pre-generation on? GENAUG_PREGENERATE, or ask for a "
+                "fill: genaug pregenerate)")
+        time.sleep(poll_s)
+
+
 def _wait_for_full_pool(run: FewShotRun, deadline: float) -> str:
     """Until every label of ``run.recipe``'s pool holds ``run.pool_per_label`` images (or
     the deadline): mixing then starts from the same pool whatever the timing. Raises
@@ -155,18 +201,17 @@ def _wait_for_full_pool(run: FewShotRun, deadline: float) -> str:
     from genaug.client import Client
 
     assert run.service is not None and run.recipe is not None
+    recipe = run.recipe
     with Client(run.service, client_id=_client_id(run.arm), timeout=30.0) as client:
-        fill: dict[str, int] = {}
-        while time.monotonic() < deadline:
-            detail = client.recipe(run.recipe)
-            fill = detail["fill"]
-            if fill and min(fill.values()) >= run.pool_per_label:
-                return f"holds {run.pool_per_label} images per label"
-            raise_if_stopped(detail, run.pool_per_label)
-            time.sleep(0.5)
-    # the run goes on with what there is; the progress line says so, not "holds N"
-    return f"holds only {min(fill.values(), default=0)} of {run.pool_per_label} images per " \
-           "label at the deadline"
+        try:
+            poll_pool(lambda: client.recipe(recipe), per_label=run.pool_per_label,
+                      timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            # the run goes on with what there is; the progress line says so, not "holds N"
+            fill = client.recipe(recipe)["fill"]
+            return f"holds only {min(fill.values(), default=0)} of {run.pool_per_label} " \
+                   "images per label at the deadline"
+    return f"holds {run.pool_per_label} images per label"
 
 
 def tf_child_env(threads: int = 2) -> dict[str, str]:
@@ -208,7 +253,7 @@ def run_fewshot(
                 continue
             tail = (tail + [line.rstrip()])[-40:]
             if echo and line.startswith(_PROGRESS):
-                print(line[len(_PROGRESS):].rstrip(), flush=True)  # noqa: T201
+                print(line[len(_PROGRESS):].rstrip(), flush=True)
             if time.monotonic() > deadline:
                 raise TimeoutError
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -307,7 +352,7 @@ def _one_run(run: FewShotRun, devices: list[str], test: tuple[Any, Any]) -> dict
         if run.pool_per_label > 0:
             waited = time.monotonic()
             held = _wait_for_full_pool(run, deadline)
-            print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: the pool {held} "  # noqa: T201
+            print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: the pool {held} "
                   f"(waited {time.monotonic() - waited:.0f} s)", flush=True)
         feeder.start()
         want = min(run.prefill_per_class, run.slots_per_class)
@@ -402,10 +447,10 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
     results = []
     for run in runs:
         result = _one_run(run, devices, test)
-        print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: test accuracy "  # noqa: T201
+        print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: test accuracy "
               f"{result['test_accuracy']:.3f} ({run.steps} steps in {result['fit_s']:.0f} s, "
               f"{100 * result['mixed_fraction']:.0f}% synthetic)", flush=True)
-        print(_RESULT + json.dumps(result), flush=True)  # noqa: T201
+        print(_RESULT + json.dumps(result), flush=True)
         results.append(result)
     return results
 

@@ -23,6 +23,8 @@ from genaug import __version__
 from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, encode_png_grid
 
 from ..intake.parse import read_body
+from ..jobs.view import job_url, job_view
+from ..jobs.webhooks import check_notify_url
 from ..pool.serving import PoolServing, empty_images, unknown_recipe
 from .requests import binary_media, client_identity, state_of, wants_png
 from .responses import (
@@ -30,6 +32,9 @@ from .responses import (
     SAFETENSORS_LAYOUT,
     FeedbackResponse,
     FillBudget,
+    FillResponse,
+    JobRef,
+    JobView,
     RecipeDetail,
     RecipeList,
     RecipeSummary,
@@ -61,11 +66,16 @@ def summary_of(pools: PoolServing, name: str) -> RecipeSummary:
     return RecipeSummary(**pools.summary(name), stopped=pools.planner.stopped(name))
 
 
-def detail_of(pools: PoolServing, name: str, **extra: Any) -> RecipeDetail:
-    """The recipe's detail with its judge and the labels it stopped (blocking)."""
-    judge = pools.planner.judges.get(name)
-    return RecipeDetail(**pools.detail(name), stopped=pools.planner.stopped(name),
-                        judge=judge.describe() if judge is not None else None, **extra)
+def detail_of(pools: PoolServing, name: str, *, model: type[RecipeDetail] = RecipeDetail,
+              **extra: Any) -> RecipeDetail:
+    """The recipe's detail with its judge, the labels it stopped and its live jobs
+    (blocking)."""
+    planner = pools.planner
+    judge = planner.judges.get(name)
+    jobs = [JobView(**job_view(*planner.jobs.view(job)))
+            for job in planner.store.live_jobs(planner.pool_ids[name])]
+    return model(**pools.detail(name), stopped=planner.stopped(name),
+                 judge=judge.describe() if judge is not None else None, jobs=jobs, **extra)
 
 
 def _hints(state: AppState, route: str, name: str) -> dict[str, str]:
@@ -175,7 +185,7 @@ async def sample(name: str, request: Request) -> Response:
 
 
 @router.post(
-    "/v1/recipes/{name}/fill", response_model=RecipeDetail, tags=["recipes"],
+    "/v1/recipes/{name}/fill", response_model=FillResponse, tags=["recipes"],
     responses={**RECIPE_ERRORS, **error_responses(409)},
 )
 async def fill(name: str, request: Request) -> RecipeDetail:
@@ -186,18 +196,32 @@ async def fill(name: str, request: Request) -> RecipeDetail:
     pre-generating service B images of the remaining work move forward; ``budget`` says
     how many were asked where, fewer than B when less room is left; 409 only when no label
     has room left below the pool capacity). One of the two. Generation runs in the
-    background, when no request waits; answers at once with the current counts."""
+    background, when no request waits; answers at once with the current counts and the
+    fill's job (``job``: ``GET /v1/jobs/{id}`` follows it, ``DELETE`` cancels it). With
+    ``notify_url`` the job's JSON is POSTed there, signed, once it ends (only to hosts in
+    ``GENAUG_WEBHOOK_HOSTS``)."""
     state = state_of(request)
     pools = _pools_for(state, name)
     body = await read_body(request, state.api.fill[name],
                            _hints(state, "fill", name))
+    notify_url = None
+    if body.notify_url is not None:
+        notify_url = check_notify_url(body.notify_url, state.webhook_hosts)
     budget = None
     if body.images is not None:
-        budget = FillBudget(**await asyncio.to_thread(pools.spend, name, body.images))
+        answer, job = await asyncio.to_thread(pools.spend, name, body.images,
+                                              notify_url=notify_url)
+        budget = FillBudget(**answer)
     else:
         assert body.per_label is not None  # the model requires one of the two
-        await asyncio.to_thread(pools.raise_target, name, body.per_label)
-    return await asyncio.to_thread(lambda: detail_of(pools, name, budget=budget))
+        made = await asyncio.to_thread(pools.raise_target, name, body.per_label,
+                                       notify_url=notify_url)
+        assert made is not None  # a shared target is a job
+        job = made
+    state.wake_jobs()
+    return await asyncio.to_thread(lambda: detail_of(
+        pools, name, model=FillResponse, budget=budget,
+        job=JobRef(id=job.id, url=job_url(job.id))))
 
 
 @router.post(

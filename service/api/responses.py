@@ -224,6 +224,58 @@ class FillBudget(BaseModel):
     note: str
 
 
+class JobLabel(BaseModel):
+    """One label of a job: what it asked, what was made since it began, and the fill now."""
+
+    asked: int = Field(description="per_label: the fill to hold; images: the images to gain.")
+    made: int = Field(description="Images made since the job began (accepted + rejected).")
+    accepted: int
+    rejected: int = Field(description="Made and rejected by the recipe's judge.")
+    fill: int = Field(description="The label's accepted images now.")
+    missing: int = Field(description="What keeps the label from met.")
+    met: bool
+    stopped: bool = Field(description="The judge stopped the label: no more are made.")
+
+
+class JobWebhook(BaseModel):
+    state: str = Field(description="pending, delivered or failed.")
+    attempts: int
+
+
+class JobView(BaseModel):
+    """A fill handed off (``GET /v1/jobs/{id}``; a webhook's body is the same object)."""
+
+    id: str
+    url: str
+    recipe: str
+    pool_id: str
+    kind: str = Field(description="per_label or images.")
+    state: str = Field(description="queued, running, done, stopped (the judge stopped a "
+                       "label it needs), failed or cancelled.")
+    reason: str | None = Field(description="Why it stopped, failed or was cancelled.")
+    labels: dict[str, JobLabel]
+    asked: int
+    accepted: int
+    missing: int
+    rate: float = Field(description="Accepted images per second since it was created.")
+    eta_s: float | None = Field(description="Seconds to done at that rate; null before the "
+                                "first image.")
+    created: str
+    updated: str
+    ended: str | None
+    notify_url: str | None
+    webhook: JobWebhook | None
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+
+
+class JobRef(BaseModel):
+    id: str
+    url: str = Field(description="GET it for the job's progress; DELETE it to cancel.")
+
+
 class RecipeDetail(RecipeSummary):
     spec: dict[str, Any]
     spec_hash: str
@@ -243,6 +295,14 @@ class RecipeDetail(RecipeSummary):
     judge: dict[str, Any] | None = Field(
         default=None, description="The recipe's judge (rule, encoder, shots, min_score); "
         "null without one.")
+    jobs: list[JobView] = Field(
+        default_factory=list, description="The recipe's live fill jobs (queued, running).")
+
+
+class FillResponse(RecipeDetail):
+    """``POST /v1/recipes/{name}/fill``: the recipe's detail and the job the fill started."""
+
+    job: JobRef
 
 
 class FeedbackResponse(BaseModel):

@@ -8,6 +8,7 @@ order is also the order in which ``/openapi.json`` lists the paths.
 - :mod:`~genaug.service.api.status`: probes, info, metrics, clients, status, the status page;
 - :mod:`~genaug.service.api.generate`: ``/v1/generate`` and ``/v1/variants``;
 - :mod:`~genaug.service.api.recipes`: ``/v1/recipes`` and each recipe's detail, sample, fill;
+- :mod:`~genaug.service.api.jobs`: ``/v1/jobs``, each fill job's progress and its cancel;
 - :mod:`~genaug.service.api.curation`: each recipe's verdicts, image listing and pool page.
 
 Example::
@@ -20,7 +21,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.routing import BaseRoute
 
-from . import curation, generate, recipes, status
+from . import curation, generate, jobs, recipes, status
 
 # Matched first: a pool sample or a generation should not walk past the probes.
 HOT_PATHS = ("/v1/recipes/{name}/sample", "/v1/generate", "/v1/variants")
@@ -35,7 +36,8 @@ def _rank(route: BaseRoute) -> int:
 # that it matches in a pass of its own.
 router = APIRouter()
 router.routes.extend(sorted(
-    (route for part in (status.router, generate.router, recipes.router, curation.router)
+    (route for part in (status.router, generate.router, recipes.router, jobs.router,
+                  curation.router)
      for route in part.routes),
     key=_rank,
 ))

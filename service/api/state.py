@@ -20,6 +20,7 @@ from ..settings import Settings
 if TYPE_CHECKING:
     from ..batching.batcher import Batcher
     from ..batching.items import Worker
+    from ..jobs.loop import JobLoop
     from ..pipeline.load import LoadedModel
     from ..pipeline.worker import PipelineWorker
     from ..pool.serving import PoolServing
@@ -63,6 +64,15 @@ class AppState:
     ready: bool = False
     load_error: str | None = None
     started_at: float = field(default_factory=time.time)
+    #: GENAUG_WEBHOOK_HOSTS, parsed: the hosts a fill's notify_url may name.
+    webhook_hosts: tuple[str, ...] = ()
+    #: Follows the pools' jobs and delivers their webhooks, once the pools are open.
+    job_loop: JobLoop | None = None
+
+    def wake_jobs(self) -> None:
+        """Look at the jobs soon (a fill started one, images were stored)."""
+        if self.job_loop is not None:
+            self.job_loop.poke()
 
     def defaults(self) -> tuple[int, int, float]:
         """(size, steps, guidance) used when a request leaves them out."""

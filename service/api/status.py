@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -83,6 +84,11 @@ def info_of(state: AppState) -> InfoResponse:
             trained_on=getattr(state.model, "trained_on", None),
         )
     device = {k: v for k, v in state.device_info.items() if k in DeviceInfo.model_fields}
+    # Every other limit is the setting of its name; these are what a request that leaves
+    # them out gets (resolved once for the app), a constant, or a setting named otherwise.
+    resolved: dict[str, Any] = {
+        "min_timeout_s": MIN_TIMEOUT_S, "default_size": size, "default_steps": steps,
+        "default_guidance": guidance, "default_timeout_s": s.request_timeout_s}
     return InfoResponse(
         version=__version__,
         ready=state.ready,
@@ -92,25 +98,8 @@ def info_of(state: AppState) -> InfoResponse:
         adapters=[AdapterInfo(**a) for a in state.adapters_info],
         speed=SpeedInfo(**state.speed_info),
         replica=ReplicaInfo(**state.replica_info),
-        limits=Limits(
-            max_n=s.max_n,
-            max_side=s.max_side,
-            max_steps=s.max_steps,
-            max_batch_images=s.max_batch_images,
-            max_queue_images=s.max_queue_images,
-            max_wait_ms=s.max_wait_ms,
-            max_prompt_chars=s.max_prompt_chars,
-            max_timeout_s=s.max_timeout_s,
-            min_timeout_s=MIN_TIMEOUT_S,
-            max_sample_n=s.max_sample_n,
-            max_body_bytes=s.max_body_bytes,
-            max_upload_bytes=s.max_upload_bytes,
-            max_variant_sources=s.max_variant_sources,
-            default_size=size,
-            default_steps=steps,
-            default_guidance=guidance,
-            default_timeout_s=s.request_timeout_s,
-        ),
+        limits=Limits(**{name: resolved[name] if name in resolved else getattr(s, name)
+                         for name in Limits.model_fields}),
     )
 
 

@@ -1,4 +1,7 @@
-"""Runs the queue on the pipeline: admission, batch timing, the worker thread, failures.
+"""Runs the queue on the pipeline: admission, batch timing, the worker and store threads.
+
+What a batch's end means for its callers and the books (images delivered, failures answered
+with an error id, generator time charged) is :mod:`~genaug.service.batching.answers`'s job.
 
 Where things run:
 
@@ -65,14 +68,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import (
-    DeadlineExceededError,
-    GenerationFailedError,
-    QueueFullError,
-    ShuttingDownError,
-    new_id,
-)
+from ..errors import DeadlineExceededError, QueueFullError, ShuttingDownError
 from ..metrics import Metrics
+from .answers import SHUTTING_DOWN, answer, answer_failure, charge
 from .items import Flight, GroupKey, IdleSource, Item, Outcome, Paused, Worker
 from .queue import Batch, FairQueue, Job, Priority, group_of
 from .slices import pick, yield_at
@@ -80,7 +78,6 @@ from .usage import POOL_CLIENT, Activity
 
 log = logging.getLogger(__name__)
 
-SHUTTING_DOWN = "the service is shutting down; retry on a replica"
 #: Most batches paused at once. Each keeps its latents, scheduler history and text
 #: embeddings on the device (an SDXL 1024x1024 batch of 8: about 10 MB), so the bound is
 #: about the count of clients switched between, not memory.
@@ -393,7 +390,8 @@ class Batcher:
             raise
         except Exception as exc:
             self._segment_ended(batch)
-            self._failed(batch, exc)
+            answer_failure(batch, exc, queue=self.queue, activity=self.activity,
+                           metrics=self.metrics)
             return
         finally:
             self.busy = False
@@ -408,96 +406,13 @@ class Batcher:
         self._done(batch, result)
 
     def _segment_ended(self, batch: Batch) -> None:
-        """Charge the segment just run (start or resume to end, pause or failure): to the fair
-        queue's ledger and to each client's usage, split over the batch's images by cost."""
-        seconds = max(0.0, self.clock() - batch.segment_start)
-        batch.seconds += seconds
-        if batch.idle is not None:
-            self.activity.used(POOL_CLIENT, seconds)
-            return
-        self.queue.settle(batch.parts, seconds)
-        total = sum(part.cost for part in batch.parts)
-        for part in batch.parts:
-            share = part.cost / total if total > 0 else part.count / len(batch.items)
-            self.activity.used(part.job.client, seconds * share)
+        charge(batch, max(0.0, self.clock() - batch.segment_start), queue=self.queue,
+               activity=self.activity)
 
     def _done(self, batch: Batch, outcome: Outcome) -> None:
-        for timer in batch.timers:
-            timer.cancel()
-        made = len(batch.items) - len(outcome.dropped)
-        self.activity.remember(outcome)
+        answer(batch, outcome, queue=self.queue, activity=self.activity, metrics=self.metrics)
         if batch.idle is not None:
             # Storing runs in its own thread, in order, while the worker makes the next batch.
             loop = asyncio.get_running_loop()
             stored = loop.run_in_executor(self._store_executor, batch.idle.on_done, outcome)
             stored.add_done_callback(_log_store_failure)
-            self.activity.record(made, batch.seconds, "pool")
-            stats = self.activity.client(POOL_CLIENT)
-            stats.requests += 1
-            stats.images += made
-            return
-        self.queue.release(batch.parts)
-        self.activity.record(made, batch.seconds, "request")
-        offset = 0
-        for part in batch.parts:
-            rows = range(offset, offset + part.count)
-            offset += part.count
-            stats = self.activity.client(part.job.client)
-            dropped = [i for i in rows if i in outcome.dropped]
-            if dropped:
-                reason = part.job.cancel_reason or "shutting_down"
-                self.metrics.dropped_in_pipeline.labels(reason).inc(len(dropped))
-                self.metrics.steps_saved.labels(reason).inc(
-                    sum(outcome.dropped[i] for i in dropped)
-                )
-                part.job.fail(ShuttingDownError(SHUTTING_DOWN))  # (already answered: a no-op)
-                continue
-            failed = [i for i in rows if i in outcome.errors]
-            if failed:
-                stats.failed += 1
-                error_id = new_id()
-                log.error(
-                    "request %s: %d images failed (error id %s): %s",
-                    part.job.id,
-                    len(failed),
-                    error_id,
-                    outcome.errors[failed[0]],
-                )
-                part.job.fail(
-                    GenerationFailedError(
-                        f"{len(failed)} of this request's images could not be generated: "
-                        f"{outcome.errors[failed[0]]} (error id {error_id})",
-                        error_id=error_id,
-                    )
-                )
-            else:
-                stats.images += part.count
-                part.job.deliver(part.start, outcome.images[rows.start : rows.stop])
-
-    def _failed(self, batch: Batch, exc: Exception) -> None:
-        for timer in batch.timers:
-            timer.cancel()
-        if batch.idle is not None:
-            log.exception("pre-generation batch failed (error id %s)", new_id())
-            self.metrics.batch_failures.labels("exception").inc()
-            if batch.idle.on_failed is not None:
-                batch.idle.on_failed(exc)
-            return
-        self.queue.release(batch.parts)
-        error_id = new_id()
-        log.exception(
-            "batch of %d images failed (error id %s); failing its %d requests",
-            len(batch.items),
-            error_id,
-            len(batch.parts),
-        )
-        self.metrics.batch_failures.labels(type(exc).__name__).inc()
-        for part in batch.parts:
-            self.activity.client(part.job.client).failed += 1
-            part.job.fail(
-                GenerationFailedError(
-                    f"generation failed for this request's batch ({type(exc).__name__}); "
-                    f"error id {error_id} is in the service log; retrying may succeed",
-                    error_id=error_id,
-                )
-            )

@@ -35,11 +35,9 @@ from typing import Literal, Protocol, get_args
 
 import numpy as np
 
+from .names import SchedulerName
+
 Mode = Literal["text", "img2img"]
-#: Scheduler names (see :data:`SCHEDULERS`), as a type for settings and schemas.
-SchedulerName = Literal[
-    "default", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras", "unipc", "lcm"
-]
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,12 @@ Order of service:
 5. **Grouping.** A batch holds only images of one :class:`~genaug.service.batching.items.GroupKey`;
    jobs of other keys keep their place.
 
+Why one file, over the house's 450 lines: :class:`FairQueue` is one class with one job, the
+order of service above, and each of its methods reads the same state (the FIFOs per priority
+and client, the rotation, the ledger of time served, the images held by a batch). The rest is
+what it queues and hands out (:class:`Job`, :class:`Part`, the :class:`Batch` parts make) and
+the two measures its ledger keeps (:func:`image_cost`, :func:`group_of`).
+
 Example::
 
     queue = FairQueue()

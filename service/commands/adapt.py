@@ -1,4 +1,6 @@
-"""``genaug adapt``: a LoRA for the served model, from a labelled folder of your own images.
+"""Train a LoRA on DATA/<label>/*.png for the served model.
+
+``genaug adapt``: a LoRA for the served model, from a labelled folder of your own images.
 
 ::
 
@@ -48,10 +50,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..adapt.data import AdaptInputError
+# numpy comes with adapt.data: imported when the command runs (``--help`` stays light)
 from ..pipeline.lora_record import DEFAULT_RANK
 
-__all__ = ["add_adapt_arguments", "run_adapt"]
+__all__ = ["add_arguments", "interrupted", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ log = logging.getLogger(__name__)
 CHECK_IMAGES = 50
 
 
-def add_adapt_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data", nargs="?", type=Path, default=None,
                         help="folder with one sub-folder of images per label: DATA/<label>/*.png")
     parser.add_argument("--recipes", type=Path, default=None,
@@ -98,13 +100,14 @@ def add_adapt_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only say whether LORA was made for --model; exit 1 if not")
 
 
-def run_adapt(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """``genaug adapt``; one line on stderr and exit 2 for any unusable input."""
     # Before torch loads: OpenMP threads that spin while a sibling is descheduled cost more
     # than they do on a shared CPU (200 tiny steps: 157 s with 2 spinning threads, 11 s with 1).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from pydantic import ValidationError
 
+    from ..adapt.data import AdaptInputError
     from ..pipeline.device import ModelLoadError
     from ..recipes.spec import RecipeError
 
@@ -116,11 +119,17 @@ def run_adapt(args: argparse.Namespace) -> int:
             return _check(args)
         return _adapt(args)
     except (AdaptInputError, RecipeError, ModelLoadError) as exc:
-        print(f"genaug adapt: {_one_line(exc)}", file=sys.stderr)  # noqa: T201
+        print(f"genaug adapt: {_one_line(exc)}", file=sys.stderr)
         return 2
     except ValidationError as exc:
-        print(f"genaug adapt: invalid setting: {_one_line(exc)}", file=sys.stderr)  # noqa: T201
+        print(f"genaug adapt: invalid setting: {_one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What Ctrl-C before training leaves (during training it is :func:`_adapt`'s own: it saves
+    what was learned and says so)."""
+    return "nothing was written; run the same command again"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -150,7 +159,7 @@ def _load(settings: Any) -> Any:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from ..adapt.data import read_labelled_folder
+    from ..adapt.data import AdaptInputError, read_labelled_folder
     from ..adapt.train import (
         MAX_STEPS,
         MIN_STEPS,
@@ -204,7 +213,7 @@ def _adapt(args: argparse.Namespace) -> int:
                          progress=not args.no_progress)
     record = adapt(model, AdaptData(images, prompts, data_hash), args.out, config)
     name = args.out.stem
-    print(f"genaug adapt: wrote {args.out} ({record['steps']} steps, rank {record['rank']}, "  # noqa: T201
+    print(f"genaug adapt: wrote {args.out} ({record['steps']} steps, rank {record['rank']}, "
           f"final loss {record['final_loss']}, {record['train_s']} s"
           f"{', interrupted' if record['interrupted'] else ''}); serve it on the model it "
           f"was made for with\n  {serve_command(settings, model.source, args.out)}\n"
@@ -216,7 +225,7 @@ def _adapt(args: argparse.Namespace) -> int:
         try:
             _final_check(args, settings, recipe, record)
         except KeyboardInterrupt:  # the LoRA is written: say so rather than "nothing"
-            print(f"genaug adapt: interrupted during the final check; {args.out} is written "  # noqa: T201
+            print(f"genaug adapt: interrupted during the final check; {args.out} is written "
                   "and kept (the check is information only; --no-check skips it)",
                   file=sys.stderr)
             return 130
@@ -246,7 +255,7 @@ def _final_check(args: argparse.Namespace, settings: Any, recipe: Any,
     path.write_text(json.dumps({**result.to_dict(), "verdict": verdict, "lora": str(args.out),
                                 "steps": record["steps"], "rank": record["rank"],
                                 "sheet": str(sheet)}, indent=2) + "\n")
-    print(f"final check ({args.check_images} images per label, {result.seconds:.0f} s; "  # noqa: T201
+    print(f"final check ({args.check_images} images per label, {result.seconds:.0f} s; "
           f"figures in {path}, the images in {sheet}):\n{result.table()}\n"
           f"{result.judge_line()}\n{verdict}")
 
@@ -266,6 +275,7 @@ def serve_command(settings: Any, model: str, out: Path) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from ..adapt.data import AdaptInputError
     from ..pipeline.lora_record import read_record
 
     path: Path = args.check
@@ -279,14 +289,14 @@ def _check(args: argparse.Namespace) -> int:
     model = _load(_settings(args))
     made_for = record.get("base_hash")
     if made_for is None:
-        print(f"genaug adapt: {path} records no base model (not made by genaug adapt); "  # noqa: T201
+        print(f"genaug adapt: {path} records no base model (not made by genaug adapt); "
               "the service loads it unchecked")
         return 0
     if made_for != model.weights_hash:
-        print(f"genaug adapt: {path} was adapted on base {made_for} "  # noqa: T201
+        print(f"genaug adapt: {path} was adapted on base {made_for} "
               f"({record.get('base_model', '?')}), not on {model.source} ({model.weights_hash})",
               file=sys.stderr)
         return 1
-    print(f"genaug adapt: {path} fits {model.source} ({model.weights_hash}): "  # noqa: T201
+    print(f"genaug adapt: {path} fits {model.source} ({model.weights_hash}): "
           f"{record.get('steps')} steps, rank {record.get('rank')}, data {record.get('data_hash')}")
     return 0

@@ -1,6 +1,7 @@
-"""``genaug convert-unet``: turn a fine-tuned UNet checkpoint you trust into safetensors.
+"""Turn a fine-tuned UNet checkpoint you trust into safetensors.
 
-The service never unpickles (``GENAUG_UNET_WEIGHTS`` takes safetensors, or a ``.pt`` that
+``genaug convert-unet SRC DST [--base MODEL] --trust-this-file``. The service never unpickles
+(``GENAUG_UNET_WEIGHTS`` takes safetensors, or a ``.pt`` that
 ``torch.load(weights_only=True)`` can read). Training code often saves more than tensors: an
 ``argparse.Namespace`` of its arguments, an optimizer, a scheduler, a whole model object.
 Reading such a file means running ``pickle``, which can execute any code the file carries.
@@ -60,10 +61,10 @@ from ..pipeline.weights import find_unet_state as _find_unet_state
 __all__ = [
     "ConvertError",
     "ConvertResult",
-    "add_convert_arguments",
+    "add_arguments",
     "convert_unet",
     "find_unet_state",
-    "run_convert",
+    "run",
 ]
 
 log = logging.getLogger(__name__)
@@ -275,7 +276,7 @@ def convert_unet(
     return result
 
 
-def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``genaug convert-unet`` arguments."""
     parser.add_argument("src", type=Path, help="your checkpoint (.pt/.pth/.bin/.ckpt or "
                         ".safetensors)")
@@ -292,7 +293,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
                         "in the file: only for a file you made or trust")
 
 
-def run_convert(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     """Run the command; print what it found. Exit code 0 written, 1 keys or shapes differ
     (nothing written), 2 refused or unreadable."""
     out = out or sys.stdout
@@ -300,7 +301,7 @@ def run_convert(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         result = convert_unet(args.src, args.dst, base=args.base, trust=args.trust,
                               key=args.key)
     except ConvertError as exc:
-        print(f"genaug convert-unet: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"genaug convert-unet: {exc}", file=sys.stderr)
         return 2
     how = ("unpickled with weights_only=False" if result.unpickled
            else "read without unpickling code")
@@ -317,7 +318,7 @@ def run_convert(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         if any(k.startswith("model.diffusion_model.") for k in result.unexpected):
             hint = (" The keys look like an original (LDM) Stable Diffusion checkpoint, not a "
                     "diffusers UNet: serve the whole file with GENAUG_MODEL instead.")
-        print(f"genaug convert-unet: {args.src} does not match the base UNet; nothing "  # noqa: T201
+        print(f"genaug convert-unet: {args.src} does not match the base UNet; nothing "
               f"written.{hint} Check --base (the model it was fine-tuned from) and --key.",
               file=sys.stderr)
         return 1

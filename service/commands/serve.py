@@ -1,7 +1,15 @@
-"""Run the service under uvicorn: ``genaug serve`` and ``python -m genaug.service``."""
+"""Run the generation service.
+
+``genaug serve`` (and ``python -m genaug.service``, the same command) runs the service under
+uvicorn. Every flag is also a ``GENAUG_*`` variable (one per
+:class:`~genaug.service.settings.Settings` field); only the flags given on the command line
+override. Settings, torch and the app are imported when the command runs (the flags read the
+Settings fields, so ``genaug serve --help`` imports the settings, never torch).
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -9,8 +17,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -23,18 +29,43 @@ def configure_logging(level: str) -> None:
     )
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per Settings field, and ``--lora NAME=PATH`` (repeatable)."""
+    from ..settings import Settings
+
+    for name, info in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = (info.description or "") + f" [GENAUG_{name.upper()}]"
+        parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=help_text)
+    parser.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                        help="a LoRA adapter a recipe or request may name; repeatable (adds to "
+                             "--loras / GENAUG_LORAS)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``genaug serve``: the flags given, as overrides of the ``GENAUG_*`` settings."""
+    overrides = {k: v for k, v in vars(args).items() if k not in {"command", "lora"}}
+    loras = list(getattr(args, "lora", []))
+    if loras:  # --lora a=x --lora b=y, together with --loras / GENAUG_LORAS if given
+        overrides["loras"] = ",".join([*([overrides["loras"]] if "loras" in overrides else []),
+                                       *loras])
+    return serve(overrides)
+
+
 def serve(overrides: dict[str, Any] | None = None) -> int:
     """Start the service with ``GENAUG_*`` settings plus ``overrides``; return an exit code.
 
     Start-up problems (a wrong device, a missing model path, an invalid setting) print one
     clear line and exit 2 before anything listens.
     """
+    from pydantic import ValidationError
+
     from ..settings import Settings
 
     try:
         settings = Settings(**(overrides or {}))
     except ValidationError as exc:
-        print(f"genaug serve: invalid settings:\n{exc}", file=sys.stderr)  # noqa: T201
+        print(f"genaug serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
     failures: list[BaseException] = []
@@ -44,7 +75,7 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
 
         failures.append(exc)
         if is_refusal(exc):  # one line that names the fix, as the refusals before listening
-            print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
+            print(f"genaug serve: {exc}", file=sys.stderr)
         else:
             log.error("stopping: the model could not be loaded (%s)", exc)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -77,7 +108,7 @@ def _serve(settings: Any, failures: list[BaseException],
             # fails in a second, before torch and the model's libraries load.
             open_pool_store(settings).close()
     except PoolError as exc:
-        print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"genaug serve: {exc}", file=sys.stderr)
         return 2
 
     import uvicorn
@@ -89,7 +120,7 @@ def _serve(settings: Any, failures: list[BaseException],
         check_startup(settings)
         app = create_app(settings, on_fatal=fatal)
     except (ModelLoadError, RecipeError, PoolError) as exc:
-        print(f"genaug serve: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"genaug serve: {exc}", file=sys.stderr)
         return 2
     config = uvicorn.Config(
         app,

@@ -60,6 +60,8 @@ MAX_ADAPTER_SCALE = 4.0
 MAX_NEED = 1e6
 #: The most seeds one verdict may name (a page of the pool page is at most this many images).
 MAX_VERDICT_SEEDS = 500
+#: The longest ``notify_url`` (the webhook's own check refuses longer ones too).
+MAX_NOTIFY_URL_CHARS = 2048
 
 
 def _numeric_kind(annotation: Any) -> str | None:
@@ -207,6 +209,7 @@ class _Names(dict[str, Any]):
         super().__init__(MIN_TIMEOUT_S=MIN_TIMEOUT_S, MAX_GUIDANCE=MAX_GUIDANCE,
                          MAX_ADAPTER_SCALE=MAX_ADAPTER_SCALE, MAX_NEED=MAX_NEED,
                          MAX_VERDICT_SEEDS=MAX_VERDICT_SEEDS,
+                         MAX_NOTIFY_URL_CHARS=MAX_NOTIFY_URL_CHARS,
                          schedulers=", ".join(SCHEDULERS))
         self.settings = settings
 

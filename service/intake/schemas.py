@@ -47,6 +47,7 @@ from .fields import (
     MAX_ADAPTER_SCALE,
     MAX_GUIDANCE,
     MAX_NEED,
+    MAX_NOTIFY_URL_CHARS,
     MAX_VERDICT_SEEDS,
     MIN_TIMEOUT_S,
     SEED_MAX,
@@ -250,6 +251,12 @@ class FillRequest(Body):
         Fix("ask for 1 to the pool capacity per label {pool_capacity_per_label} times the "
             "recipe's labels, less their targets now (GET /v1/recipes/{{name}}), or set "
             "GENAUG_POOL_CAPACITY_PER_LABEL")] = None
+    notify_url: Annotated[
+        str | None, Field(description="Where to POST the fill's job when it ends (signed; "
+                                      "only hosts in GENAUG_WEBHOOK_HOSTS)."),
+        Bound(min_length=1, max_length=MAX_NOTIFY_URL_CHARS, null=False),
+        Fix("send an http(s) URL of at most {MAX_NOTIFY_URL_CHARS} characters to a host "
+            "in GENAUG_WEBHOOK_HOSTS")] = None
 
     @model_validator(mode="after")
     def _one_amount(self) -> FillRequest:

@@ -308,13 +308,13 @@ class Speed:
         with LoRA adapters, which they would bypass or break).
         """
         options = SpeedOptions.from_settings(settings)
-        if options.fuse_qkv and getattr(settings, "loras", None):
+        if options.fuse_qkv and settings.loras:
             raise SpeedError(
                 "GENAUG_FUSE_QKV cannot be combined with GENAUG_LORAS: the fused "
                 "query/key/value projections would bypass the adapters' LoRA layers; set "
                 "GENAUG_FUSE_QKV=false"
             )
-        if options.quantize != "none" and getattr(settings, "loras", None):
+        if options.quantize != "none" and settings.loras:
             raise SpeedError(
                 "GENAUG_QUANTIZE=fp8 cannot be combined with GENAUG_LORAS: LoRA layers cannot "
                 "wrap torchao's float8 linear layers; set GENAUG_QUANTIZE=none"

@@ -125,16 +125,8 @@ class SpeedOptions:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SpeedOptions:
-        return cls(
-            compile=settings.compile,
-            compile_mode=settings.compile_mode,
-            quantize=settings.quantize,
-            attention=settings.attention,
-            channels_last=settings.channels_last,
-            fuse_qkv=settings.fuse_qkv,
-            vae_slicing=settings.vae_slicing,
-            vae_tiling=settings.vae_tiling,
-        )
+        """Each option is the setting of its name (``GENAUG_COMPILE``...)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
     @classmethod
     def parse(cls, text: str) -> SpeedOptions:

@@ -53,6 +53,7 @@ __all__ = [
     "TINY_IMAGE_SIZE",
     "TINY_WEIGHT_FILES",
     "TinyWeightsError",
+    "assemble_sdxl",
     "build_tiny_digits_pipeline",
     "build_tiny_pipeline",
     "tiny_digits_weights",
@@ -203,12 +204,7 @@ def build_tiny_pipeline(
     """
     quiet_third_party()  # before diffusers is imported: see quiet.py
     import torch
-    from diffusers import (
-        AutoencoderKL,
-        EulerDiscreteScheduler,
-        StableDiffusionXLPipeline,
-        UNet2DConditionModel,
-    )
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
     from transformers import (
         CLIPTextConfig,
         CLIPTextModel,
@@ -216,9 +212,8 @@ def build_tiny_pipeline(
         CLIPTokenizer,
     )
 
-    tokenizer_dir = tiny_tokenizer_dir()
-    tokenizer = CLIPTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    tokenizer_2 = CLIPTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    # The token ids the text encoders are built for (assemble_sdxl loads the pipeline's own).
+    tokenizer = CLIPTokenizer.from_pretrained(tiny_tokenizer_dir(), local_files_only=True)
 
     def text_config(hidden: int, heads: int) -> CLIPTextConfig:
         return CLIPTextConfig(
@@ -281,20 +276,7 @@ def build_tiny_pipeline(
         timestep_spacing="leading",
         steps_offset=1,
     )
-    # Any: diffusers is untyped, mypy sees none of the pipeline's component attributes.
-    pipeline: Any = StableDiffusionXLPipeline(  # type: ignore[no-untyped-call]
-        vae=vae,
-        text_encoder=text_encoder,
-        text_encoder_2=text_encoder_2,
-        tokenizer=tokenizer,
-        tokenizer_2=tokenizer_2,
-        unet=unet,
-        scheduler=scheduler,
-        force_zeros_for_empty_prompt=True,
-        add_watermarker=False,
-    )
-    for module in (pipeline.unet, pipeline.vae, pipeline.text_encoder, pipeline.text_encoder_2):
-        module.eval()
+    pipeline = assemble_sdxl(unet, vae, text_encoder, text_encoder_2, scheduler)
     if batch_invariant:
         # Instance attributes shadow the bound methods; save_pretrained/state dicts and
         # .to(device, dtype) are unaffected.
@@ -302,10 +284,47 @@ def build_tiny_pipeline(
             module.forward = _per_sample(module.forward)
         pipeline.vae.decode = _per_sample(pipeline.vae.decode)
         pipeline.vae.encode = _per_sample(pipeline.vae.encode)  # img2img sources (engine)
-    pipeline.set_progress_bar_config(disable=True)
     log.debug("built tiny SDXL pipeline (seed=%d, batch_invariant=%s)", seed, batch_invariant)
     result: StableDiffusionXLPipeline = pipeline
     return result
+
+
+def assemble_sdxl(
+    unet: Any,
+    vae: Any,
+    text_encoder: Any,
+    text_encoder_2: Any,
+    scheduler: Any,
+    *,
+    force_zeros_for_empty_prompt: bool = True,
+) -> Any:
+    """An SDXL pipeline of these modules, ready to run: both tokenizers loaded from
+    :func:`tiny_tokenizer_dir` (SDXL's CLIP vocabulary), no watermarker, every module in eval
+    mode, no progress bar. The tiny pipeline is put together here, and so is the GPU
+    benchmark's random-weight SDXL base (``bench/gpu/gpu_sdxl.py``).
+
+    Returns ``Any``: diffusers is untyped, mypy would see none of the pipeline's component
+    attributes.
+    """
+    from diffusers import StableDiffusionXLPipeline
+    from transformers import CLIPTokenizer
+
+    tokenizer_dir = tiny_tokenizer_dir()
+    pipeline: Any = StableDiffusionXLPipeline(  # type: ignore[no-untyped-call]
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=CLIPTokenizer.from_pretrained(tokenizer_dir, local_files_only=True),
+        tokenizer_2=CLIPTokenizer.from_pretrained(tokenizer_dir, local_files_only=True),
+        unet=unet,
+        scheduler=scheduler,
+        force_zeros_for_empty_prompt=force_zeros_for_empty_prompt,
+        add_watermarker=False,
+    )
+    for module in (pipeline.unet, pipeline.vae, pipeline.text_encoder, pipeline.text_encoder_2):
+        module.eval()
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
 
 
 def _per_sample(fn: Callable[..., Any]) -> Callable[..., Any]:

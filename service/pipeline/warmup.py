@@ -121,7 +121,7 @@ def warmup_plan(
     size, steps, guidance = defaults
     full = settings.max_batch_images
     compiling = settings.compile != "off"
-    graphs = compiling and uses_cuda_graphs(getattr(settings, "compile_mode", "default"))
+    graphs = compiling and uses_cuda_graphs(settings.compile_mode)
     sizes = batch_sizes(full) if graphs else (full,)
     fills = sorted(sizes, reverse=True)
     plan: list[WarmupStep] = []

@@ -56,18 +56,16 @@ def open_pool(
 
 
 def _pool_url(settings: Settings) -> str | None:
-    url = getattr(settings, "pool_url", None)
-    if url is None:
+    if settings.pool_url is None:
         return None
-    text = url.get_secret_value() if hasattr(url, "get_secret_value") else str(url)
-    return text or None
+    return settings.pool_url.get_secret_value() or None
 
 
 def check_pool_settings(settings: Settings) -> None:
     """Raise :class:`~genaug.service.pool.types.PoolConfigError` (one line) for pool settings
     that can never work."""
     url = _pool_url(settings)
-    parse_partition(getattr(settings, "replica", None))
+    parse_partition(settings.replica)
     if url is None:
         return
     if not url.startswith(PG_SCHEMES):
@@ -96,8 +94,8 @@ def open_pool_store(settings: Settings, *, capacity_per_label: int | None = None
     return open_pool(
         _pool_url(settings) or settings.pool_path,
         capacity_per_label=capacity_per_label or settings.pool_capacity_per_label,
-        partition=parse_partition(getattr(settings, "replica", None)),
-        lease_s=float(getattr(settings, "pool_lease_s", DEFAULT_LEASE_S)),
+        partition=parse_partition(settings.replica),
+        lease_s=settings.pool_lease_s,
     )
 
 
@@ -105,7 +103,7 @@ def replica_info(settings: Settings) -> dict[str, str | bool | None]:
     """The ``replica`` group of ``/v1/info``: the plan partition, the pool backend, and
     whether idle pre-generation fills pools to capacity (off: only samples that wait and
     ``fill`` targets make pool images, which a feeder wants to know before it waits)."""
-    partition = parse_partition(getattr(settings, "replica", None))
+    partition = parse_partition(settings.replica)
     return {
         "partition": f"{partition[0]}/{partition[1]}" if partition else None,
         "pool_backend": "postgresql" if _pool_url(settings) else "sqlite",

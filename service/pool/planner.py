@@ -27,7 +27,16 @@ Its parts, each a module of its own: targets and demand
 a batch's outcome, the judge's call and the outage buffer
 (:mod:`~genaug.service.pool.outcomes`: it says on which thread the judge runs, and why), and
 the low-acceptance stop (:mod:`~genaug.service.pool.acceptance`: a stopped label is no longer
-planned or given a fill budget). The planner keeps the planning and wires them.
+planned or given a fill budget; :meth:`PoolPlanner.stopped` is this replica's stops and every
+replica's in the pool: :mod:`~genaug.service.pool.stops`). The planner keeps the planning and
+wires them.
+
+Jobs. A shared fill (``raise_target``, ``spend``) is a job
+(:mod:`~genaug.service.pool.jobs`), stored with its targets in one transaction;
+:attr:`PoolPlanner.jobs` (:mod:`~genaug.service.pool.job_runner`) reads a job's progress
+(:mod:`~genaug.service.pool.job_progress`), moves it on (done, stopped) and cancels it.
+Each stored image keeps what made it (:class:`~genaug.service.pool.types.Provenance`: steps,
+guidance, strength, the adapter's and the judge's hashes).
 
 Variants. A label with ``images: <folder>`` is filled with img2img variants of the folder's
 images (read under ``GENAUG_DATA_ROOT`` once, at the recipe's generation size): plan index k
@@ -65,11 +74,13 @@ from ..recipes.sources import SourceImage, load_label_sources, sources_digest
 from ..recipes.spec import Recipe, pool_id
 from .acceptance import AcceptanceStop
 from .choice import allocate, choose_label, label_score, label_weight
+from .job_runner import JobRunner
 from .need import NeedBoard
 from .outcomes import BatchOutcomes
+from .stops import SharedStops, judge_keys
 from .store import PoolStore
 from .targets import DemandBoard, asked_fill, fill_target, label_limit
-from .types import LabelStats, PoolConnectionError, Reservation
+from .types import Job, LabelStats, PoolConnectionError, Provenance, Reservation
 
 if TYPE_CHECKING:
     from ..judge import Judge
@@ -80,6 +91,7 @@ log = logging.getLogger(__name__)
 _RATE_WINDOW_S = 60.0
 _MAX_BACKOFF_S = 10.0
 _SHARED_POLL_S = 1.0
+
 
 def _no_wake(delay: float = 0.0) -> None:
     return None
@@ -110,6 +122,7 @@ class PoolPlanner:
         data_root: Path | None = None,
         need_half_life_s: float = 60.0,
         judges: Mapping[str, Judge] | None = None,
+        adapter_hashes: Mapping[str, str] | None = None,
     ) -> None:
         self.recipes = recipes
         self.store = store
@@ -141,7 +154,16 @@ class PoolPlanner:
         self.paused = False
         #: Each judged recipe's judge (see :mod:`~genaug.service.pool.outcomes`), by recipe.
         self.judges: dict[str, Judge] = dict(judges or {})
-        self._acceptance = AcceptanceStop(recipes)
+        #: Content hash of each loaded adapter by name (``/v1/info``'s): stored with each
+        #: image it made, and part of its labels' stop keys.
+        self.adapter_hashes = dict(adapter_hashes or {})
+        #: recipe -> (judge key, settings JSON) stored with each image; label stop keys.
+        self._judge_made, self._stop_keys = judge_keys(
+            recipes, self.judges, data_root, self._adapter_hash)
+        self.stops = SharedStops(store, self.pool_ids, self._stop_keys)
+        self._acceptance = AcceptanceStop(recipes, record=self.stops.record)
+        #: Follows the jobs of these pools (:mod:`~genaug.service.pool.job_runner`).
+        self.jobs = JobRunner(self)
         # The wake callback is read when called: connect() may replace it later.
         self._outcomes = BatchOutcomes(
             store, model_hash=model_hash, judges=self.judges, added=self._images_added,
@@ -183,10 +205,12 @@ class PoolPlanner:
         self.need.report(name, client, need)
         self._wake(0.0)
 
-    def raise_target(self, name: str, per_label: int, *, shared: bool = True) -> None:
+    def raise_target(self, name: str, per_label: int, *, shared: bool = True,
+                     notify_url: str | None = None) -> Job | None:
         """Fill ``name``'s labels to at least ``per_label`` images. ``shared`` records the
-        target in the pool for every replica (``/fill``); in-process ``genaug pregenerate``
-        keeps it to itself. Blocking with ``shared``: call it from a thread."""
+        target in the pool for every replica (``/fill``) with its job (returned; each label
+        asked at most its limit); in-process ``genaug pregenerate`` keeps it to itself (None).
+        Blocking with ``shared``: call it from a thread."""
         capacity = self.store.capacity_per_label
         if per_label > capacity:
             raise InvalidRequestError(
@@ -195,14 +219,24 @@ class PoolPlanner:
                 field="per_label",
             )
         targets = self._targets[name]
+        job = None
         if shared:
-            self.store.set_target(self.pool_ids[name], list(targets), per_label)
+            job = self.store.create_job(
+                self.pool_ids[name], name, "per_label",
+                {label: min(per_label, self._limit(name, label)) for label in targets},
+                targets=dict.fromkeys(targets, per_label), notify_url=notify_url)
         else:
             for label in targets:
                 targets[label] = max(targets[label], per_label)
         self._wake(0.0)
+        return job
 
     def spend(self, name: str, images: int) -> dict[str, int]:
+        """:meth:`spend_job`'s shares (the job is listed with the others)."""
+        return self.spend_job(name, images)[1]
+
+    def spend_job(self, name: str, images: int, *,
+                  notify_url: str | None = None) -> tuple[Job, dict[str, int]]:
         """Ask for ``images`` more images of ``name`` than are asked for now, split over its
         labels by their weights (:func:`label_weight`: recent demand and the trainers'
         combined need) with :func:`allocate`, each within its room: its limit (see
@@ -211,7 +245,8 @@ class PoolPlanner:
         before background pre-generation: on a pre-generating service, whose every label is
         already headed for the capacity, the budget moves that many images of the remaining
         work forward, by need. When the room is less than ``images``, the room is asked for
-        (the answer says how many). Returns the shares. Raises
+        (the answer says how many). Returns the job (an ``images`` job over the labels given
+        a share, stored with their targets in one transaction) and the shares. Raises
         :class:`~genaug.service.errors.PoolFullError` (409: it depends on the pool, not on the
         body) only when no label has room left. Blocking: call it from a thread."""
         recipe = self.recipes[name]
@@ -220,7 +255,7 @@ class PoolPlanner:
         base = {label: max(s.fill + s.reserved, self.asked(name, label, s.target))
                 for label, s in stats.items()}
         self._check_acceptance(name, stats)
-        stopped = self._acceptance.stopped(name)
+        stopped = self.stopped(name)
         room = {label: 0 if label in stopped
                 else max(0, self._limit(name, label) - base[label]) for label in stats}
         if sum(room.values()) == 0 and stopped:
@@ -245,11 +280,13 @@ class PoolPlanner:
         weights = {label: label_weight(recipe.label_names, label, demand, need)
                    for label in stats}
         alloc = allocate(images, room, weights)
-        for label, count in alloc.items():
-            if count > 0:
-                self.store.set_target(pid, [label], base[label] + count)
+        shares = {label: count for label, count in alloc.items() if count > 0}
+        job = self.store.create_job(
+            pid, name, "images", shares,
+            targets={label: base[label] + count for label, count in shares.items()},
+            notify_url=notify_url)
         self._wake(0.0)
-        return alloc
+        return job, alloc
 
     def _demand_now(self, name: str, labels: Sequence[str], now: float) -> dict[str, float]:
         return self._demand.current(name, labels, now=now)
@@ -286,7 +323,7 @@ class PoolPlanner:
             stats = self.store.stats(self.pool_ids[name], recipe.label_names)
             self.last_stats[name] = stats
             self._check_acceptance(name, stats)
-            stopped = self._acceptance.stopped(name)
+            stopped = self.stopped(name)
             tiers = (
                 {label: 0 if label in stopped else self.asked(name, label, s.target)
                  for label, s in stats.items()},
@@ -330,10 +367,18 @@ class PoolPlanner:
         sources = self.sources[name][label]
         indices = reservation.indices
         key, items = plan_pool_batch(recipe, label, indices, sources)
+        judge_key_, settings = self._judge_made.get(name, (None, None))
         meta: dict[str, Any] = {
             "scheduler": key.scheduler,
             "adapter": key.adapter,
             "adapter_scale": key.adapter_scale if key.adapter is not None else None,
+            # What the worker runs this batch with: the key's steps and strength, the
+            # items' guidance (one recipe value for a pool batch).
+            "provenance": Provenance(
+                steps=key.steps, guidance=items[0].guidance if items else recipe.guidance,
+                strength=key.strength if key.mode == "img2img" else None,
+                adapter_hash=self._adapter_hash(recipe, label), judge_key=judge_key_,
+                judge_settings=settings),
         }
         on_done, on_failed = self._outcomes.handlers(
             name, pid, label, items, reservation, meta=meta, size=recipe.output_size,
@@ -342,9 +387,19 @@ class PoolPlanner:
 
     # -- the low-acceptance stop and outcomes (their own modules) ---------------------------
 
-    def stopped(self, name: str) -> dict[str, str]:
-        """Labels of ``name`` the planner stopped spending on, each with why and the fix."""
-        return self._acceptance.stopped(name)
+    def stopped(self, name: str, *, cached: bool = False) -> dict[str, str]:
+        """Labels of ``name`` the planner stopped spending on, each with why and the fix: this
+        replica's and every replica's in the pool (:mod:`~genaug.service.pool.stops`;
+        ``cached``: never the database, for the event loop)."""
+        return {**self.stops.read(name, cached=cached), **self._acceptance.stopped(name)}
+
+    def wake(self) -> None:
+        """Plan again now (a job was cancelled, a target changed)."""
+        self._wake(0.0)
+
+    def _adapter_hash(self, recipe: Recipe, label: str) -> str | None:
+        adapter = recipe.adapter_for(label)
+        return None if adapter is None else self.adapter_hashes.get(adapter.name)
 
     def _check_acceptance(self, name: str, stats: Mapping[str, LabelStats]) -> None:
         """Stop labels whose judge accepts too few (:mod:`~genaug.service.pool.acceptance`)."""
@@ -371,6 +426,9 @@ class PoolPlanner:
             while added and added[0][0] < now - _RATE_WINDOW_S:
                 added.popleft()
         self._stored()
+        # Plan once more after the store: the last planning pass may have run while this
+        # batch was in flight, and last_stats (the pending-images gauge) would keep its counts.
+        self._wake(0.0)
 
     def generation_rate(self, name: str) -> float:
         """Images per second added to ``name``'s pool by this replica over the last minute."""

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .draw import decode_rows, empty_sample
+from .jobs import job_tables
 from .store import PoolStore
 from .types import (
     DEFAULT_LEASE_S,
@@ -80,7 +81,13 @@ _SCHEMA = [
         judge_keep    SMALLINT         NOT NULL DEFAULT 1,
         verdict       TEXT,
         verdict_at    DOUBLE PRECISION,
-        accepted      SMALLINT         NOT NULL DEFAULT 1)""",
+        accepted      SMALLINT         NOT NULL DEFAULT 1,
+        steps          INTEGER,
+        guidance       DOUBLE PRECISION,
+        strength       DOUBLE PRECISION,
+        adapter_hash   TEXT,
+        judge_key      TEXT,
+        judge_settings TEXT)""",
     # Pixels are not compressible enough to be worth pglz: store them out of line as they are.
     """CREATE TABLE IF NOT EXISTS image_data (
         id   BIGINT PRIMARY KEY REFERENCES images (id),
@@ -114,10 +121,13 @@ _SCHEMA = [
         expires     DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS reservations_pool_label ON reservations (pool_id, label)",
     "CREATE INDEX IF NOT EXISTS reservations_owner ON reservations (owner)",
+    # Version 4: fills handed off as jobs, and the judge's stops, shared by every replica.
+    *job_tables(real="DOUBLE PRECISION"),
 ]
 
 #: Upgrades, by the version they start from. PostgreSQL pools start at version 2 (the first
-#: version with this backend); the next column or table goes here as ``3: [...]``.
+#: version with this backend); the next column goes here as ``4: [...]`` (new tables are in
+#: ``_SCHEMA``, created on every open).
 _UPGRADES: dict[int, list[str]] = {
     2: [  # curation: the judge's score and keep flag, a person's verdict, lifetime counters
         "ALTER TABLE images ADD COLUMN IF NOT EXISTS score DOUBLE PRECISION",
@@ -128,6 +138,14 @@ _UPGRADES: dict[int, list[str]] = {
         "ALTER TABLE counters ADD COLUMN IF NOT EXISTS judged_total BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE counters ADD COLUMN IF NOT EXISTS accepted_total BIGINT NOT NULL"
         " DEFAULT 0",
+    ],
+    3: [  # provenance of each image (NULL for those stored before: not recorded)
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS steps INTEGER",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS guidance DOUBLE PRECISION",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS strength DOUBLE PRECISION",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS adapter_hash TEXT",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS judge_key TEXT",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS judge_settings TEXT",
     ],
 }
 

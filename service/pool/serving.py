@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import InvalidRequestError, NotFoundError, PoolUnavailableError
 from ..recipes.spec import Recipe
 from .planner import PoolPlanner
-from .types import BrowsePage, LabelStats, PoolConnectionError, PoolSample
+from .types import BrowsePage, Job, LabelStats, PoolConnectionError, PoolSample
 
 __all__ = ["PoolServing", "empty_images", "unknown_recipe"]
 
@@ -145,27 +145,30 @@ class PoolServing:
             "need_clients": board.clients(name),
         }
 
-    def raise_target(self, name: str, per_label: int, *, shared: bool = True) -> None:
-        """:meth:`PoolPlanner.raise_target` for a known recipe, 503 during an outage.
-        Blocking with ``shared``: call it from a thread."""
+    def raise_target(self, name: str, per_label: int, *, shared: bool = True,
+                     notify_url: str | None = None) -> Job | None:
+        """:meth:`PoolPlanner.raise_target` for a known recipe (its job with ``shared``), 503
+        during an outage. Blocking with ``shared``: call it from a thread."""
         self.recipe(name)
         with _unavailable():
-            self.planner.raise_target(name, per_label, shared=shared)
+            return self.planner.raise_target(name, per_label, shared=shared,
+                                             notify_url=notify_url)
 
-    def spend(self, name: str, images: int) -> dict[str, Any]:
-        """:meth:`PoolPlanner.spend` for a known recipe (``images`` more, split by need),
+    def spend(self, name: str, images: int, *,
+              notify_url: str | None = None) -> tuple[dict[str, Any], Job]:
+        """:meth:`PoolPlanner.spend_job` for a known recipe (``images`` more, split by need),
         503 during an outage; answers what happens (``requested``, ``asked``, ``per_label``
-        and a sentence). Blocking: call it from a thread."""
+        and a sentence) and the job. Blocking: call it from a thread."""
         self.recipe(name)
         with _unavailable():
-            alloc = self.planner.spend(name, images)
+            job, alloc = self.planner.spend_job(name, images, notify_url=notify_url)
         asked = sum(alloc.values())
         note = (f"{asked} images asked for, split by need and demand; they are generated "
                 "before background pre-generation")
         if asked < images:
             note += (f" ({images - asked} fewer than requested: that is all the room left "
                      f"below the capacity of {self.store.capacity_per_label} per label)")
-        return {"requested": images, "asked": asked, "per_label": alloc, "note": note}
+        return {"requested": images, "asked": asked, "per_label": alloc, "note": note}, job
 
     async def sample(
         self, name: str, labels: list[str], n: int, wait_s: float
@@ -194,8 +197,9 @@ class PoolServing:
 
     def stopped(self, name: str, labels: Sequence[str]) -> dict[str, str]:
         """The labels of ``labels`` the judge stopped (no more images of them are made), each
-        with the judge's reason and fix, as ``GET /v1/recipes/{name}`` reports them."""
-        stopped = self.planner.stopped(name)
+        with the judge's reason and fix, as ``GET /v1/recipes/{name}`` reports them. On the
+        event loop: the planner's last read of the pool's stops, never the database."""
+        stopped = self.planner.stopped(name, cached=True)
         return {label: stopped[label] for label in labels if label in stopped}
 
     async def _wait_for(self, name: str, pid: str, labels: list[str], share: int,
@@ -204,8 +208,9 @@ class PoolServing:
         while True:
             fill = await asyncio.to_thread(self.store.fill, pid)
             # A stopped label gets no more images: waiting for it would last the whole wait_s.
-            # Read each round, since a label may stop while the sample waits.
-            stopped = self.planner.stopped(name)
+            # Read each round, since a label may stop while the sample waits (in a thread:
+            # it may read the pool's stops, which any replica records).
+            stopped = await asyncio.to_thread(self.planner.stopped, name)
             short = [label for label in labels
                      if fill.get(label, 0) < share and label not in stopped]
             remaining = deadline - time.monotonic()

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from .jobs import job_tables
 from .store import PoolStore
 from .types import DEFAULT_LEASE_S, SCHEMA_VERSION, PoolError, PoolSample, PoolSchemaError
 
@@ -37,7 +38,8 @@ __all__ = ["SqlitePoolStore"]
 
 log = logging.getLogger(__name__)
 
-# Version 3, the layout a new file gets. (No semicolons in comments: the text is split on them.)
+# Version 4, the layout a new file gets (its jobs and stops tables: _V4).
+# (No semicolons in comments: the text is split on them.)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -63,7 +65,13 @@ CREATE TABLE IF NOT EXISTS images (
     judge_keep    INTEGER NOT NULL DEFAULT 1,
     verdict       TEXT,
     verdict_at    REAL,
-    accepted      INTEGER NOT NULL DEFAULT 1
+    accepted      INTEGER NOT NULL DEFAULT 1,
+    steps          INTEGER,
+    guidance       REAL,
+    strength       REAL,
+    adapter_hash   TEXT,
+    judge_key      TEXT,
+    judge_settings TEXT
 );
 CREATE TABLE IF NOT EXISTS image_data (
     id   INTEGER PRIMARY KEY REFERENCES images (id),
@@ -124,6 +132,20 @@ _V3_COLUMNS = {
         "judged_total": "INTEGER NOT NULL DEFAULT 0",
         "accepted_total": "INTEGER NOT NULL DEFAULT 0",
     },
+}
+
+# Version 3 -> 4 (jobs, stops shared by every replica, provenance): the tables and indexes
+# (their text is the jobs module's, shared with PostgreSQL).
+# An image stored before keeps NULL provenance: not recorded.
+_V4 = job_tables(real="REAL", options=" WITHOUT ROWID")
+
+_V4_COLUMNS = {
+    "steps": "INTEGER",
+    "guidance": "REAL",
+    "strength": "REAL",
+    "adapter_hash": "TEXT",
+    "judge_key": "TEXT",
+    "judge_settings": "TEXT",
 }
 
 _V2_COLUMNS = {
@@ -311,10 +333,15 @@ class SqlitePoolStore(PoolStore):
                     for column, decl in columns.items():
                         if column not in have:
                             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            if version < 4:
+                have = {r[1] for r in conn.execute("PRAGMA table_info(images)")}
+                for column, decl in _V4_COLUMNS.items():
+                    if column not in have:
+                        conn.execute(f"ALTER TABLE images ADD COLUMN {column} {decl}")
             if version < SCHEMA_VERSION:
                 log.warning("pool %s: upgrading schema version %d to %d in place",
                             self.path, version, SCHEMA_VERSION)
-            for statement in _statements(_V2 + _V3):
+            for statement in [*_statements(_V2 + _V3), *_V4]:
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key)"

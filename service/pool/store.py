@@ -13,11 +13,13 @@ transaction, the schema and its upgrades, and this module imports none:
 ``GENAUG_POOL_PATH``) and :class:`~genaug.service.pool.postgres.PostgresPoolStore` (one
 database for any number of replicas: ``GENAUG_POOL_URL``), opened by
 :func:`~genaug.service.pool.open.open_pool`. Shared values and errors:
-:mod:`genaug.service.pool.types`. Two mixins add queries outside the counting protocol
+:mod:`genaug.service.pool.types`. Four mixins add queries outside the counting protocol
 below: :class:`~genaug.service.pool.curation.CurationQueries` (``verdict``, ``browse``,
-``image``: a person's curation, explained in :mod:`genaug.service.pool.curation`) and
-:class:`~genaug.service.pool.reads.PoolReads` (``pools``, ``iter_images``, ``plan_indices``,
-``integrity_check``).
+``image``: a person's curation, explained in :mod:`genaug.service.pool.curation`),
+:class:`~genaug.service.pool.jobs.JobQueries` (fill jobs),
+:class:`~genaug.service.pool.stop_queries.StopQueries` (the judge's stops) and
+:class:`~genaug.service.pool.reads.PoolReads` (``pools``, ``iter_images``, ``iter_records``,
+``plan_indices``, ``integrity_check``).
 
 Lock order. Every writer (``reserve``, ``add``, ``verdict``, ``sample``'s served counts) first
 takes the label's counter row lock (:meth:`PoolStore._lock_label`), several labels in sorted
@@ -47,15 +49,22 @@ place (every image kept) and refuses a newer one
 (:class:`~genaug.service.pool.types.PoolSchemaError`). Version 1: SQLite of genaug 0.1 (no
 reservations, source, channels, adapter or scheduler); 2 adds them; 3 adds curation
 (``score``, ``judge_keep``, ``verdict``, ``verdict_at``, ``accepted``, the lifetime counters
-``judged_total`` and ``accepted_total``; an upgraded image is unjudged and accepted).
+``judged_total`` and ``accepted_total``; an upgraded image is unjudged and accepted); 4 adds
+``jobs`` and ``stops`` (:mod:`~genaug.service.pool.jobs`) and each image's provenance
+(``steps``, ``guidance``, ``strength``, ``adapter_hash``, ``judge_key``, ``judge_settings``:
+NULL, "not recorded", for an image stored before).
 
 Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: 1,000 1024² RGB images per
 label for 10 labels is about 30 GiB (docs/deploy.md has the table). Beyond a few hundred GiB,
 or with many replicas far from the database, pixels belong in object storage.
 
-Why this file is longer than the house's 450 lines: its queries are one protocol (the lock
-order and the counting that keep generated equal to target), read in one place; the queries
-outside it live in the two mixins.
+Why one file, over the house's 450 lines: it is the pool database's one counting protocol,
+written once for SQLite and PostgreSQL. Every query here that reserves, adds, evicts, samples
+or counts takes the label's lock in the same order and counts accepted images the same way in
+one transaction: that is what stops planners (threads, processes, replicas) exactly at the
+target, no plan index repeated. The rest lives apart: tables and upgrades in each backend,
+the queries outside the protocol in the mixins above (a verdict keeps the same lock through
+``_lock_label``), sample decoding in :mod:`~genaug.service.pool.draw`.
 """
 
 from __future__ import annotations
@@ -77,8 +86,10 @@ import numpy.typing as npt
 
 from .curation import CurationQueries, _judged
 from .draw import decode_rows, empty_sample, spread
+from .jobs import JobQueries
 from .reads import PoolReads
-from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Reservation
+from .stop_queries import StopQueries
+from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Provenance, Reservation
 
 __all__ = ["PoolStore"]
 
@@ -89,7 +100,7 @@ def _new_owner() -> str:
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class PoolStore(CurationQueries, PoolReads, ABC):
+class PoolStore(CurationQueries, JobQueries, StopQueries, PoolReads, ABC):
     """An image pool in a database; safe to use from several threads and processes.
 
     Abstract: :func:`~genaug.service.pool.open.open_pool` opens a PostgreSQL pool for a
@@ -315,6 +326,7 @@ class PoolStore(CurationQueries, PoolReads, ABC):
         adapter_scale: float | None = None,
         scores: Sequence[float] | None = None,
         keep: Sequence[bool] | None = None,
+        provenance: Provenance | None = None,
     ) -> int:
         """Store a batch of one label in one transaction; return how many images were evicted.
 
@@ -329,7 +341,8 @@ class PoolStore(CurationQueries, PoolReads, ABC):
 
         ``scores``: the judge's score of each image (None: not judged); ``keep``: whether
         the judge kept each (needs ``scores``; default all kept). An image not kept is stored
-        and counted (``rejected``, ``judged_total``) but never sampled.
+        and counted (``rejected``, ``judged_total``) but never sampled. ``provenance``: what
+        made the batch (steps, guidance, ...), stored with each image (None: not recorded).
         """
         images = np.asarray(images)
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] not in (1, 3):
@@ -351,6 +364,7 @@ class PoolStore(CurationQueries, PoolReads, ABC):
             raise ValueError(f"{len(index_list)} plan indices and {len(source_list)} sources "
                              f"for {n} images")
         score_list, keep_list = _judged(n, scores, keep)
+        made = provenance or Provenance()
         images = np.ascontiguousarray(images)
         now = time.time()
         with self._tx(write=True) as conn:
@@ -361,12 +375,14 @@ class PoolStore(CurationQueries, PoolReads, ABC):
                     conn,
                     "INSERT INTO images (pool_id, label, seed, plan_index, created, model_hash,"
                     " height, width, channels, source, scheduler, adapter, adapter_scale,"
-                    " score, judge_keep, accepted)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " score, judge_keep, accepted, steps, guidance, strength, adapter_hash,"
+                    " judge_key, judge_settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                    " ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (pool_id, label, plan_index) DO NOTHING RETURNING id",
                     (pool_id, label, seed_list[i], index_list[i], now, model_hash, h, w, c,
                      source_list[i], scheduler, adapter, adapter_scale, score_list[i],
-                     int(keep_list[i]), int(keep_list[i])),
+                     int(keep_list[i]), int(keep_list[i]), made.steps, made.guidance,
+                     made.strength, made.adapter_hash, made.judge_key, made.judge_settings),
                 ).fetchone()
                 if row is None:
                     log.info("pool %s label %s: plan index %s already stored; skipped",
@@ -426,15 +442,16 @@ class PoolStore(CurationQueries, PoolReads, ABC):
             self._exec(conn, f"DELETE FROM images WHERE id IN ({marks})", part)
 
     def drop_pool(self, pool_id: str) -> int:
-        """Delete a pool's images, counters, targets and reservations; return images gone.
-
-        ``genaug pool drop POOL_ID`` runs this (e.g. for pools of an old spec or model)."""
+        """Delete a pool's images, counters, targets, reservations and stops, and fail its live
+        jobs; return images gone. ``genaug pool drop POOL_ID`` runs this (e.g. for pools of
+        an old spec or model)."""
         with self._tx(write=True) as conn:
             ids = [int(r[0]) for r in self._exec(
                 conn, "SELECT id FROM images WHERE pool_id = ?", (pool_id,)).fetchall()]
             self._delete_ids(conn, ids)
-            for table in ("counters", "targets", "reservations"):
+            for table in ("counters", "targets", "reservations", "stops"):
                 self._exec(conn, f"DELETE FROM {table} WHERE pool_id = ?", (pool_id,))
+            self._fail_live_jobs(conn, pool_id, "its pool was dropped (genaug pool drop)")
         return len(ids)
 
     # -- sampling --------------------------------------------------------------------------

@@ -6,7 +6,9 @@
 - Values: :class:`LabelStats` (one label's counts), :class:`Reservation` (plan indices handed
   to one planner), :class:`PoolSample` (images drawn from a pool), and for curation
   :class:`PoolImage` / :class:`BrowsePage` (a label's images as a person looks through them)
-  and :class:`VerdictResult` (what a person's reject or restore changed).
+  and :class:`VerdictResult` (what a person's reject or restore changed); for jobs and the
+  manifest :class:`Job` (a fill handed off, :data:`JOB_STATES`), :class:`Provenance` (what
+  made a batch beyond the recipe) and :class:`PoolRecord` (one stored image as exported).
 - :func:`parse_partition` (``GENAUG_REPLICA=i/N``) and the constants every backend agrees on
   (:data:`SCHEMA_VERSION`, :data:`PG_SCHEMES`, :data:`DEFAULT_LEASE_S`).
 
@@ -31,14 +33,20 @@ import numpy.typing as npt
 __all__ = [
     "DEFAULT_LEASE_S",
     "BrowsePage",
+    "JOB_KINDS",
+    "JOB_STATES",
+    "Job",
+    "LIVE_JOB_STATES",
     "LabelStats",
     "PG_SCHEMES",
     "PoolConfigError",
     "PoolConnectionError",
     "PoolError",
     "PoolImage",
+    "PoolRecord",
     "PoolSample",
     "PoolSchemaError",
+    "Provenance",
     "Reservation",
     "SCHEMA_VERSION",
     "VerdictResult",
@@ -46,11 +54,17 @@ __all__ = [
 ]
 
 #: The database layout this genaug writes; older ones are upgraded in place, newer refused.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: URL schemes of a PostgreSQL pool (anything else is a SQLite path).
 PG_SCHEMES = ("postgresql://", "postgres://")
 #: Seconds a reservation lives without its owner's heartbeat.
 DEFAULT_LEASE_S = 60.0
+#: A job's states: live ones first; ``stopped`` when the judge stopped a label it needs.
+JOB_STATES = ("queued", "running", "done", "stopped", "failed", "cancelled")
+#: States a job can still leave (it holds its targets while in one of them).
+LIVE_JOB_STATES = ("queued", "running")
+#: ``per_label``: every label holds ``asked``; ``images``: every label gains ``asked``.
+JOB_KINDS = ("per_label", "images")
 
 
 class PoolError(RuntimeError):
@@ -219,6 +233,91 @@ class VerdictResult:
     @property
     def applied(self) -> bool:
         return not self.unknown
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What made a pool batch beyond its recipe name and seed, stored with each image (schema
+    4) so an exported image can be remade: ``steps`` and ``guidance`` the batch ran with,
+    ``strength`` for img2img variants (None: text-to-image), ``adapter_hash`` the content
+    hash of the LoRA file (None: no adapter, or not known), ``judge_key`` a short hash of
+    the judge's settings and ``judge_settings`` their JSON (None: no judge). An image stored
+    before schema 4 reads None for each: not recorded. Example::
+
+        Provenance(steps=30, guidance=5.0, judge_key="3f9c0a1b2c3d4e5f",
+                   judge_settings='{"encoder": "tiny-digits-encoder", "min_score": 0.9}')
+    """
+
+    steps: int | None = None
+    guidance: float | None = None
+    strength: float | None = None
+    adapter_hash: str | None = None
+    judge_key: str | None = None
+    judge_settings: str | None = None
+
+
+@dataclass(frozen=True)
+class PoolRecord:
+    """One stored image with everything the pool knows of it (``genaug export``'s manifest
+    row): see :meth:`~genaug.service.pool.reads.PoolReads.iter_records`. ``provenance``
+    fields are None for images stored before schema 4 (not recorded, never guessed)."""
+
+    label: str
+    seed: int
+    image: npt.NDArray[np.uint8]
+    plan_index: int | None
+    created: float
+    model_hash: str
+    scheduler: str
+    adapter: str | None
+    adapter_scale: float | None
+    source: str | None
+    score: float | None
+    judge_keep: bool
+    verdict: str | None
+    verdict_at: float | None
+    accepted: bool
+    provenance: Provenance
+
+
+@dataclass(frozen=True)
+class Job:
+    """A fill handed off: stored with the pool, so it survives a restart and every replica
+    answers for it (:mod:`~genaug.service.pool.jobs`).
+
+    ``kind`` ``per_label`` asks each label of ``asked`` to hold that many accepted images;
+    ``images`` asks each to gain that many since the job began. ``start`` holds, per label,
+    the counts when the job began (``generated``, ``judged_total``, ``accepted_total``,
+    ``fill``) and the shared ``target`` the job raised the label to. ``state`` is one of
+    :data:`JOB_STATES`; ``reason`` says why it stopped, failed or was cancelled; times are
+    seconds since the epoch (``ended`` None while live). ``webhook_state`` is None without
+    ``notify_url``, else ``pending`` once the job ended, then ``delivered`` or ``failed``.
+    """
+
+    id: str
+    pool_id: str
+    recipe: str
+    kind: str
+    state: str
+    asked: dict[str, int]
+    start: dict[str, dict[str, int]]
+    created: float
+    updated: float
+    notify_url: str | None = None
+    reason: str | None = None
+    ended: float | None = None
+    webhook_state: str | None = None
+    webhook_attempts: int = 0
+    #: The progress as the job ended (:meth:`JobProgress.as_dict`); None while live.
+    result: dict[str, Any] | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_JOB_STATES
+
+    def target(self, label: str) -> int:
+        """The shared target this job raised ``label`` to (0 for a label it did not ask)."""
+        return int(self.start.get(label, {}).get("target", 0))
 
 
 def parse_partition(text: str | None) -> tuple[int, int] | None:

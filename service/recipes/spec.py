@@ -112,22 +112,24 @@ class RecipeError(ValueError):
         super().__init__(f"{head}:\n{body}" if body else head)
 
 
-def _check_name(value: str) -> str:
-    if not (1 <= len(value) <= 64) or not set(value) <= _NAME_CHARS or value[0] in "-_":
-        raise ValueError(
-            "recipe name must be 1-64 characters of a-z, 0-9, '-' or '_', starting with a "
-            "letter or digit (e.g. 'wound-phases')"
-        )
+def _check_identifier(value: str, chars: frozenset[str], what: str, spelled: str,
+                      example: str) -> str:
+    """``value`` if it is 1-64 of ``chars`` and starts with a letter or digit (``chars``'
+    others are punctuation), else the one-line error saying so."""
+    if not (1 <= len(value) <= 64) or not set(value) <= chars or not value[0].isalnum():
+        raise ValueError(f"{what} must be 1-64 characters of {spelled}, starting with a "
+                         f"letter or digit (e.g. {example})")
     return value
+
+
+def _check_name(value: str) -> str:
+    return _check_identifier(value, _NAME_CHARS, "recipe name", "a-z, 0-9, '-' or '_'",
+                             "'wound-phases'")
 
 
 def _check_label(value: str) -> str:
-    if not (1 <= len(value) <= 64) or not set(value) <= LABEL_CHARS or value[0] in "-_.":
-        raise ValueError(
-            "label must be 1-64 characters of A-Z, a-z, 0-9, '-', '_' or '.', starting with a "
-            "letter or digit (e.g. 'P' or 'healthy_skin')"
-        )
-    return value
+    return _check_identifier(value, LABEL_CHARS, "label", "A-Z, a-z, 0-9, '-', '_' or '.'",
+                             "'P' or 'healthy_skin'")
 
 
 def _check_prompt(value: str) -> str:

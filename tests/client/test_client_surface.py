@@ -14,10 +14,13 @@ from genaug.client import errors
 
 PUBLIC_NAMES = [
     "AsyncClient",
+    "AsyncFillJob",
     "AuthenticationError",
     "Client",
+    "ConflictError",
     "DeadlineExceededError",
     "DecodeError",
+    "FillJob",
     "GenaugError",
     "GenerateResult",
     "InvalidRequestError",
@@ -92,6 +95,7 @@ EXPECTED_TREE = {
     "StatusError": "GenaugError",
     "DecodeError": "GenaugError",
     "InvalidRequestError": "StatusError",
+    "ConflictError": "InvalidRequestError",
     "AuthenticationError": "StatusError",
     "NotFoundError": "StatusError",
     "RateLimitedError": "StatusError",
@@ -155,7 +159,7 @@ def test_documented_statuses_translate_to_their_classes() -> None:
             for status in group.split("/"):
                 assert errors.error_class(int(status)) is getattr(errors, name), (status, name)
                 checked += 1
-    assert checked >= 8
+    assert checked >= 9
     for status in (500, 502, 599):
         assert errors.error_class(status) is errors.ServerError
     assert errors.error_class(403) is errors.AuthenticationError

@@ -5,12 +5,15 @@ side only fails here."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from genaug.client import AsyncClient, Client
 from genaug.client._base import (
     OPTIONS,
+    BaseClient,
     GenerateOptions,
     GenerationOptions,
     VariantOptions,
@@ -60,3 +63,33 @@ def test_an_unknown_option_is_a_type_error_before_anything_is_sent() -> None:
         request_body("variants", "x", {"height": 64})
     body = request_body("generate", "x", {"n": 2, "seed": None, "steps": 3})
     assert body == {"prompt": "x", "n": 2, "priority": "interactive", "steps": 3}
+
+
+def _served_sample_schema() -> dict[str, Any]:
+    """The sample route's request schema as ``/openapi.json`` serves it (the shipped digits
+    recipes; building the app loads no model)."""
+    from genaug.service.app import create_app
+    from genaug.service.settings import Settings
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes" / "digits.yaml"
+    doc = create_app(Settings(recipes=str(recipes), model="tiny-random")).openapi()
+    post = doc["paths"]["/v1/recipes/digits/sample"]["post"]
+    ref = post["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    schema: dict[str, Any] = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    return schema
+
+
+@pytest.mark.parametrize("cls", [Client, AsyncClient])
+def test_sample_defaults_are_the_served_defaults(cls: type) -> None:
+    """``sample``'s fields and defaults are the served schema's: a default changed on one
+    side, or a field added on one side only, fails here."""
+    served = _served_sample_schema()["properties"]
+    params = inspect.signature(cls.sample).parameters
+    assert set(params) - {"self", "recipe"} == set(served)
+    for name, prop in served.items():
+        assert params[name].default == prop["default"], name
+    # what the client sends when nothing is given is what the service assumes then
+    body = BaseClient("http://127.0.0.1:9", api_key=None, client_id=None, timeout=5.0,
+                      retry_deadline=1.0).calls.sample("digits").body
+    assert body == {name: prop["default"] for name, prop in served.items()
+                    if prop["default"] is not None}

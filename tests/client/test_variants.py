@@ -261,12 +261,23 @@ def _public_methods(cls: type) -> dict[str, inspect.Signature]:
     }
 
 
+#: What the async client returns in place of the sync one's (the same, awaited).
+ASYNC_TWINS = {"'AsyncFillJob'": "'FillJob'"}
+
+
+def _as_sync(signature: inspect.Signature) -> str:
+    text = str(signature)
+    for twin, sync in ASYNC_TWINS.items():
+        text = text.replace(twin, sync)
+    return text
+
+
 def test_sync_and_async_clients_expose_the_same_methods_and_signatures() -> None:
     sync, aio = _public_methods(Client), _public_methods(AsyncClient)
     # close() / aclose() are the one intended difference, like httpx's
     assert set(sync) - {"close"} == set(aio) - {"aclose"}
     for name in sorted(set(sync) - {"close"}):
-        assert sync[name] == aio[name], f"{name}: {sync[name]} != {aio[name]}"
+        assert str(sync[name]) == _as_sync(aio[name]), f"{name}: {sync[name]} != {aio[name]}"
         assert inspect.iscoroutinefunction(getattr(AsyncClient, name)), name
         assert not inspect.iscoroutinefunction(getattr(Client, name)), name
         assert (getattr(Client, name).__doc__ or "").split("\n")[0] == (
@@ -297,3 +308,14 @@ def test_backoff_formula_doubles_caps_and_jitters_down_only() -> None:
     assert 3.2 <= min(jittered) < 3.3 and 3.95 < max(jittered) <= 4.0
     full = [backoff_s(3, initial_s=1, max_s=30, jitter=1.0, rng=rng) for _ in range(500)]
     assert min(full) < 0.2 and max(full) > 3.8
+
+
+def test_a_fill_job_and_its_async_twin_have_the_same_methods() -> None:
+    from genaug.client import AsyncFillJob, FillJob
+
+    sync, aio = _public_methods(FillJob), _public_methods(AsyncFillJob)
+    assert set(sync) == set(aio) == {"status", "wait", "cancel"}
+    for name in sync:
+        assert str(sync[name]) == str(aio[name]), name
+        assert inspect.iscoroutinefunction(getattr(AsyncFillJob, name)), name
+        assert not inspect.iscoroutinefunction(getattr(FillJob, name)), name

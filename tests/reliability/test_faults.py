@@ -1,7 +1,7 @@
 """Faults at CI size (see reliability/faults.py).
 
-SIGKILL during a training run is covered by tests/trainer/test_train.py ("service killed
-mid-fit; feeder reconnects") and is not repeated here. The SIGKILL during pool filling
+SIGKILL during a training run is covered by tests/trainer/reference/test_train.py ("service
+killed mid-fit; feeder reconnects") and is not repeated here. The SIGKILL during pool filling
 (two service processes, about 15 s) is marked ``slow``: ``make test-slow`` and CI run it.
 """
 

@@ -34,31 +34,33 @@ def test_public_names_are_pinned_and_sorted() -> None:
     assert EXPECTED == sorted(EXPECTED)
 
 
+def assert_imports_neither_tensorflow_nor_torch(imports: str) -> None:
+    """Run ``imports`` in a fresh interpreter and fail if TensorFlow, torch or Keras is loaded."""
+    check = ("heavy = sorted(m for m in ('tensorflow', 'torch', 'keras') if m in sys.modules)\n"
+             "assert not heavy, heavy\n")
+    proc = subprocess.run([sys.executable, "-c", "import sys\n" + imports + check],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_importing_package_and_feeder_imports_neither_tensorflow_nor_torch() -> None:
-    code = (
-        "import sys, genaug.trainer, genaug.trainer.feeder\n"
+    assert_imports_neither_tensorflow_nor_torch(
+        "import genaug.trainer, genaug.trainer.feeding.feeder\n"
         "from genaug.trainer import ReservoirFeeder, FeederStats, configure_devices\n"
         "from genaug.trainer import DeviceError, FeederConfigError\n"
-        "heavy = sorted(m for m in ('tensorflow', 'torch', 'keras') if m in sys.modules)\n"
-        "assert not heavy, heavy\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_importing_train_and_its_modules_imports_neither_tensorflow_nor_torch() -> None:
     # Devices must be configured before TensorFlow initialises: these import it in functions.
-    code = (
-        "import sys\n"
-        "import genaug.trainer.train, genaug.trainer.devices, genaug.trainer.instruments\n"
-        "import genaug.trainer.config, genaug.trainer.summary, genaug.trainer.contact\n"
-        "import genaug.trainer.labels, genaug.trainer.diagnose, genaug.trainer.host\n"
+    assert_imports_neither_tensorflow_nor_torch(
+        "import genaug.trainer.reference.train, genaug.trainer.hardware.devices\n"
+        "import genaug.trainer.checks.instruments, genaug.trainer.reference.config\n"
+        "import genaug.trainer.reference.summary, genaug.trainer.feeding.preflight\n"
+        "import genaug.trainer.feeding.labels, genaug.trainer.checks.diagnose\n"
+        "import genaug.trainer.hardware.host\n"
         "import genaug.doctor\n"
-        "heavy = sorted(m for m in ('tensorflow', 'torch', 'keras') if m in sys.modules)\n"
-        "assert not heavy, heavy\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_every_train_config_field_is_a_flag_named_after_it() -> None:
@@ -66,7 +68,7 @@ def test_every_train_config_field_is_a_flag_named_after_it() -> None:
     import argparse
     from dataclasses import MISSING, fields
 
-    from genaug.trainer.config import TrainConfig, add_train_arguments, config_from_args
+    from genaug.trainer.reference.config import TrainConfig, add_train_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
@@ -90,14 +92,26 @@ def test_every_train_config_field_is_a_flag_named_after_it() -> None:
     )
 
 
-def test_the_old_diagnose_path_leaves_the_public_function_alone() -> None:
-    """``diagnose`` is a public function and an old module path: importing the path after
-    the function must not rebind the package's name to the module (checked in a child, so
-    no earlier import in this process decides the order)."""
+def test_importing_the_package_adds_no_import_hook() -> None:
+    """The module paths from before the rooms are gone: importing ``genaug.trainer`` leaves
+    ``sys.meta_path`` alone, and ``genaug.trainer.diagnose`` stays the public function (checked
+    in a child, so no earlier import in this process decides the order)."""
     code = (
+        "import importlib, sys\n"
+        "before = list(sys.meta_path)\n"
+        "import genaug.trainer\n"
+        "assert sys.meta_path == before, sys.meta_path\n"
+        "try:\n"
+        "    importlib.import_module('genaug.trainer.need')\n"
+        "except ModuleNotFoundError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('genaug.trainer.need still imports')\n"
         "from genaug.trainer import diagnose\n"
-        "import genaug.trainer.diagnose\n"
+        "import genaug.trainer.checks.diagnose\n"
         "from genaug.trainer import diagnose as again\n"
         "assert callable(again) and again is diagnose, again\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr

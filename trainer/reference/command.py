@@ -1,9 +1,12 @@
-"""The ``genaug train`` command: parsed flags in, a summary printed and an exit status out.
+"""The reference TensorFlow trainer.
 
-Exit status: 0 done, 2 bad data, devices, labels or feeder configuration (nothing trained), 3
-stopped on a non-finite loss, 4 ``--doctor`` found a problem (nothing trained). The trainer
-itself is :class:`~genaug.trainer.reference.train.Trainer`; every flag is a
-:class:`~genaug.trainer.reference.config.TrainConfig` field.
+``genaug train``: parsed flags in, a summary printed and an exit status out. Every flag is a
+:class:`~genaug.trainer.reference.config.TrainConfig` field (:func:`add_arguments` derives
+them from it); the trainer itself is :class:`~genaug.trainer.reference.train.Trainer`. Exit
+status: 0 done, 2 bad data, devices, labels or feeder configuration (nothing trained), 3
+stopped on a non-finite loss, 4 ``--doctor`` found a problem (nothing trained), 130
+interrupted (Ctrl-C; nothing is saved). Importing this module imports neither TensorFlow nor
+numpy (``genaug train --help`` stays fast): the trainer is imported when the command runs.
 
 Example::
 
@@ -17,28 +20,36 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ..checks.instruments import NonFiniteLossError
-from ..feeding.labels import LabelMapError
-from ..hardware.devices import DeviceError
-from . import train as train_module
 from .config import add_train_arguments, config_from_args
-from .data import DatasetError
-from .train import Trainer
 
-__all__ = ["main", "run_train"]
+__all__ = ["add_arguments", "interrupted", "main", "run"]
 
 
 def train_doc_line() -> str:
     """The first line of the reference trainer's docstring (``--help``'s description)."""
+    from . import train as train_module
+
     return (train_module.__doc__ or "").split("\n")[0]
 
 
-def run_train(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``genaug train`` flags: one per :class:`TrainConfig` field, derived there."""
+    add_train_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
     """Run ``genaug train`` for parsed arguments; print the summary. Returns an exit code:
     0 done, 2 bad data/devices/labels (nothing trained), 3 stopped on a non-finite loss, 4
     ``--doctor`` found a problem (nothing trained)."""
+    # The trainer's modules bring numpy (and TensorFlow once it runs): imported here, so
+    # that `genaug train --help` imports neither.
     from ..checks.audit import PythonInGraphError
+    from ..checks.instruments import NonFiniteLossError
+    from ..feeding.labels import LabelMapError
     from ..feeding.preflight import FeederConfigError
+    from ..hardware.devices import DeviceError
+    from .data import DatasetError
+    from .train import Trainer
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -47,35 +58,39 @@ def run_train(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if (config.service is None) != (config.recipe is None and not config.prompts):
         if config.service is None:
-            print("genaug train: error: --recipe/--prompt need --service URL", file=sys.stderr)  # noqa: T201
+            print("genaug train: error: --recipe/--prompt need --service URL", file=sys.stderr)
             return 2
-        print("genaug train: error: --service needs --recipe NAME or --prompt LABEL=TEXT",  # noqa: T201
+        print("genaug train: error: --service needs --recipe NAME or --prompt LABEL=TEXT",
               file=sys.stderr)
         return 2
     try:
         with Trainer(config) as trainer:
             trainer.prepare()
             if config.doctor and not trainer.diagnose().ok:
-                print("genaug train: stopped before training: --doctor found the problem(s) "  # noqa: T201
+                print("genaug train: stopped before training: --doctor found the problem(s) "
                       "above, each with its fix; nothing was trained", file=sys.stderr)
                 return 4
             summary = trainer.fit()
     except (DatasetError, LabelMapError, DeviceError, PythonInGraphError,
             FeederConfigError) as exc:
-        print(f"genaug train: error: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"genaug train: error: {exc}", file=sys.stderr)
         return 2
     except NonFiniteLossError as exc:
-        print(f"genaug train: stopped: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"genaug train: stopped: {exc}", file=sys.stderr)
         return 3
-    print(summary.format())  # noqa: T201
+    print(summary.format())
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m genaug.trainer.reference.command [flags]`` (the same as ``genaug train``)."""
     parser = argparse.ArgumentParser(prog="genaug train", description=train_doc_line())
-    add_train_arguments(parser)
-    return run_train(parser.parse_args(argv))
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    return "nothing is saved (the reference trainer keeps no checkpoint); run it again"
 
 
 if __name__ == "__main__":

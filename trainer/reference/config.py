@@ -19,9 +19,11 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["TrainConfig", "add_train_arguments", "config_from_args"]
+
+T = TypeVar("T")
 
 
 def _opt(
@@ -39,22 +41,21 @@ def _opt(
             "choices": choices, "aliases": tuple(aliases)}
 
 
-def _int_list(text: str) -> list[int]:
+def _comma_list(text: str, kind: Callable[[str], T], what: str) -> list[T]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return [kind(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
+            f"expected comma-separated {what}, got {text!r}"
         ) from None
+
+
+def _int_list(text: str) -> list[int]:
+    return _comma_list(text, int, "integers")
 
 
 def _float_list(text: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
+    return _comma_list(text, float, "numbers")
 
 
 def _pair(text: str) -> tuple[str, str]:

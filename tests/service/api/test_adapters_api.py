@@ -66,7 +66,7 @@ def test_an_unknown_adapter_is_a_422_naming_the_known_ones(live: LiveService) ->
 
 
 # A service process of its own (9 s in a full run on 2 cores), for what two fast tests
-# already hold between them: tests/test_cli.py (--lora twice becomes the one loras setting)
+# already hold between them: tests/genaug/test_cli.py (--lora twice becomes the one loras setting)
 # and tests/service/adapt/test_adapt.py (a LoRA served by a started genaug serve).
 @pytest.mark.slow
 def test_serve_lora_flag_loads_the_adapter(loras: dict[str, Path], tmp_path: Path) -> None:

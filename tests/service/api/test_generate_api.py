@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -23,6 +25,37 @@ def post(live: Any, body: Any, **kwargs: Any) -> httpx.Response:
     return httpx.post(live.url + "/v1/generate", content=body,
                       headers={"content-type": "application/json", **headers}, timeout=60,
                       **kwargs)
+
+
+@contextmanager
+def held_by(live: Any, body: dict[str, Any]) -> Iterator[None]:
+    """``body`` posted and held in the worker for the block (on a one-image-batch service, so
+    what the block posts waits in the queue); then released, and answered 200."""
+    live.worker.gate.clear()
+    with ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(post, live, body)
+        live.worker.entered.wait(10)
+        try:
+            yield
+        finally:  # released even when the block fails, or the pool would wait on it forever
+            live.worker.gate.set()
+        assert holder.result().status_code == 200
+
+
+def post_together(live: Any, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    """``bodies`` posted at once while the worker is held, so that all of them are queued
+    before the first batch closes; the worker released once all are admitted; the answers,
+    in order."""
+    live.worker.gate.clear()
+    admitted = live.admitted()
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(post, live, body) for body in bodies]
+        try:
+            live.wait_until(lambda: live.admitted() == admitted + len(bodies),
+                            what=f"{len(bodies)} requests admitted")
+        finally:  # released even when the wait fails, or the pool would wait on it forever
+            live.worker.gate.set()
+        return [f.result() for f in futures]
 
 
 def test_probes_info_and_metrics(service: Any) -> None:
@@ -75,18 +108,11 @@ def test_output_resize_and_png(service: Any) -> None:
 
 def test_same_seed_same_image_alone_and_in_a_batch_of_8(service: Any) -> None:
     alone = decode_batch(post(service, {"prompt": "a blue square", "seed": 4242}).content)
-    worker = service.worker
-    worker.gate.clear()  # hold the worker so the 8 requests queue up and share one batch
-    calls_before = len(worker.calls)
+    calls_before = len(service.worker.calls)
     bodies = [{"prompt": f"mate {i}", "seed": i} for i in range(7)]
     bodies.insert(3, {"prompt": "a blue square", "seed": 4242})
-    admitted = service.admitted()
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(post, service, b) for b in bodies]
-        service.wait_until(lambda: service.admitted() == admitted + 8, what="8 requests admitted")
-        worker.gate.set()
-        results = [f.result() for f in futures]
-    batch_sizes = [len(items) for _, items in worker.calls[calls_before:]]
+    results = post_together(service, bodies)  # queued together: they share a batch
+    batch_sizes = [len(items) for _, items in service.worker.calls[calls_before:]]
     assert max(batch_sizes) > 1, batch_sizes
     together = decode_batch(results[3].content)
     np.testing.assert_array_equal(alone.images[0], together.images[0])
@@ -97,13 +123,8 @@ def test_same_seed_same_image_alone_and_in_a_batch_of_8(service: Any) -> None:
 def test_16_concurrent_single_requests_are_batched(service: Any) -> None:
     before_count = service.metric("genaug_batch_images_count", 'source="request"')
     before_sum = service.metric("genaug_batch_images_sum", 'source="request"')
-    service.worker.gate.clear()
-    admitted = service.admitted()
-    with ThreadPoolExecutor(16) as pool:
-        futures = [pool.submit(post, service, {"prompt": f"c{i}", "seed": i}) for i in range(16)]
-        service.wait_until(lambda: service.admitted() == admitted + 16, what="16 admitted")
-        service.worker.gate.set()
-        assert all(f.result().status_code == 200 for f in futures)
+    responses = post_together(service, [{"prompt": f"c{i}", "seed": i} for i in range(16)])
+    assert all(r.status_code == 200 for r in responses)
     batches = service.metric("genaug_batch_images_count", 'source="request"') - before_count
     images = service.metric("genaug_batch_images_sum", 'source="request"') - before_sum
     assert images == 16
@@ -112,17 +133,11 @@ def test_16_concurrent_single_requests_are_batched(service: Any) -> None:
 
 def test_grouping_never_mixes_sizes_or_steps(service: Any) -> None:
     worker = service.worker
-    worker.gate.clear()
     start = len(worker.calls)
     shapes = [(64, 64, 4), (32, 32, 4), (64, 64, 2), (32, 64, 4)]
     bodies = [{"prompt": f"{h}x{w}x{s}#{i}", "height": h, "width": w, "steps": s, "n": 2,
                "seed": i} for i, (h, w, s) in enumerate(shapes * 3)]
-    admitted = service.admitted()
-    with ThreadPoolExecutor(12) as pool:
-        futures = [pool.submit(post, service, b) for b in bodies]
-        service.wait_until(lambda: service.admitted() == admitted + 12, what="12 admitted")
-        worker.gate.set()
-        responses = [f.result() for f in futures]
+    responses = post_together(service, bodies)
     for body, r in zip(bodies, responses, strict=True):
         assert r.status_code == 200
         assert decode_batch(r.content).images.shape == (2, body["height"], body["width"], 3)
@@ -142,31 +157,21 @@ def test_request_larger_than_a_batch_is_split_and_reassembled(service: Any) -> N
 
 def test_queue_full_answers_429_with_retry_after(make_service: Any) -> None:
     live = make_service(max_batch_images=1, max_queue_images=4, max_wait_ms=0)
-    live.worker.gate.clear()
-    with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(post, live, {"prompt": "hold", "n": 4})
-        live.worker.entered.wait(10)  # one image in the worker, three queued
+    with held_by(live, {"prompt": "hold", "n": 4}):  # one image in the worker, three queued
         r = post(live, {"prompt": "too many", "n": 4})
         assert r.status_code == 429, r.text
         assert int(r.headers["Retry-After"]) >= 1
         error = r.json()["error"]
         assert error["type"] == "queue_full" and "GENAUG_MAX_QUEUE_IMAGES" in error["message"]
-        live.worker.gate.set()
-        assert first.result().status_code == 200
     assert live.metric("genaug_rejections_total", 'reason="queue_full"') == 1
 
 
 def test_expired_deadline_is_504_and_never_reaches_the_pipeline(make_service: Any) -> None:
     live = make_service(max_batch_images=1, max_wait_ms=0)
-    live.worker.gate.clear()
-    with ThreadPoolExecutor(2) as pool:
-        blocker = pool.submit(post, live, {"prompt": "blocker"})
-        live.worker.entered.wait(10)
+    with held_by(live, {"prompt": "blocker"}):
         r = post(live, {"prompt": "impatient", "timeout_s": 0.5})
         assert r.status_code == 504, r.text
         assert r.json()["error"]["type"] == "deadline_exceeded"
-        live.worker.gate.set()
-        assert blocker.result().status_code == 200
     post(live, {"prompt": "after"})  # one more batch: the expired one would have run by now
     assert "impatient" not in live.worker.prompts
     assert live.metric("genaug_dropped_before_pipeline_total", 'reason="expired"') == 1
@@ -174,18 +179,13 @@ def test_expired_deadline_is_504_and_never_reaches_the_pipeline(make_service: An
 
 def test_disconnected_client_costs_no_pipeline_work(make_service: Any) -> None:
     live = make_service(max_batch_images=1, max_wait_ms=0)
-    live.worker.gate.clear()
-    with ThreadPoolExecutor(2) as pool:
-        blocker = pool.submit(post, live, {"prompt": "blocker"})
-        live.worker.entered.wait(10)
+    with held_by(live, {"prompt": "blocker"}):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(live.url + "/v1/generate", json={"prompt": "goes away"}, timeout=0.5)
         deadline = time.monotonic() + 10
         while live.metric("genaug_dropped_before_pipeline_total", 'reason="disconnected"') < 1:
             assert time.monotonic() < deadline, "disconnect not noticed"
             time.sleep(0.05)
-        live.worker.gate.set()
-        assert blocker.result().status_code == 200
     post(live, {"prompt": "after"})
     assert "goes away" not in live.worker.prompts
     assert live.metric("genaug_queue_images") == 0

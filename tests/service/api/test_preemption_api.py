@@ -31,6 +31,16 @@ def hold(worker: Any, ahead: int) -> int:
     return int(target)
 
 
+def stepping(live: Any, held_at: int) -> tuple[Any, int]:
+    """Put the worker on command, held at boundary ``held_at`` from now (1: the next batch's
+    start, 2: after its first step ...); return it and the boundary count it started at."""
+    worker = live.worker
+    worker.stepping = True
+    start = int(worker.boundaries)
+    worker.hold_at(start + held_at)
+    return worker, start
+
+
 def test_a_person_goes_first_within_one_step_while_a_pool_fills(
     make_service: Any, tmp_path: Path, shapes_recipe: str
 ) -> None:
@@ -71,10 +81,7 @@ def test_a_client_leaving_mid_batch_frees_the_worker_at_the_next_step(
     make_service: Any,
 ) -> None:
     live = make_service(max_batch_images=8, max_wait_ms=0)
-    worker = live.worker
-    worker.stepping = True
-    start = worker.boundaries
-    worker.hold_at(start + 3)  # two steps of the abandoned batch, then held
+    worker, start = stepping(live, 3)  # two steps of the abandoned batch, then held
     with ThreadPoolExecutor(2) as pool:
         abandoned = pool.submit(post, live, {"prompt": "abandoned", "n": 4, "steps": 20},
                                 "impatient", 1.0)
@@ -98,10 +105,7 @@ def test_a_deadline_passing_mid_batch_is_504_at_once_and_stops_the_work(
     make_service: Any,
 ) -> None:
     live = make_service(max_batch_images=8, max_wait_ms=0)
-    worker = live.worker
-    worker.stepping = True
-    start = worker.boundaries
-    worker.hold_at(start + 2)
+    worker, start = stepping(live, 2)
     with ThreadPoolExecutor(1) as pool:
         late = pool.submit(post, live, {"prompt": "late", "n": 2, "steps": 20,
                                         "timeout_s": 1.0}, "late")
@@ -123,12 +127,9 @@ def test_a_client_waiting_gets_the_generator_at_the_next_step_and_images_stay_th
     (``slice_ms=0``: at the next step), ``/v1/status`` shows the paused batch, and both
     answers are the images the same requests get alone."""
     live = make_service(max_batch_images=4, max_wait_ms=0, slice_ms=0)
-    worker = live.worker
     big = {"prompt": "big", "n": 3, "steps": 12, "seed": 5}
     small = {"prompt": "small", "n": 1, "steps": 4, "height": 32, "width": 32, "seed": 9}
-    worker.stepping = True
-    start = worker.boundaries
-    worker.hold_at(start + 3)  # two steps of the big batch, then held
+    worker, start = stepping(live, 3)  # two steps of the big batch, then held
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(post, live, big, "trainer")
         worker.wait_boundary(start + 3)

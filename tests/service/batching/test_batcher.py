@@ -115,6 +115,13 @@ def items(prompt: str, n: int, first_seed: int = 0, key: GroupKey = KEY) -> list
     ]
 
 
+async def assert_serves_a_request(batcher: Batcher) -> None:
+    """A person's one-image request is answered with its image, whatever else ran."""
+    job = batcher.submit(KEY, items("request", 1, 5), client="a", priority="interactive",
+                         timeout_s=10)
+    assert_painted(await job.result(), [5])
+
+
 def drive(
     test: Callable[[Batcher, StandInWorker], Awaitable[None]],
     *,
@@ -539,10 +546,7 @@ def test_idle_source_runs_when_no_request_waits() -> None:
                 break
             await asyncio.sleep(0.02)
         assert sample(batcher, "genaug_images_generated_total", source="pool") == 3
-        # Requests are still served afterwards.
-        job = batcher.submit(KEY, items("request", 1, 5), client="a", priority="interactive",
-                             timeout_s=10)
-        assert_painted(await job.result(), [5])
+        await assert_serves_a_request(batcher)  # afterwards too
 
     drive(test, idle_source=source, max_batch_images=4)
 
@@ -554,9 +558,7 @@ def test_idle_source_with_nothing_to_do_is_not_polled_in_a_loop() -> None:
         await asyncio.sleep(0.3)
         assert 1 <= source.asks <= 3, f"asked the idle source {source.asks} times in 0.3 s"
         assert worker.calls == []
-        job = batcher.submit(KEY, items("request", 1, 5), client="a", priority="interactive",
-                             timeout_s=10)
-        assert_painted(await job.result(), [5])
+        await assert_serves_a_request(batcher)
 
     drive(test, idle_source=source, max_batch_images=4)
 

@@ -37,29 +37,13 @@ def _recipe(root: Path, text: str, judge: str) -> Path:
     return path
 
 
-def _detail(live: Any) -> dict[str, Any]:
-    r = httpx.get(f"{live.url}/v1/recipes/shapes", timeout=30)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def _wait(live: Any, done: Any, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        detail = _detail(live)
-        if done(detail):
-            return detail
-        assert time.monotonic() < deadline, detail
-        time.sleep(0.1)
-
-
 def test_scores_are_stored_and_only_accepted_images_are_sampled_and_counted(
         make_service: Any, tmp_path: Path, shapes_recipe: str) -> None:
     _shots(tmp_path)
     recipes = _recipe(tmp_path, shapes_recipe, "{shots: shots, min_score: 0.4}")
     live = make_service(recipes=recipes, pool_path=tmp_path / "pool.db",
                         pool_capacity_per_label=4, max_batch_images=4, data_root=tmp_path)
-    detail = _wait(live, lambda d: all(v >= 4 for v in d["fill"].values()))
+    detail = live.wait_recipe(lambda d: all(v >= 4 for v in d["fill"].values()), timeout=120)
     assert detail["judge"] == {"rule": "shots", "encoder": "tiny-digits-encoder",
                                "shots": "shots", "min_score": 0.4}
     assert detail["stopped"] == {}
@@ -115,14 +99,14 @@ def test_a_label_the_judge_rejects_is_stopped_and_says_why(
         live = make_service(recipes=recipes, pool_path=tmp_path / "pool.db",
                             pool_capacity_per_label=100, max_batch_images=8,
                             data_root=tmp_path)
-        detail = _wait(live, lambda d: len(d["stopped"]) == 2)
+        detail = live.wait_recipe(lambda d: len(d["stopped"]) == 2, timeout=120)
         time.sleep(0.3)  # a batch in flight when the second label stopped is stored
         calls = len(live.worker.calls)
         time.sleep(0.5)
         assert len(live.worker.calls) == calls, "the planner kept spending on stopped labels"
     for label in ("circle", "square"):
         reason = detail["stopped"][label]
-        counts = _detail(live)["per_label"][label]
+        counts = live.recipe()["per_label"][label]
         assert counts["accepted_total"] == 0 and 16 <= counts["judged_total"] < 32, counts
         # the count when it stopped (a batch already in flight is stored after it)
         judged = int(reason.removeprefix("stopped: the judge accepted 0 of the ").split()[0])
@@ -156,7 +140,7 @@ def test_a_clip_judge_from_a_model_folder_scores_the_pool(
                       "min_score: 0.0}")
     live = make_service(recipes=recipes, pool_path=tmp_path / "pool.db",
                         pool_capacity_per_label=2, max_batch_images=4, data_root=tmp_path)
-    detail = _wait(live, lambda d: all(v >= 2 for v in d["fill"].values()))
+    detail = live.wait_recipe(lambda d: all(v >= 2 for v in d["fill"].values()), timeout=120)
     assert detail["judge"]["rule"] == "prompts" and detail["judge"]["encoder"] == str(
         tiny_clip_dir)
     store, planner = live.state.store, live.state.pools.planner

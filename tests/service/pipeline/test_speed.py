@@ -353,30 +353,17 @@ def check_compiled_service(compile_mode: str, extra: dict[str, Any], baseline: n
     assert_close(one, baseline[:1])
 
 
-@pytest.mark.slow  # torch.compile: 15-20 s of compiling, like the variants below
-@pytest.mark.timeout(900)
-def test_regional_compile_warms_up_reports_and_counts_recompiles(
-    baseline: np.ndarray, fresh_dynamo: None
+@pytest.mark.slow  # torch.compile: 15-20 s of compiling for the regional one, more for the UNet
+@pytest.mark.parametrize(("mode", "options"), [
+    pytest.param("regional", {}, id="regional", marks=pytest.mark.timeout(900)),
+    pytest.param("unet", {}, id="whole-unet", marks=pytest.mark.timeout(1800)),
+    pytest.param("regional", {"channels_last": True, "fuse_qkv": True, "vae_slicing": True},
+                 id="best-combination", marks=pytest.mark.timeout(1800)),
+])
+def test_compiled_service_warms_up_reports_counts_recompiles_and_keeps_the_image(
+    mode: str, options: dict[str, Any], baseline: np.ndarray, fresh_dynamo: None
 ) -> None:
-    check_compiled_service("regional", {}, baseline)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_whole_unet_compile_warms_up_reports_and_counts_recompiles(
-    baseline: np.ndarray, fresh_dynamo: None
-) -> None:
-    check_compiled_service("unet", {}, baseline)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_best_combination_compiles_and_keeps_the_image(
-    baseline: np.ndarray, fresh_dynamo: None
-) -> None:
-    check_compiled_service(
-        "regional", {"channels_last": True, "fuse_qkv": True, "vae_slicing": True}, baseline
-    )
+    check_compiled_service(mode, options, baseline)
 
 
 @pytest.mark.slow

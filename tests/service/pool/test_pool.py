@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,43 +42,6 @@ def _images(n: int, value: int = 0, channels: int = 3) -> np.ndarray:
     if channels > 1:
         out[..., 1] = 7
     return out
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def target(backend: str, tmp_path: Path) -> str:
-    """Where a fresh pool lives: a new SQLite file, or a new database on a real server."""
-    if backend == "postgresql":
-        return shared_cluster().new_database()
-    return str(tmp_path / "pool.db")
-
-
-@pytest.fixture
-def open_store(target: str) -> Iterator[Opener]:
-    """Open stores on the test's pool (several may be open at once); all closed at the end."""
-    opened: list[PoolStore] = []
-
-    def open_(**kwargs: object) -> PoolStore:
-        kwargs.setdefault("capacity_per_label", 100)
-        # These tests are about what the store does, not about outages: a starved machine
-        # (a CPU hog beside the suite) must not turn a slow connect into one.
-        kwargs.setdefault("connect_timeout_s", 30.0)
-        store = open_pool(target, **kwargs)  # type: ignore[arg-type]
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
-
-
-@pytest.fixture
-def store(open_store: Opener) -> PoolStore:
-    return open_store()
 
 
 def test_add_and_sample_shapes_dtypes_counts(store: PoolStore) -> None:
@@ -399,9 +362,13 @@ def test_a_version_1_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
         assert res is not None and res.indices == [3, 4]
         assert store.integrity_check() == "ok"
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
     assert conn.execute("SELECT DISTINCT channels, scheduler FROM images").fetchall() == [
         (3, "default")]
+    # schema 4's provenance: not recorded for images stored before, never guessed
+    assert conn.execute("SELECT DISTINCT steps, guidance, strength, adapter_hash, judge_key,"
+                        " judge_settings FROM images").fetchall() == [(None,) * 6]
+    assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone() == (0,)
     conn.close()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,34 +26,6 @@ def _images(n: int, value: int = 0) -> np.ndarray:
     out = np.zeros((n, H, W, 1), np.uint8)
     out[..., 0] = ((value + np.arange(n)) % 256)[:, None, None]
     return out
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        return shared_cluster().new_database()
-    return str(tmp_path / "pool.db")
-
-
-@pytest.fixture
-def open_store(target: str) -> Iterator[Opener]:
-    opened: list[PoolStore] = []
-
-    def open_(**kwargs: object) -> PoolStore:
-        kwargs.setdefault("capacity_per_label", 100)
-        kwargs.setdefault("connect_timeout_s", 30.0)
-        store = open_pool(target, **kwargs)
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
-
-
-@pytest.fixture
-def store(open_store: Opener) -> PoolStore:
-    return open_store()
 
 
 def _sampled_seeds(store: PoolStore, label: str, rounds: int = 5) -> set[int]:
@@ -235,7 +207,7 @@ def test_a_version_2_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
         assert store.stats(PID)["0"].judged_total == 1
         assert store.integrity_check() == "ok"
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
     assert conn.execute("SELECT COUNT(*) FROM images").fetchone() == (6,)
     conn.close()
 
@@ -249,6 +221,11 @@ def test_a_version_2_postgres_database_is_upgraded_in_place() -> None:
                 store._exec(conn, f"ALTER TABLE images DROP COLUMN {column}")
             for column in ("judged_total", "accepted_total"):
                 store._exec(conn, f"ALTER TABLE counters DROP COLUMN {column}")
+            for column in ("steps", "guidance", "strength", "adapter_hash", "judge_key",
+                           "judge_settings"):  # and what version 4 added
+                store._exec(conn, f"ALTER TABLE images DROP COLUMN {column}")
+            store._exec(conn, "DROP TABLE jobs")
+            store._exec(conn, "DROP TABLE stops")
             store._exec(conn, "UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     with open_pool(url, capacity_per_label=100) as store:
         assert store.stats(PID)["0"].accepted == 3
@@ -257,4 +234,5 @@ def test_a_version_2_postgres_database_is_upgraded_in_place() -> None:
         with store._tx(write=False) as conn:
             row = store._exec(
                 conn, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        assert row[0] == "3"
+        assert row[0] == "4"
+        assert store.create_job(PID, "digits", "per_label", {"0": 3}).state == "queued"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _postgres import PgCluster, shared_cluster
+from _postgres import PgCluster
 from PIL import Image
 
 from genaug.service.batching.items import IdleWork, Outcome
@@ -53,16 +53,10 @@ def _in_store_thread(fn: Callable[[], None]) -> None:
     thread.join(30)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def pool_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        return shared_cluster().new_database()
-    return str(tmp_path / "pool.db")
-
-
 @pytest.fixture
-def store(pool_target: str) -> Iterator[PoolStore]:
-    s = open_pool(pool_target, capacity_per_label=4)
+def store(target: str) -> Iterator[PoolStore]:
+    """A store on both backends (conftest.py's ``target``), four images per label."""
+    s = open_pool(target, capacity_per_label=4)
     yield s
     s.close()
 

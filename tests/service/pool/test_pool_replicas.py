@@ -133,12 +133,23 @@ def test_two_replicas_fill_exactly_to_target_and_sample_each_others_images(
 
 @pytest.mark.slow  # replica processes on PostgreSQL: see the module docstring
 def test_a_killed_replicas_work_is_finished_by_the_other(shapes_recipes_file: Path) -> None:
+    """Also the fill jobs' goal: a job started on one replica is followed on the other, and
+    a replica stopped mid-job loses no image and repeats no seed."""
     url = shared_cluster().new_database()
     args = ["--pool-url", url, "--pool-capacity-per-label", "100", "--pregenerate", "false"]
     with replicas(shapes_recipes_file, ["a", "b"], *args) as (a, b):
+        jobs = []
         for live in (a, b):
             r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 24})
             assert r.status_code == 200, r.text
+            jobs.append(r.json()["job"]["id"])
+
+        def job_on_a(job_id: str) -> dict[str, Any]:
+            got = httpx.get(f"{a.url}/v1/jobs/{job_id}", timeout=30)
+            assert got.status_code == 200, got.text
+            return dict(got.json())
+
+        assert job_on_a(jobs[1])["recipe"] == "shapes"  # b's job, read on a
         wait_until(lambda: sum(detail(a)["fill"].values()) >= 12, what="some images")
         wait_until(lambda: pool_generated(b) > 0, what="b to generate")
         b.proc.send_signal(signal.SIGKILL)  # mid-fill: it holds a reservation
@@ -160,6 +171,9 @@ def test_a_killed_replicas_work_is_finished_by_the_other(shapes_recipes_file: Pa
         # happened to be between batches when it died
         gaps = sum(max(v) + 1 - len(v) for v in indices.values())
         assert gaps == 0 or "expired" in log, (gaps, log[-2000:])
+        for job_id in jobs:  # b's job too, ended by a (b is gone)
+            wait_until(lambda j=job_id: job_on_a(j)["state"] == "done", what=f"job {job_id}")
+            assert job_on_a(job_id)["missing"] == 0
 
 
 @pytest.mark.slow  # replica processes on PostgreSQL: see the module docstring

@@ -28,20 +28,9 @@ def write_recipe(tmp_path: Path, text: str, name: str = "recipes.yaml") -> Path:
     return path
 
 
-def recipe_detail(live: Any, name: str = "shapes") -> dict[str, Any]:
-    r = httpx.get(f"{live.url}/v1/recipes/{name}")
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
 def wait_fill(live: Any, per_label: int, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        detail = recipe_detail(live)
-        if all(v >= per_label for v in detail["fill"].values()):
-            return detail
-        assert time.monotonic() < deadline, detail["fill"]
-        time.sleep(0.1)
+    return dict(live.wait_recipe(lambda d: all(v >= per_label for v in d["fill"].values()),
+                                 timeout=timeout))
 
 
 def sample(live: Any, body: dict[str, Any], name: str = "shapes") -> httpx.Response:
@@ -121,7 +110,7 @@ def test_sample_shapes_labels_counts_and_served(
     assert len(many) == 6  # all there is, never repeated within one sample
     empty = decode_batch(sample(live, {"n": 0}).content)
     assert empty.images.shape == (0, 32, 32, 3)
-    assert recipe_detail(live)["totals"]["served"] == 9 + 4 + 6
+    assert live.recipe()["totals"]["served"] == 9 + 4 + 6
     # a pool image is exactly what the generator makes for its seed and prompt
     seed = int(one.seeds[0])
     direct = httpx.post(live.url + "/v1/generate", json={
@@ -150,14 +139,14 @@ def test_wait_s_generates_on_demand_and_never_waits_longer(
 ) -> None:
     live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pregenerate=False)
-    assert sum(recipe_detail(live)["fill"].values()) == 0
+    assert sum(live.recipe()["fill"].values()) == 0
     r = sample(live, {"labels": "circle", "n": 0, "wait_s": 0})
     assert decode_batch(r.content).images.shape[0] == 0
     t0 = time.monotonic()
     r = sample(live, {"labels": "circle", "n": 3, "wait_s": 30})
     assert len(decode_batch(r.content)) == 3
     assert time.monotonic() - t0 < 30
-    assert recipe_detail(live)["fill"]["square"] == 0  # only what was asked for
+    assert live.recipe()["fill"]["square"] == 0  # only what was asked for
     live.worker.gate.clear()  # nothing can be generated now: the wait must end on time
     t0 = time.monotonic()
     r = sample(live, {"labels": "square", "n": 2, "wait_s": 0.5})
@@ -176,7 +165,7 @@ def test_restart_keeps_images_and_a_changed_prompt_starts_a_new_pool(
     seeds_before = set(decode_batch(sample(first, {"n": 12}).content).seeds.tolist())
     first.stop()
     again = make_service(recipes=recipes, pool_path=db, pool_capacity_per_label=4)
-    after = recipe_detail(again)
+    after = again.recipe()
     assert after["pool_id"] == before["pool_id"] and after["fill"] == before["fill"]
     seeds_after = set(decode_batch(sample(again, {"n": 12}).content).seeds.tolist())
     assert seeds_after == seeds_before
@@ -184,7 +173,7 @@ def test_restart_keeps_images_and_a_changed_prompt_starts_a_new_pool(
     changed = write_recipe(tmp_path, shapes_recipe.replace("a square", "a blue square"), "v2.yaml")
     third = make_service(recipes=changed, pool_path=db, pool_capacity_per_label=4,
                          pregenerate=False)
-    detail = recipe_detail(third)
+    detail = third.recipe()
     assert detail["pool_id"] != before["pool_id"]
     assert sum(detail["fill"].values()) == 0
     assert not set(decode_batch(sample(third, {"n": 12}).content).seeds.tolist())
@@ -238,17 +227,17 @@ def test_pregenerate_and_export_cli(
         capture_output=True, text=True, timeout=120, env=env,
     )
     assert run.returncode == 0, run.stderr
-    assert all(v >= 5 for v in recipe_detail(live)["fill"].values())
+    assert all(v >= 5 for v in live.recipe()["fill"].values())
     # --images: 6 more, split over the three labels (no need reported: evenly), watched
     # until each label holds its new target
-    before = recipe_detail(live)["fill"]
+    before = live.recipe()["fill"]
     run = subprocess.run(
         [sys.executable, "-m", "genaug.cli", "pregenerate", "--url", live.url, "--recipe",
          "shapes", "--images", "6"],
         capture_output=True, text=True, timeout=120, env=env,
     )
     assert run.returncode == 0, run.stderr
-    after = recipe_detail(live)
+    after = live.recipe()
     assert sum(after["fill"].values()) >= sum(before.values()) + 6
     assert all(after["fill"][label] >= after["target_per_label"][label] for label in before)
     # --images splits by need, which only a service holds: refused in process, with the fix
@@ -267,7 +256,7 @@ def test_pregenerate_and_export_cli(
 
     files = sorted(out.glob("*/*.png"))
     assert {f.parent.name for f in files} == {"circle", "square", "triangle"}
-    assert len(files) == sum(recipe_detail(live)["fill"].values())
+    assert len(files) == sum(live.recipe()["fill"].values())
     assert Image.open(files[0]).size == (32, 32)
 
 

@@ -91,7 +91,7 @@ def _run_within(cmd: list[str], env: dict[str, str], limit_s: float) -> tuple[in
 def test_pregenerate_fills_the_rest_and_exits_3_naming_the_stopped_label(
         make_service: Any, tmp_path: Path, shapes_recipe: str, judge_root: Path) -> None:
     from genaug.doctor import check_pool
-    from genaug.service.commands.pool import STOPPED_EXIT
+    from genaug.service.commands.pregenerate import STOPPED_EXIT
 
     live = _serve(make_service, tmp_path, shapes_recipe, judge_root)
     env = {**os.environ, "GENAUG_POOL_PATH": str(tmp_path / "pool.db")}
@@ -110,6 +110,18 @@ def test_pregenerate_fills_the_rest_and_exits_3_naming_the_stopped_label(
     assert f"  square ({detail['fill']['square']} of {PER_LABEL}): {reason}" in err, err[-3000:]
     assert SQUARE_FIX in reason and "circle filled" in err, err[-3000:]
     assert "exit status 3" in err and took < 60
+    # it followed its job, which the stop ended: the job says so, and `genaug jobs wait` ends
+    # with the same status and the same lines
+    with Client(live.url) as client:
+        (job,) = client.jobs("shapes")
+    assert job["state"] == "stopped" and job["labels"]["square"]["stopped"], job
+    assert f"label 'square' {reason}" in job["reason"], job["reason"]
+    code, waited, _ = _run_within(
+        [sys.executable, "-m", "genaug.cli", "jobs", "wait", job["id"], "--url", live.url],
+        env, limit_s=60)
+    assert code == 3, waited[-3000:]
+    assert f"  square ({detail['fill']['square']} of {PER_LABEL}): {reason}" in waited, waited
+    assert f"genaug jobs: job {job['id']} (recipe 'shapes') stopped: circle filled" in waited
     # the doctor's advice agrees: the judge's fix, never a pregenerate that cannot finish
     check = check_pool(detail, slots=PER_LABEL, epoch_s=None, pregenerate=False, url=live.url)
     assert check.status == "warn" and "the judge stopped 1 label(s)" in check.message
@@ -185,7 +197,7 @@ def test_an_images_budget_refused_because_every_label_with_room_is_stopped_exits
 
     import genaug.client
     from genaug.client import StatusError
-    from genaug.service.commands import pool
+    from genaug.service.commands import pregenerate
 
     reason = f"stopped: the judge accepted 2 of the 50 images of label 'square' ... {SQUARE_FIX}"
 
@@ -210,6 +222,6 @@ def test_an_images_budget_refused_because_every_label_with_room_is_stopped_exits
     monkeypatch.setattr(genaug.client, "Client", Refusing)
     args = argparse.Namespace(url="http://127.0.0.1:9", recipe="shapes", per_label=None,
                               images=8)
-    assert pool._pregenerate_remote(args) == pool.STOPPED_EXIT
+    assert pregenerate._pregenerate_remote(args) == pregenerate.STOPPED_EXIT
     err = capsys.readouterr().err
     assert f"  square (3 held): {reason}" in err and "exit status 3" in err

@@ -1,0 +1,1 @@
+"""Jobs: what a fill hands off, and how its end is told (:mod:`.webhooks`)."""

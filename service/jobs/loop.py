@@ -1,0 +1,122 @@
+"""The service's job loop: move live jobs on and deliver the webhooks of those that ended.
+
+Every :data:`JOB_POLL_S` seconds, and soon after images are stored, the loop asks the
+planner's :class:`~genaug.service.pool.job_runner.JobRunner` to move every live job of this
+replica's pools (a job ends ``done`` or ``stopped`` on exactly one replica: the store's
+conditional update), then claims the pool's pending webhooks with a lease
+(:meth:`~genaug.service.pool.jobs.JobQueries.claim_webhook`) and hands each to the
+:class:`~genaug.service.jobs.webhooks.WebhookSender`. A delivery's end is recorded in the pool
+(delivered or failed); a replica that stops mid-delivery leaves its claim to expire, and another
+replica (or this one after a restart) delivers it. So each ended job's webhook is sent by one
+replica at a time, and a restart loses none.
+
+The pool database work runs in a thread (``asyncio.to_thread``); webhooks are tasks on the
+event loop with their own time bounds: a receiver that hangs or fails never holds the batcher,
+which generates on its own threads.
+
+Example::
+
+    loop = JobLoop(planner, sender)   # sender None: webhooks off (GENAUG_WEBHOOK_HOSTS empty)
+    loop.start()                      # on the event loop
+    ...
+    await loop.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..pool.types import Job, PoolError
+from .view import job_view
+from .webhooks import MAX_ELAPSED_S, TIMEOUT_S, WebhookSender
+
+if TYPE_CHECKING:
+    from ..pool.planner import PoolPlanner
+
+__all__ = ["JOB_POLL_S", "JobLoop"]
+
+log = logging.getLogger(__name__)
+
+#: How often live jobs are looked at when no image is stored meanwhile.
+JOB_POLL_S = 1.0
+#: A claimed webhook is this replica's for this long: a whole delivery (retries included)
+#: and its attempts' bounds fit in it, so two replicas never deliver one job at once.
+CLAIM_LEASE_S = MAX_ELAPSED_S + 4 * TIMEOUT_S
+
+
+class JobLoop:
+    """Follows ``planner``'s jobs and delivers their webhooks through ``sender`` (None:
+    webhooks off; jobs still end)."""
+
+    def __init__(self, planner: PoolPlanner, sender: WebhookSender | None,
+                 *, poll_s: float = JOB_POLL_S) -> None:
+        self.planner = planner
+        self.sender = sender
+        self.poll_s = poll_s
+        self._task: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
+
+    def start(self) -> None:
+        """Start the loop on the running event loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="genaug-jobs")
+
+    def poke(self) -> None:
+        """Look at the jobs now (images were stored). Event loop thread only."""
+        self._poke.set()
+
+    async def stop(self) -> None:
+        """Stop the loop, then cancel the deliveries in flight (their claims expire, and the
+        next replica to look delivers them)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self.sender is not None:
+            await self.sender.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.once()
+            except PoolError as exc:  # an outage: jobs wait with the pool
+                log.debug("jobs: the pool database is unavailable (%s)", exc)
+            except Exception:  # a bug here must not end the loop for good
+                log.exception("jobs: the job loop failed; trying again")
+            try:
+                await asyncio.wait_for(self._poke.wait(), timeout=self.poll_s)
+            except TimeoutError:
+                pass
+            self._poke.clear()
+
+    async def once(self) -> list[Job]:
+        """One round: move live jobs on, hand pending webhooks to the sender; the jobs this
+        round ended."""
+        ended = await asyncio.to_thread(self.planner.jobs.advance)
+        if self.sender is not None:
+            store = self.planner.store
+            claimed = await asyncio.to_thread(store.claim_webhook, store.owner, CLAIM_LEASE_S)
+            for job in claimed:
+                self._deliver(job)
+        return ended
+
+    def _deliver(self, job: Job) -> None:
+        assert self.sender is not None and job.notify_url is not None
+        runner = self.planner.jobs
+        store = self.planner.store
+        progress = runner.progress_of(job)
+        loop = asyncio.get_running_loop()
+
+        def done(delivered: bool) -> None:
+            # On the event loop: record it in a thread, the loop keeps serving.
+            loop.create_task(asyncio.to_thread(
+                store.finish_webhook, job.id, delivered, owner=store.owner))
+
+        # The job's id is the delivery's: the same on a retry, after a restart, from any
+        # replica, so a receiver drops what it already handled.
+        self.sender.submit(job.notify_url, job_view(job, progress), on_result=done,
+                           delivery=job.id)

@@ -1,0 +1,140 @@
+"""How far a job is, and its next state: pure, given the counts read now and ``now``.
+
+Nothing here reads the pool or the clock: the caller passes the job
+(:class:`~genaug.service.pool.types.Job`), the recipe's current
+:class:`~genaug.service.pool.types.LabelStats` per label (one snapshot of
+:meth:`~genaug.service.pool.store.PoolStore.stats`), the labels the judge stopped and ``now``
+(seconds since the epoch, the clock of the job's ``created``).
+
+Per label the job asked for: ``made`` since the job began, from the lifetime counters (never
+lowered by eviction): ``generated`` delta, of which ``rejected`` (the judge's:
+``judged_total - accepted_total`` delta) and ``accepted`` (the rest). ``met``:
+
+- ``per_label``: the label holds what was asked (``fill >= asked``).
+- ``images``: the label gained what was asked: ``accepted made >= asked`` beyond the images
+  that were in flight when the job began (``start["reserved"]``: planned for earlier asks, they
+  land after the start but are not the job's). Measured by what was made, not by the fill's
+  growth, because at the capacity eviction keeps the fill flat
+  while new images arrive: a job asking 10 more of a full label is met by 10 new accepted
+  images (they replace the most-served ones), never by a fill that cannot grow. An image a
+  person rejects later still counts as made (the judge kept it).
+
+State: ``done`` when every label is met; else ``stopped`` when a label not met is stopped
+(nothing more of it will be made); else ``running`` once anything was made for it, else
+``queued``. An ended job keeps its state. ``rate``: accepted images per second since the job
+was created; ``eta_s``: what is missing over that rate (None before the first image, 0 when
+done).
+
+Example::
+
+    progress = job_progress(job, store.stats(pid, list(job.asked)), stopped={}, now=time.time())
+    progress.state, progress.per_label["circle"].accepted, progress.eta_s
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .types import Job, LabelStats
+
+__all__ = ["JobProgress", "LabelProgress", "job_progress"]
+
+
+@dataclass(frozen=True)
+class LabelProgress:
+    """One label of a job: ``asked``, images ``made`` since the start (``accepted`` +
+    ``rejected``), ``fill`` now, ``missing`` (what keeps it from ``met``), ``stopped``."""
+
+    asked: int
+    made: int
+    accepted: int
+    rejected: int
+    fill: int
+    missing: int
+    met: bool
+    stopped: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"asked": self.asked, "made": self.made, "accepted": self.accepted,
+                "rejected": self.rejected, "fill": self.fill, "missing": self.missing,
+                "met": self.met, "stopped": self.stopped}
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A job's progress at ``now``: ``state`` (the next one: compare with ``job.state``),
+    ``reason`` (why stopped, naming the labels, with the judge's reason and fix), per label
+    counts, ``rate`` (accepted images per second since created) and ``eta_s``."""
+
+    state: str
+    reason: str | None
+    per_label: dict[str, LabelProgress] = field(default_factory=dict)
+    rate: float = 0.0
+    eta_s: float | None = None
+
+    @property
+    def made(self) -> int:
+        return sum(p.made for p in self.per_label.values())
+
+    @property
+    def accepted(self) -> int:
+        return sum(p.accepted for p in self.per_label.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """What :meth:`~genaug.service.pool.jobs.JobQueries.set_state` stores as the job's
+        ``result`` when it ends (:meth:`from_dict` reads it back)."""
+        return {"state": self.state, "reason": self.reason,
+                "per_label": {label: p.as_dict() for label, p in self.per_label.items()},
+                "rate": self.rate, "eta_s": self.eta_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobProgress:
+        return cls(str(data["state"]), data.get("reason"),
+                   {str(label): LabelProgress(**p) for label, p in data["per_label"].items()},
+                   float(data.get("rate", 0.0)), data.get("eta_s"))
+
+
+def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str, str],
+                 now: float) -> JobProgress:
+    """``job``'s progress from ``stats`` (labels it asked that ``stats`` lacks count as
+    empty) and ``stopped`` (label -> the judge's reason) at ``now``: see the module doc. An
+    ended job with a stored ``result`` answers that: what it had when it ended."""
+    if not job.live and job.result is not None:
+        ended = JobProgress.from_dict(job.result)
+        return JobProgress(job.state, job.reason, ended.per_label, ended.rate, ended.eta_s)
+    per_label: dict[str, LabelProgress] = {}
+    for label, asked in job.asked.items():
+        s = stats.get(label, LabelStats())
+        start = job.start.get(label, {})
+        # Clamped: a dropped pool resets its counters below the start.
+        made = max(0, s.generated - start.get("generated", 0))
+        rejected = max(0, (s.judged_total - s.accepted_total)
+                       - (start.get("judged_total", 0) - start.get("accepted_total", 0)))
+        accepted = max(0, made - rejected)
+        # images: what was in flight when the job began lands after it, but was planned for
+        # the asks before it; only images beyond those are the job's.
+        have = s.fill if job.kind == "per_label" else max(0, accepted - start.get("reserved", 0))
+        missing = max(0, asked - have)
+        per_label[label] = LabelProgress(asked, made, accepted, min(rejected, made), s.fill,
+                                         missing, missing == 0, label in stopped)
+    accepted_all = sum(p.accepted for p in per_label.values())
+    elapsed = now - job.created
+    rate = accepted_all / elapsed if elapsed > 0 and accepted_all > 0 else 0.0
+    missing_all = sum(p.missing for p in per_label.values())
+    eta = 0.0 if missing_all == 0 else (missing_all / rate if rate > 0 else None)
+    blocked = sorted(label for label, p in per_label.items() if not p.met and p.stopped)
+    reason = None
+    if not job.live:
+        state, reason = job.state, job.reason
+    elif missing_all == 0:
+        state = "done"
+    elif blocked:
+        state = "stopped"
+        reason = "; ".join(f"label {label!r} {stopped[label]}" for label in blocked)
+    elif job.state == "running" or any(p.made > 0 for p in per_label.values()):
+        state = "running"
+    else:
+        state = "queued"
+    return JobProgress(state, reason, per_label, rate, eta)

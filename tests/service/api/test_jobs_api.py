@@ -1,0 +1,180 @@
+"""Fill jobs through the real service: a fill answers a job, its status shows progress until
+done, exactly one signed webhook reaches a receiver on 127.0.0.1, and after a restart on the
+same pool the job still answers done. The bad inputs of the issue: an unknown id (404), a
+notify_url outside the allowed hosts or not http(s) (422 naming the field and the setting), a
+cancel of an ended job (409 saying its state)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+SECRET = "s3cret-for-the-tests-0123456789"
+
+
+class _Receiver:
+    """A webhook receiver on 127.0.0.1: every POST's body and headers, in order."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[bytes, dict[str, str]]] = []
+        self.arrived = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.got.append((body, {k.lower(): v for k, v in self.headers.items()}))
+                outer.arrived.set()
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/genaug"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[_Receiver]:
+    r = _Receiver()
+    yield r
+    r.close()
+
+
+def _wait(get: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], bool],
+          timeout: float = 120.0) -> list[dict[str, Any]]:
+    """Poll ``get`` until ``done``; every answer seen, in order."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while True:
+        seen.append(get())
+        if done(seen[-1]):
+            return seen
+        assert time.monotonic() < deadline, f"not done in {timeout} s: {seen[-1]}"
+        time.sleep(0.05)
+
+
+def test_a_fill_with_notify_url_is_a_job_followed_to_done_told_once_and_kept_over_a_restart(
+        make_service: Callable[..., Any], shapes_recipes_file: Path, tmp_path: Path,
+        receiver: _Receiver) -> None:
+    settings = dict(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                    pregenerate=False, max_batch_images=4,
+                    webhook_hosts="127.0.0.1", webhook_secret=SECRET)
+    live = make_service(**settings)
+    r = httpx.post(f"{live.url}/v1/recipes/shapes/fill",
+                   json={"per_label": 6, "notify_url": receiver.url}, timeout=30)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    job_id = answer["job"]["id"]
+    assert answer["job"]["url"] == f"/v1/jobs/{job_id}"
+    assert answer["target_per_label"] == {"circle": 6, "square": 6, "triangle": 6}
+
+    def get() -> dict[str, Any]:
+        got = httpx.get(f"{live.url}/v1/jobs/{job_id}", timeout=30)
+        assert got.status_code == 200, got.text
+        return dict(got.json())
+
+    seen = _wait(get, lambda job: job["state"] == "done")
+    final = seen[-1]
+    assert final["recipe"] == "shapes" and final["kind"] == "per_label"
+    assert final["asked"] == 18 and final["missing"] == 0 and final["accepted"] >= 18
+    assert all(label["met"] and label["fill"] >= 6 for label in final["labels"].values())
+    assert final["ended"] is not None and final["eta_s"] == 0
+    # Progress was visible on the way (the fill takes several batches of 4).
+    assert any(0 < job["accepted"] < 18 for job in seen[:-1]), [j["accepted"] for j in seen]
+
+    assert receiver.arrived.wait(30), "no webhook arrived"
+    time.sleep(2.5)  # two more rounds of the job loop: nothing is sent twice
+    assert len(receiver.got) == 1, receiver.got
+    body, headers = receiver.got[0]
+    expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(headers["x-genaug-signature"], expected)
+    told = json.loads(body)
+    assert told["id"] == job_id and told["state"] == "done"
+    assert headers["x-genaug-delivery"] == job_id  # the same after a restart, on any replica
+    assert told["labels"] == final["labels"]  # the body is the job as GET shows it
+    delivered = _wait(get, lambda job: (job["webhook"] or {}).get("state") == "delivered")
+    assert delivered[-1]["webhook"]["attempts"] == 1
+
+    # A live job is listed with its recipe; an ended one is not, but GET /v1/jobs has it.
+    assert httpx.get(f"{live.url}/v1/recipes/shapes", timeout=30).json()["jobs"] == []
+    listed = httpx.get(f"{live.url}/v1/jobs", params={"recipe": "shapes"}, timeout=30).json()
+    assert [job["id"] for job in listed["jobs"]] == [job_id]
+
+    live.stop()
+    again = make_service(**settings)  # the same pool file: the job is remembered
+    after = httpx.get(f"{again.url}/v1/jobs/{job_id}", timeout=30)
+    assert after.status_code == 200 and after.json()["state"] == "done"
+    assert after.json()["labels"] == final["labels"]  # as it ended, not what came since
+    time.sleep(1.5)
+    assert len(receiver.got) == 1  # delivered before the restart: not sent again
+
+    # Ended: cancelling it is a 409 that says its state.
+    gone = httpx.delete(f"{again.url}/v1/jobs/{job_id}", timeout=30)
+    assert gone.status_code == 409 and "done" in gone.text, gone.text
+
+
+def test_cancel_releases_the_job_and_bad_input_is_refused_with_the_field(
+        make_service: Callable[..., Any], shapes_recipes_file: Path, tmp_path: Path) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                        pregenerate=False, max_batch_images=2,
+                        webhook_hosts="hooks.example.com", webhook_secret=SECRET)
+    assert live.worker is not None
+    live.worker.gate.clear()  # nothing finishes: the job stays live while it is cancelled
+    try:
+        r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 40},
+                       timeout=30)
+        job_id = r.json()["job"]["id"]
+        detail = httpx.get(f"{live.url}/v1/recipes/shapes", timeout=30).json()
+        assert [job["id"] for job in detail["jobs"]] == [job_id]
+        assert detail["jobs"][0]["state"] in ("queued", "running")
+        cancelled = httpx.delete(f"{live.url}/v1/jobs/{job_id}", timeout=30)
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        # Released: the targets fall back to what is held and in flight (below 40).
+        targets = httpx.get(f"{live.url}/v1/recipes/shapes", timeout=30).json()
+        assert all(t < 40 for t in targets["target_per_label"].values()), targets
+        again = httpx.delete(f"{live.url}/v1/jobs/{job_id}", timeout=30)
+        assert again.status_code == 409 and "cancelled" in again.text
+    finally:
+        live.worker.gate.set()
+
+    unknown = httpx.get(f"{live.url}/v1/jobs/j_0000000000000000", timeout=30)
+    assert unknown.status_code == 404 and "j_0000000000000000" in unknown.text
+    for url, words in (
+        ("http://127.0.0.1:9/hook", ["notify_url", "GENAUG_WEBHOOK_HOSTS"]),
+        ("ftp://hooks.example.com/x", ["notify_url", "http"]),
+    ):
+        bad = httpx.post(f"{live.url}/v1/recipes/shapes/fill",
+                         json={"per_label": 1, "notify_url": url}, timeout=30)
+        assert bad.status_code == 422, bad.text
+        assert all(word in bad.text for word in words), bad.text
+    state = httpx.get(f"{live.url}/v1/jobs", params={"state": "finished"}, timeout=30)
+    assert state.status_code == 422 and "state" in state.text
+
+
+def test_without_allowed_hosts_a_notify_url_is_refused_naming_the_setting(
+        make_service: Callable[..., Any], shapes_recipes_file: Path, tmp_path: Path) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                        pregenerate=False)
+    bad = httpx.post(f"{live.url}/v1/recipes/shapes/fill",
+                     json={"per_label": 1, "notify_url": "http://127.0.0.1:9/hook"},
+                     timeout=30)
+    assert bad.status_code == 422
+    assert "GENAUG_WEBHOOK_HOSTS" in bad.text and "off" in bad.text, bad.text
