@@ -25,8 +25,7 @@ from bench.services import tiny_model
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from genaug.service.commands.serve import configure_logging
-    from genaug.service.settings import Settings
+    from genaug.service.settings import Settings, configure_logging
     from genaug.service.testing import start_service
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])

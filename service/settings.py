@@ -14,6 +14,8 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -406,3 +408,13 @@ class Settings(BaseSettings):
             self.default_guidance if self.default_guidance is not None else float(base["guidance"])
         )
         return size, steps, guidance
+
+
+def configure_logging(level: str) -> None:
+    """The service's log lines on stderr at ``level`` (``GENAUG_LOG_LEVEL``), as ``genaug
+    serve`` writes them."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

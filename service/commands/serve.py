@@ -21,14 +21,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One ``--flag`` per Settings field, and ``--lora NAME=PATH`` (repeatable)."""
     from ..settings import Settings
@@ -60,7 +52,7 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     """
     from pydantic import ValidationError
 
-    from ..settings import Settings
+    from ..settings import Settings, configure_logging
 
     try:
         settings = Settings(**(overrides or {}))
