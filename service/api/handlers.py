@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ..errors import ApiError, InvalidRequestError, error_response, new_id
 from ..intake.parse import describe_validation
@@ -52,13 +53,27 @@ async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 and 405 (no such path, no such method), in the one shape."""
     assert isinstance(exc, StarletteHTTPException)
     kinds = {404: "not_found", 405: "method_not_allowed"}
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # every method of the path, not only its first route's
+        headers["Allow"] = ", ".join(allowed_methods(request))
     body = {
         "error": {
             "type": kinds.get(exc.status_code, "http_error"),
             "message": f"{request.method} {request.url.path}: {exc.detail}",
         }
     }
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods some route serves at the request's path (a path with one route per method,
+    ``GET`` and ``DELETE /v1/jobs/{job_id}``, answers 405 from its first route alone)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is Match.PARTIAL:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 async def unexpected(request: Request, exc: Exception) -> Response:

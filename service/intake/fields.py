@@ -62,6 +62,25 @@ MAX_NEED = 1e6
 MAX_VERDICT_SEEDS = 500
 #: The longest ``notify_url`` (the webhook's own check refuses longer ones too).
 MAX_NOTIFY_URL_CHARS = 2048
+#: A TCP port, 1 to 65535, as a regular expression.
+_PORT = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+#: What a URL's path and query may hold here: RFC 3986's unreserved and sub-delims, ':', '@',
+#: '%' and '/' (no spaces, controls, fragments or non-ASCII).
+_URL_CHARS = r"[A-Za-z0-9\-._~!$&'()*+,;=:@%/]"
+
+
+def notify_url_pattern(limits: Limits) -> str:
+    """The ``notify_url`` a fill may send, as the served schema's ``pattern``: http(s) to a
+    host of ``GENAUG_WEBHOOK_HOSTS`` (any port for a bare host, the listed one otherwise),
+    written lower case, with a plain path and query. Every URL it matches passes the webhook's
+    own check, so a schema-valid request is never refused."""
+    hosts = []
+    for entry in limits.choices.get("webhook_hosts", ()):
+        host, port = (entry.rsplit(":", 1) if entry.count(":") == 1
+                      or (entry.startswith("[") and "]:" in entry) else (entry, None))
+        hosts.append(re.escape(host) + (f":{port}" if port else f"(?::{_PORT})?"))
+    return (rf"^https?://(?:{'|'.join(hosts)})(?:/{_URL_CHARS}*)?"
+            rf"(?:\?{_URL_CHARS.replace('/]', '/?]')}*)?$")
 
 
 def _numeric_kind(annotation: Any) -> str | None:
@@ -176,7 +195,7 @@ class Bound:
     multiple_of: Limit | None = None
     min_length: Limit | None = None
     max_length: Limit | None = None
-    pattern: str | None = None
+    pattern: str | Callable[[Limits], str] | None = None
     one_of: str | None = None
     needs: str | None = None
     absent: str | None = None
@@ -188,7 +207,7 @@ class Bound:
         out = {name: limits.resolve(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         if self.pattern is not None:
-            out["pattern"] = self.pattern
+            out["pattern"] = self.pattern(limits) if callable(self.pattern) else self.pattern
         return out
 
 

@@ -42,6 +42,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..batching.items import SCHEDULERS
+from ..setting_values import allowed_hosts
 from ..settings import Settings
 from .fields import (
     MAX_ADAPTER_SCALE,
@@ -58,6 +59,7 @@ from .fields import (
     SeedValue,
     bounded_model,
     declaration,
+    notify_url_pattern,
 )
 
 if TYPE_CHECKING:
@@ -254,9 +256,12 @@ class FillRequest(Body):
     notify_url: Annotated[
         str | None, Field(description="Where to POST the fill's job when it ends (signed; "
                                       "only hosts in GENAUG_WEBHOOK_HOSTS)."),
-        Bound(min_length=1, max_length=MAX_NOTIFY_URL_CHARS, null=False),
+        Bound(min_length=1, max_length=MAX_NOTIFY_URL_CHARS, pattern=notify_url_pattern,
+              needs="webhook_hosts", null=False,
+              absent="Webhooks are off on this service (GENAUG_WEBHOOK_HOSTS is empty): "
+                     "leave it out."),
         Fix("send an http(s) URL of at most {MAX_NOTIFY_URL_CHARS} characters to a host "
-            "in GENAUG_WEBHOOK_HOSTS")] = None
+            "in GENAUG_WEBHOOK_HOSTS (webhooks are off while it is empty)")] = None
 
     @model_validator(mode="after")
     def _one_amount(self) -> FillRequest:
@@ -382,7 +387,8 @@ def build_api_models(
     s = settings
     if _side(Limits(s)) < 8:
         raise ValueError(f"max_side {s.max_side} leaves no multiple of 8 to generate at")
-    choices = {"schedulers": tuple(schedulers), "adapters": tuple(adapters)}
+    choices = {"schedulers": tuple(schedulers), "adapters": tuple(adapters),
+               "webhook_hosts": allowed_hosts(s.webhook_hosts)}
     generate = bounded_model(GenerateRequest, Limits(s, s.max_n, choices))
     variants = bounded_model(
         VariantParams, Limits(s, s.max_n * s.max_variant_sources, choices))

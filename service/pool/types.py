@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -60,7 +60,9 @@ PG_SCHEMES = ("postgresql://", "postgres://")
 #: Seconds a reservation lives without its owner's heartbeat.
 DEFAULT_LEASE_S = 60.0
 #: A job's states: live ones first; ``stopped`` when the judge stopped a label it needs.
-JOB_STATES = ("queued", "running", "done", "stopped", "failed", "cancelled")
+#: A job's state, as a type (``GET /v1/jobs?state=`` serves it as an enum).
+JobState = Literal["queued", "running", "done", "stopped", "failed", "cancelled"]
+JOB_STATES: tuple[str, ...] = get_args(JobState)
 #: States a job can still leave (it holds its targets while in one of them).
 LIVE_JOB_STATES = ("queued", "running")
 #: ``per_label``: every label holds ``asked``; ``images``: every label gains ``asked``.

@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 import uvicorn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -469,3 +471,18 @@ def test_the_host_list_parses_and_refuses_in_one_line() -> None:
         with pytest.raises(ValueError) as raised:
             allowed_hosts(bad)
         assert f"GENAUG_WEBHOOK_HOSTS entry {bad!r}" in str(raised.value)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_every_url_the_served_pattern_admits_passes_the_webhooks_check(data: Any) -> None:
+    """The fill schema's ``notify_url`` pattern (what a generated client or a fuzzer may send)
+    is a subset of what :func:`check_notify_url` accepts: a schema-valid request is never
+    refused."""
+    from genaug.service.intake.fields import Limits, notify_url_pattern
+    from genaug.service.settings import Settings
+
+    hosts = allowed_hosts("127.0.0.1, hooks.example.com:8443, [fd00::1], genaug_hook")
+    pattern = notify_url_pattern(Limits(Settings(), choices={"webhook_hosts": hosts}))
+    url = data.draw(st.from_regex(pattern, fullmatch=True).filter(lambda u: len(u) <= 2048))
+    assert check_notify_url(url, hosts)
