@@ -57,6 +57,8 @@ class JobLoop:
         self.poll_s = poll_s
         self._task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
+        # Deliveries being recorded in the pool: held, since the loop keeps only weak refs.
+        self._recording: set[asyncio.Task[bool]] = set()
 
     def start(self) -> None:
         """Start the loop on the running event loop."""
@@ -113,8 +115,10 @@ class JobLoop:
 
         def done(delivered: bool) -> None:
             # On the event loop: record it in a thread, the loop keeps serving.
-            loop.create_task(asyncio.to_thread(
+            task = loop.create_task(asyncio.to_thread(
                 store.finish_webhook, job.id, delivered, owner=store.owner))
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
 
         # The job's id is the delivery's: the same on a retry, after a restart, from any
         # replica, so a receiver drops what it already handled.
