@@ -20,7 +20,6 @@ alone and counted in a warning.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -156,10 +155,9 @@ def manifest_row(record: PoolRecord, file: str, pool: str, recipe_name: str, *,
 def configured_model(settings: Settings) -> tuple[str, str] | None:
     """(name or path, weights hash) of the model the settings name, or None when it cannot be
     read here. The hash is ``load_model``'s ``weights_hash``: a built-in is built on the CPU
-    (small), a folder or file is hashed without loading it (the same parts, in the same
-    order, as ``load_model``; a test pins the two together)."""
-    from ..pipeline.load import ModelLoadError, load_model
-    from ..pipeline.weights import hash_files, weight_files
+    (small), a folder or file is hashed without loading it (``files_weights_hash``, which
+    ``load_model`` hashes with too)."""
+    from ..pipeline.load import ModelLoadError, files_weights_hash, load_model
 
     try:
         builtin = settings.builtin_model
@@ -170,17 +168,9 @@ def configured_model(settings: Settings) -> tuple[str, str] | None:
         path = settings.model_path
         if path is None:
             return None
-        hasher = hashlib.blake2b(digest_size=8)
-        if path.is_dir():
-            hash_files(weight_files(path), root=path, hasher=hasher)
-        elif path.is_file():
-            hash_files([path], hasher=hasher)
-        else:
+        if not path.exists():
             return None
-        if settings.unet_weights is not None:
-            hasher.update(b"\0unet-override\0")
-            hash_files([settings.unet_weights.expanduser()], hasher=hasher)
-        return str(path), hasher.hexdigest()
+        return str(path), files_weights_hash(path, settings.unet_weights)
     except (ModelLoadError, OSError):
         return None  # the name stays unknown (null, and said so); the export goes on
 
