@@ -117,6 +117,19 @@ def shapes_recipe() -> str:
 
 
 @pytest.fixture
+def fill_service(make_service: Callable[..., LiveService], tmp_path: Path,
+                 shapes_recipes_file: Path) -> Iterator[LiveService]:
+    """A service with the ``shapes`` recipe, its pool in ``tmp_path``, no pre-generation: every
+    image is one a fill asked for. Clear ``worker.gate`` to hold a fill's job live; it is
+    opened again at the end."""
+    service = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                           pregenerate=False, max_batch_images=8, max_wait_ms=5)
+    yield service
+    assert service.worker is not None
+    service.worker.gate.set()
+
+
+@pytest.fixture
 def shapes_recipes_file(tmp_path: Path, shapes_recipe: str) -> Path:
     """``shapes_recipe`` written to ``tmp_path / "recipes.yaml"`` (for ``GENAUG_RECIPES``)."""
     path = tmp_path / "recipes.yaml"

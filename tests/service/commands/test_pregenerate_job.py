@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,8 @@ from genaug.client import Client
 
 
 @pytest.fixture
-def live(make_service: Any, tmp_path: Path, shapes_recipes_file: Path) -> Iterator[Any]:
-    service = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
-                           pregenerate=False, max_batch_images=8, max_wait_ms=5)
-    yield service
-    service.worker.gate.set()
+def live(fill_service: Any) -> Any:
+    return fill_service
 
 
 class Command:
