@@ -611,7 +611,8 @@ class JobWatch:
     """One wait for a job, without I/O: its deadline, its progress bar, and whether the job
     ended. The clients poll; this decides.
 
-    ``progress``: ``None`` draws a tqdm bar (held of asked images, the state and rate) when
+    ``progress``: ``None`` draws a tqdm bar (held of asked images; the rate and time left of
+    what the job made while it was watched; the state) when
     ``sys.stderr`` is a terminal and tqdm is installed, ``True`` always (tqdm required),
     ``False`` never.
 
@@ -648,13 +649,15 @@ class JobWatch:
         if self._tqdm is not None:
             held, asked = job_held(job)
             if self._bar is None:
-                self._bar = self._tqdm(total=asked, desc=self.job_id, unit="img",
-                                       file=sys.stderr, dynamic_ncols=True, leave=True)
+                # The bar starts where the job stood at the first poll (a per_label job's
+                # labels held images before it began): tqdm's rate and time left count only
+                # what came after, the job's own work, never that first jump.
+                self._bar = self._tqdm(total=asked, initial=min(held, asked), desc=self.job_id,
+                                       unit="img", file=sys.stderr, dynamic_ncols=True,
+                                       leave=True)
             self._bar.total = asked
-            self._bar.n = min(held, asked)
-            self._bar.set_postfix_str(
-                f"{job.get('state')}, {float(job.get('rate') or 0.0):.2f} img/s",
-                refresh=False)
+            self._bar.n = max(self._bar.initial, min(held, asked))
+            self._bar.set_postfix_str(str(job.get("state")), refresh=False)
             self._bar.refresh()
         return job_ended(job)
 

@@ -46,13 +46,13 @@ from .intake.schemas import build_api_models
 from .jobs.loop import JobLoop
 from .jobs.webhooks import WebhookSender
 from .metrics import Metrics
+from .notify_url import allowed_hosts
 from .pipeline.speed import Speed, SpeedError, check_speed_settings
 from .pool.open import open_pool_store, replica_info
 from .pool.pending import pending_by_recipe
 from .pool.planner import PoolPlanner, pool_model_hash
 from .pool.serving import PoolServing
 from .recipes.load import check_recipes, load_recipes, long_prompts
-from .setting_values import allowed_hosts
 from .settings import Settings
 
 if TYPE_CHECKING:

@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
@@ -122,93 +121,7 @@ def split_commas(value: object) -> object:
     return value
 
 
-# -- GENAUG_WEBHOOK_HOSTS ------------------------------------------------------------------
+# -- GENAUG_WEBHOOK_SECRET ------------------------------------------------------------------
 
-#: The setting that lists the hosts webhooks may go to.
-HOSTS_SETTING = "GENAUG_WEBHOOK_HOSTS"
 #: A shorter webhook secret could be guessed offline from one signed body.
 MIN_SECRET_CHARS = 16
-
-# A host name as operators write them: DNS labels, and "_" for container service names.
-_HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$")
-
-
-# -- the allowlist ---------------------------------------------------------------------------
-
-
-def allowed_hosts(value: str) -> tuple[str, ...]:
-    """Parse ``GENAUG_WEBHOOK_HOSTS``: comma-separated ``host`` or ``host:port`` entries.
-
-    A bare ``host`` allows any port on that host (the operator trusts a machine; pin a port
-    with ``host:port`` where other ports on it must stay out of reach). Host names match
-    without regard to case or a trailing dot; IP literals are written plain
-    (``10.0.0.7``) or in brackets (``[fd00::1]``, ``[fd00::1]:8080``; a bare ``fd00::1``
-    can carry no port). There are no wildcards: each receiver is named. Returns the entries
-    normalised (lower case, IPv6 bracketed and compressed), without duplicates, in order; an
-    empty tuple for an empty value (webhooks off). Raises ``ValueError`` naming the entry::
-
-        allowed_hosts("Hooks.Example.com, [FD00::1]:8080")
-        # ('hooks.example.com', '[fd00::1]:8080')
-    """
-    out: list[str] = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        host, port = _split_entry(entry)
-        normal = _display(host) if port is None else f"{_display(host)}:{port}"
-        if normal not in out:
-            out.append(normal)
-    return tuple(out)
-
-
-def _split_entry(entry: str) -> tuple[str, int | None]:
-    """``(host key, port or None)`` of one allowlist entry; ``ValueError`` naming it."""
-    bad = ValueError(
-        f"{HOSTS_SETTING} entry {entry!r} is not a host or host:port (examples: "
-        f"hooks.example.com, hooks.example.com:8443, 10.0.0.7, [fd00::1]:8080); list host "
-        f"names separated by commas, not URLs"
-    )
-    port_text: str | None = None
-    if entry.startswith("["):
-        host, bracket, rest = entry[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise bad
-        port_text = rest[1:] if rest else None
-    elif entry.count(":") >= 2:  # an IPv6 literal without brackets has no room for a port
-        host = entry
-    else:
-        host, colon, after = entry.partition(":")
-        port_text = after if colon else None
-    key = _host_key(host)
-    if not key or (not _is_ip(key) and not _HOST_NAME.match(key)):
-        raise bad
-    if entry.startswith("[") and ":" not in key:
-        raise bad  # brackets hold IPv6 literals only
-    if port_text is None:
-        return key, None
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise bad
-    return key, int(port_text)
-
-
-def _host_key(host: str) -> str:
-    """A host as it is compared: lower case, no trailing dot, IP literals in one spelling."""
-    key = host.strip().lower().rstrip(".")
-    try:
-        return str(ipaddress.ip_address(key))
-    except ValueError:
-        return key
-
-
-def _is_ip(key: str) -> bool:
-    try:
-        ipaddress.ip_address(key)
-    except ValueError:
-        return False
-    return True
-
-
-def _display(key: str) -> str:
-    """A host key as it is written before a port: IPv6 in brackets."""
-    return f"[{key}]" if ":" in key else key

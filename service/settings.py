@@ -23,10 +23,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .batching.names import SchedulerName
+from .notify_url import allowed_hosts
 from .setting_values import (
     MIN_SECRET_CHARS,
     WarmupShape,
-    allowed_hosts,
     check_lora_names,
     parse_loras,
     parse_warmup_shapes,

@@ -135,3 +135,126 @@ def shapes_recipes_file(tmp_path: Path, shapes_recipe: str) -> Path:
     path = tmp_path / "recipes.yaml"
     path.write_text(shapes_recipe)
     return path
+
+
+class Terminal:
+    """A command whose stderr is a terminal (a pty of 160 columns, as a person's: tqdm draws
+    nothing in 0 columns), in its own process group; what it draws is read as it comes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        import fcntl
+        import pty
+        import struct
+        import subprocess
+        import termios
+        import threading
+
+        self._leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))
+        base = {k: v for k, v in os.environ.items() if not k.startswith("GENAUG_")}
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower,
+                                     start_new_session=True, text=True,
+                                     env={**base, **(env or {}), "PYTHONUNBUFFERED": "1"})
+        os.close(follower)
+        self._chunks: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._leader, 4096)
+            except OSError:  # the terminal closed with the process
+                return
+            if not chunk:
+                return
+            self._chunks.append(chunk.decode(errors="replace"))
+
+    @property
+    def text(self) -> str:
+        return "".join(self._chunks)
+
+    def wait_for(self, seen: Callable[[str], bool], what: str, timeout: float = 60) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not seen(self.text):
+            assert self.proc.poll() is None, f"ended before {what}:\n{self.text[-3000:]}"
+            assert time.monotonic() < deadline, f"no {what}:\n{self.text[-3000:]}"
+            time.sleep(0.05)
+
+    def end(self, timeout: float = 60) -> int:
+        """The exit status; the command is killed (and the test fails) past ``timeout``."""
+        import signal
+        import subprocess
+
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+            pytest.fail(f"still running after {timeout:.0f} s:\n{self.text[-3000:]}")
+        finally:
+            self._reader.join(10)
+            os.close(self._leader)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def terminal() -> Iterator[Callable[..., Terminal]]:
+    """Start commands on a terminal (:class:`Terminal`); any still running at the end are
+    killed."""
+    started: list[Terminal] = []
+
+    def start(argv: list[str], env: dict[str, str] | None = None) -> Terminal:
+        term = Terminal(argv, env)
+        started.append(term)
+        return term
+
+    yield start
+    import signal
+
+    for term in started:
+        if term.proc.poll() is None:
+            os.killpg(term.proc.pid, signal.SIGKILL)
+            term.proc.wait(30)
+
+
+#: One frame of a tqdm bar: ``circle: 30%|###    | 12/40 [00:03<00:09, 3.10img/s`` (the rate
+#: in ``s/img`` below 1 a second, ``?img/s`` before any progress).
+BAR_FRAME = (r"([\w.-]+) *: *\d+%\|[^|]*\| *(\d+)/(\d+) \[(\d+):(\d\d)<[^,\]]*, +"
+             r"([0-9.]+|\?)(img/s|s/img)")
+
+#: A frame read back: ``(bar, n, total, elapsed s, images/s or None)``.
+Frame = tuple[str, int, int, float, "float | None"]
+
+
+def bar_frames(text: str) -> list[Frame]:
+    """Every bar frame in a terminal's text."""
+    import re
+
+    frames = []
+    for bar, n, total, minutes, seconds, rate, unit in re.findall(BAR_FRAME, text):
+        value = None if rate == "?" else (float(rate) if unit == "img/s" else 1 / float(rate))
+        frames.append((bar, int(n), int(total), 60.0 * int(minutes) + int(seconds), value))
+    return frames
+
+
+def assert_rates_are_the_jobs_own(frames: list[Frame]) -> None:
+    """Each bar's rate counts only what came after its first frame: rate x elapsed (whole
+    seconds, rounded down) never exceeds the images gained since then (plus one for
+    rounding); a bar that counted what the labels already held would read tens of images a
+    second. And one rate per frame: nothing else on the line says img/s."""
+    assert frames, "no progress bar was drawn"
+    first: dict[str, int] = {}
+    for bar, n, total, elapsed, rate in frames:
+        start = first.setdefault(bar, n)
+        if rate is not None and elapsed >= 1:
+            assert rate * elapsed <= (n - start) + 1, (bar, n, total, elapsed, rate, start)
+
+
+@pytest.fixture
+def job_bars() -> tuple[Callable[[str], list[Frame]], Callable[[list[Frame]], None]]:
+    """``(bar_frames, assert_rates_are_the_jobs_own)``, for tests that read a terminal's
+    progress bars."""
+    return bar_frames, assert_rates_are_the_jobs_own

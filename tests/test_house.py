@@ -29,11 +29,12 @@ PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.c
 #: plans with intake's plan and stores what the pipeline made, then the judge, which scores it
 #: before the pool stores it; the request's own way below it
 #: (intake, then the pipeline); and at the bottom the vocabulary every room shares: recipes,
-#: settings (and the parsers of its composite values, ``setting_values.py``), batching
+#: settings (and the parsers of its composite values, ``setting_values.py``; the
+#: ``notify_url`` rule, which the settings, the intake and the webhooks share), batching
 #: (``items.py``, the queue, the batcher), errors and metrics.
 ORDER = ("testing", "__main__", "commands", "adapt", "app", "api", "jobs", "pool", "judge",
-         "intake", "pipeline", "recipes", "settings", "setting_values", "batching", "errors",
-         "metrics")
+         "intake", "pipeline", "recipes", "settings", "setting_values", "notify_url",
+         "batching", "errors", "metrics")
 
 #: trainer/'s rooms from the top down, the same way: the reference trainer, the checks,
 #: feeding, and at the bottom the hardware and the reservoir's mixing (the package's

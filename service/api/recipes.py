@@ -24,7 +24,6 @@ from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, en
 
 from ..intake.parse import read_body
 from ..jobs.view import job_url, job_view
-from ..jobs.webhooks import check_notify_url
 from ..pool.serving import PoolServing, empty_images, unknown_recipe
 from .requests import binary_media, client_identity, state_of, wants_png
 from .responses import (
@@ -204,9 +203,7 @@ async def fill(name: str, request: Request) -> RecipeDetail:
     pools = _pools_for(state, name)
     body = await read_body(request, state.api.fill[name],
                            _hints(state, "fill", name))
-    notify_url = None
-    if body.notify_url is not None:
-        notify_url = check_notify_url(body.notify_url, state.webhook_hosts)
+    notify_url = body.notify_url  # checked and normalised by the model, once
     budget = None
     if body.images is not None:
         answer, job = await asyncio.to_thread(pools.spend, name, body.images,

@@ -145,17 +145,13 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def _load(settings: Any) -> Any:
-    import torch
-
+    from ..pipeline.device import configure_threads
     from ..pipeline.load import load_model
 
-    if settings.torch_threads is not None:
-        torch.set_num_threads(settings.torch_threads)
-    elif settings.device == "cpu":  # as the service: all cores but one
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
-
-    return load_model(source=settings.model, unet_weights=settings.unet_weights,
-                      device=settings.device, dtype=settings.dtype)
+    model = load_model(source=settings.model, unet_weights=settings.unet_weights,
+                       device=settings.device, dtype=settings.dtype)
+    configure_threads(settings.torch_threads, model.device)  # as the service does
+    return model
 
 
 def _adapt(args: argparse.Namespace) -> int:

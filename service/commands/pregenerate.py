@@ -73,14 +73,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pool_arguments(parser)
 
 
-def _bars(totals: dict[str, int]) -> dict[str, Any]:
-    """One progress bar per label, each to its own total."""
+def _bars(totals: dict[str, int], start: dict[str, int]) -> dict[str, Any]:
+    """One progress bar per label, each to its own total, starting where the label stands
+    (``start``: what it held before this run): tqdm's rate and time left then count only the
+    images this run made, never what the pool already had."""
     from tqdm import tqdm
 
     width = max(len(label) for label in totals)
     return {
-        label: tqdm(total=total, desc=label.ljust(width), position=i, unit="img",
-                    dynamic_ncols=True, leave=True)
+        label: tqdm(total=total, initial=min(start.get(label, 0), total),
+                    desc=label.ljust(width), position=i, unit="img", dynamic_ncols=True,
+                    leave=True)
         for i, (label, total) in enumerate(totals.items())
     }
 
@@ -88,7 +91,7 @@ def _bars(totals: dict[str, int]) -> dict[str, Any]:
 def _update(bars: dict[str, Any], fill: dict[str, int],
             stopped: dict[str, str] | None = None) -> None:
     for label, bar in bars.items():
-        bar.n = min(fill.get(label, 0), bar.total)
+        bar.n = max(bar.initial, min(fill.get(label, 0), bar.total))
         if stopped and label in stopped and bar.n < bar.total:
             bar.set_postfix_str("stopped by the judge", refresh=False)
         bar.refresh()
@@ -174,7 +177,7 @@ def _follow(client: Any, args: argparse.Namespace, job_id: str) -> int:
     job = client.job(job_id)
     labels = job["labels"]
     targets = {label: int(c["asked"]) for label, c in labels.items() if int(c["asked"]) > 0}
-    bars = _bars(targets or {label: 0 for label in labels})
+    bars = _bars(targets or {label: 0 for label in labels}, _held_and_stopped(job)[0])
     try:
         while True:
             held, stopped = _held_and_stopped(job)
@@ -333,6 +336,7 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
                      store: PoolStore, stop: threading.Event) -> int:
     from ..batching.items import to_end
     from ..judge import build_judges
+    from ..pipeline.device import configure_threads
     from ..pipeline.load import load_model
     from ..pipeline.worker import PipelineWorker
     from ..pool.planner import PoolPlanner, pool_model_hash
@@ -343,6 +347,9 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
     model = load_model(source=settings.model, unet_weights=settings.unet_weights,
                        device=settings.device, dtype=settings.dtype,
                        single_file_config=settings.single_file_config)
+    # As the service: GENAUG_TORCH_THREADS, else all cores but one on the CPU (torch's own
+    # default, every core, fights the judge and the store on a busy machine: 7x slower).
+    configure_threads(settings.torch_threads, model.device)
     generator = PipelineWorker(model)
     recipes = {args.recipe: recipe}
     planner = PoolPlanner(recipes, store, model_hash=pool_model_hash(model),
@@ -351,7 +358,7 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
     planner.raise_target(args.recipe, args.per_label, shared=False)
     pid = planner.pool_ids[args.recipe]
     targets = dict.fromkeys(recipe.label_names, args.per_label)
-    bars = _bars(targets)
+    bars = _bars(targets, _fill_or_empty(store, pid))
     fill: dict[str, int] = {}
     try:
         while not stop.is_set():

@@ -122,13 +122,51 @@ def _serve(settings: Any, failures: list[BaseException],
         timeout_graceful_shutdown=10,
         access_log=False,
     )
-    server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
-    # handler it found; make that handler exit with a code that says how it went.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: sys.exit(1 if failures else 0))
-    server.run()
+    # handler it found. A start that failed (on_fatal sent the SIGTERM) exits 1, its reason
+    # already said; otherwise the handler genaug's command line installed runs (Ctrl-C:
+    # KeyboardInterrupt, SIGTERM: Terminated), and the command ends as every command does,
+    # in one line (exit status 130, or 143), after the graceful shutdown.
+    previous: dict[int, Any] = {sig: signal.getsignal(sig)
+                                for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def after_shutdown(signum: int, frame: Any) -> None:
+        if failures:
+            sys.exit(1)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        raise KeyboardInterrupt  # no Python handler was there: Ctrl-C's own exception
+
+    for sig in previous:
+        signal.signal(sig, after_shutdown)
+    server = _quiet_server(config)
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 1 if failures or not server.started else 0
+
+
+def _quiet_server(config: Any) -> Any:
+    """uvicorn's server, whose graceful shutdown logs only warnings and errors: the one line
+    ``genaug serve: interrupted; ...`` says that it stopped (uvicorn's four INFO lines said
+    it again: shutting down, waiting, complete, finished)."""
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+            await super().shutdown(sockets=sockets)
+
+    return QuietServer(config)
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What Ctrl-C (or SIGTERM) leaves: a graceful stop; the pool keeps every stored image."""
+    return ("the service stopped (requests in flight were answered or refused; every image "
+            "stored in the pool is kept); run the same command to start it again")
 
 
 def _remove_empty_pool(path: Path) -> None:

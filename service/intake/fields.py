@@ -34,6 +34,7 @@ from dataclasses import field as dataclass_field
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -60,29 +61,6 @@ MAX_ADAPTER_SCALE = 4.0
 MAX_NEED = 1e6
 #: The most seeds one verdict may name (a page of the pool page is at most this many images).
 MAX_VERDICT_SEEDS = 500
-#: The longest ``notify_url`` (the webhook's own check refuses longer ones too).
-MAX_NOTIFY_URL_CHARS = 2048
-#: A TCP port, 1 to 65535, as a regular expression.
-_PORT = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-#: What a URL's path and query may hold here: RFC 3986's unreserved and sub-delims, ':', '@',
-#: '%' and '/' (no spaces, controls, fragments or non-ASCII).
-_URL_CHARS = r"[A-Za-z0-9\-._~!$&'()*+,;=:@%/]"
-
-
-def notify_url_pattern(limits: Limits) -> str:
-    """The ``notify_url`` a fill may send, as the served schema's ``pattern``: http(s) to a
-    host of ``GENAUG_WEBHOOK_HOSTS`` (any port for a bare host, the listed one otherwise),
-    written lower case, with a plain path and query. Every URL it matches passes the webhook's
-    own check, so a schema-valid request is never refused."""
-    hosts = []
-    for entry in limits.choices.get("webhook_hosts", ()):
-        host, port = (entry.rsplit(":", 1) if entry.count(":") == 1
-                      or (entry.startswith("[") and "]:" in entry) else (entry, None))
-        hosts.append(re.escape(host) + (f":{port}" if port else f"(?::{_PORT})?"))
-    return (rf"^https?://(?:{'|'.join(hosts)})(?:/{_URL_CHARS}*)?"
-            rf"(?:\?{_URL_CHARS.replace('/]', '/?]')}*)?$")
-
-
 def _numeric_kind(annotation: Any) -> str | None:
     """``"int"`` or ``"float"`` for a (possibly optional) numeric field annotation."""
     origin = typing.get_origin(annotation)
@@ -184,7 +162,12 @@ class Bound:
     - ``one_of``: the field's ``str`` becomes an enum of that choice list of the app;
     - ``absent``: when the choice list ``needs`` (default ``one_of``) is empty, the field
       admits only null, with this description;
-    - ``null=False``: the field is left out to not give it, null is refused.
+    - ``null=False``: the field is left out to not give it, null is refused;
+    - ``check``: a function of the app's :class:`Limits` giving the field's own validator
+      (value in, value out; :class:`Refused` with the whole message out). The field's other
+      constraints are then the served schema's only, never checked apart, so a value gets
+      the check's one answer (``notify_url``: the reason and the allowed hosts, not a
+      regular expression).
 
     ``Bound()`` with nothing is for a field whose type is closed (a ``Literal``).
     """
@@ -196,6 +179,7 @@ class Bound:
     min_length: Limit | None = None
     max_length: Limit | None = None
     pattern: str | Callable[[Limits], str] | None = None
+    check: Callable[[Limits], Callable[[Any], Any]] | None = None
     one_of: str | None = None
     needs: str | None = None
     absent: str | None = None
@@ -215,12 +199,33 @@ class Bound:
 class Fix:
     """The fix a 422 names for a field: a ``str.format`` template over the settings' names
     (``{max_steps}``) and this module's limits (``{MAX_GUIDANCE:g}``); ``{{name}}`` is the
-    recipe's name in the URL."""
+    recipe's name in the URL. A function of the settings where the fix depends on more than
+    numbers (webhooks on or off)."""
 
-    text: str
+    text: str | Callable[[Settings], str]
 
     def render(self, settings: Settings) -> str:
+        if callable(self.text):
+            return self.text(settings)
         return self.text.format_map(_Names(settings))
+
+
+class Refused(ValueError):
+    """Raised by a field's ``check`` (:class:`Bound`): the message is the whole answer (the
+    value, the rule it broke, the fix), given as it is."""
+
+
+#: pydantic's error type of a :class:`Refused` value; the intake prints its message alone.
+REFUSED = "refused"
+
+
+def _checked(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def validate(value: Any) -> Any:
+        try:
+            return check(value)
+        except Refused as exc:
+            raise PydanticCustomError(REFUSED, str(exc)) from None
+    return validate
 
 
 class _Names(dict[str, Any]):
@@ -228,7 +233,6 @@ class _Names(dict[str, Any]):
         super().__init__(MIN_TIMEOUT_S=MIN_TIMEOUT_S, MAX_GUIDANCE=MAX_GUIDANCE,
                          MAX_ADAPTER_SCALE=MAX_ADAPTER_SCALE, MAX_NEED=MAX_NEED,
                          MAX_VERDICT_SEEDS=MAX_VERDICT_SEEDS,
-                         MAX_NOTIFY_URL_CHARS=MAX_NOTIFY_URL_CHARS,
                          schedulers=", ".join(SCHEDULERS))
         self.settings = settings
 
@@ -328,8 +332,15 @@ def _bounded_field(model: type[BaseModel], name: str, limits: Limits) -> tuple[A
     info = model.model_fields[name]
     bound, _ = declaration(model, name)
     annotation = info.annotation
-    if bound.absent is not None and not limits.choices.get(bound.needs or bound.one_of or ""):
+    absent = (bound.absent is not None
+              and not limits.choices.get(bound.needs or bound.one_of or ""))
+    if absent and bound.check is None:
         return None, Field(default=None, description=bound.absent)
+    if absent:  # the schema admits only null; a value still gets the check's own answer
+        check = _checked(bound.check(limits))  # type: ignore[misc]
+        return (Annotated[annotation, AfterValidator(lambda v: v if v is None else check(v)),
+                          WithJsonSchema({"type": "null"})],
+                Field(default=None, description=bound.absent))
     if bound.one_of is not None:
         annotation = _swap_str(annotation, _choice(limits.choices[bound.one_of]))
     if not bound.null:
@@ -337,7 +348,18 @@ def _bounded_field(model: type[BaseModel], name: str, limits: Limits) -> tuple[A
     constraints = bound.constraints(limits)
     if _numeric_kind(annotation) == "float":
         constraints["allow_inf_nan"] = False
+    if bound.check is not None:  # the check decides; the constraints are the schema's words
+        schema = {_JSON_NAMES.get(key, key): value for key, value in constraints.items()}
+        return (Annotated[annotation, AfterValidator(_checked(bound.check(limits)))],
+                Field(default=info.default, description=info.description,
+                      json_schema_extra=schema))
     return annotation, Field(default=info.default, description=info.description, **constraints)
+
+
+#: pydantic's constraint names as JSON Schema writes them.
+_JSON_NAMES = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum",
+               "multiple_of": "multipleOf", "min_length": "minLength",
+               "max_length": "maxLength"}
 
 
 def bounded_model(model: type[M], limits: Limits, *, name: str | None = None,

@@ -22,6 +22,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from ..errors import InvalidRequestError
+from .fields import REFUSED
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -167,7 +168,9 @@ def describe_validation(
         path = ".".join(loc)
         kind = error.get("type", "")
         first_field = first_field or name or None
-        if kind == "extra_forbidden":
+        if kind == REFUSED:  # a field's own check: its message is the whole answer
+            messages.append(str(error.get("msg")))
+        elif kind == "extra_forbidden":
             messages.append(f"unknown field {path!r}; remove it (allowed: {', '.join(allowed)})")
         elif kind == "missing":
             messages.append(f"{path} is required; {hints.get(name, 'add it')}")

@@ -34,7 +34,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -42,13 +42,19 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..batching.items import SCHEDULERS
-from ..setting_values import allowed_hosts
+from ..notify_url import (
+    MAX_URL_CHARS,
+    RefusedUrl,
+    allowed_hosts,
+    check_notify_url,
+    fix_text,
+    notify_url_pattern,
+)
 from ..settings import Settings
 from .fields import (
     MAX_ADAPTER_SCALE,
     MAX_GUIDANCE,
     MAX_NEED,
-    MAX_NOTIFY_URL_CHARS,
     MAX_VERDICT_SEEDS,
     MIN_TIMEOUT_S,
     SEED_MAX,
@@ -56,10 +62,10 @@ from .fields import (
     Bound,
     Fix,
     Limits,
+    Refused,
     SeedValue,
     bounded_model,
     declaration,
-    notify_url_pattern,
 )
 
 if TYPE_CHECKING:
@@ -84,6 +90,22 @@ def _last_seed(limits: Limits) -> int:
     """The largest first seed: image ``i`` uses ``seed + i``, so every seed of the route's
     largest request fits."""
     return SEED_MAX - (limits.images - 1)
+
+
+def _webhook_hosts(limits: Limits) -> tuple[str, ...]:
+    return tuple(limits.choices.get("webhook_hosts", ()))
+
+
+def _notify_url_check(limits: Limits) -> Callable[[str], str]:
+    """``notify_url``'s one rule with this app's hosts: the URL normalised, or the reason."""
+    hosts = _webhook_hosts(limits)
+
+    def check(url: str) -> str:
+        try:
+            return check_notify_url(url, hosts)
+        except RefusedUrl as exc:
+            raise Refused(str(exc)) from None
+    return check
 
 
 def _fill_images(limits: Limits) -> int:
@@ -256,12 +278,12 @@ class FillRequest(Body):
     notify_url: Annotated[
         str | None, Field(description="Where to POST the fill's job when it ends (signed; "
                                       "only hosts in GENAUG_WEBHOOK_HOSTS)."),
-        Bound(min_length=1, max_length=MAX_NOTIFY_URL_CHARS, pattern=notify_url_pattern,
-              needs="webhook_hosts", null=False,
+        Bound(min_length=1, max_length=MAX_URL_CHARS,
+              pattern=lambda limits: notify_url_pattern(_webhook_hosts(limits)),
+              check=_notify_url_check, needs="webhook_hosts", null=False,
               absent="Webhooks are off on this service (GENAUG_WEBHOOK_HOSTS is empty): "
                      "leave it out."),
-        Fix("send an http(s) URL of at most {MAX_NOTIFY_URL_CHARS} characters to a host "
-            "in GENAUG_WEBHOOK_HOSTS (webhooks are off while it is empty)")] = None
+        Fix(lambda settings: fix_text(allowed_hosts(settings.webhook_hosts)))] = None
 
     @model_validator(mode="after")
     def _one_amount(self) -> FillRequest:

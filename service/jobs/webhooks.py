@@ -2,11 +2,11 @@
 
 A fill may carry ``notify_url``; when its job ends the service POSTs the job's JSON there.
 
-- **Only hosts an operator allowed.** :func:`check_notify_url` (at intake, when the fill
-  arrives) accepts an ``http``/``https`` URL whose host is listed in ``GENAUG_WEBHOOK_HOSTS``
-  (parsed once by :func:`allowed_hosts`); anything else is a 422 on ``notify_url`` naming the
-  setting. The list is empty by default, and then every ``notify_url`` is refused: webhooks
-  are off until an operator names a receiver.
+- **Only hosts an operator allowed.** The fill's request model checks ``notify_url`` once,
+  when the fill arrives, with the one rule in :mod:`~genaug.service.notify_url` (an
+  ``http``/``https`` URL whose host is listed in ``GENAUG_WEBHOOK_HOSTS``); the sender only
+  sends to URLs that passed it. The list is empty by default, and then every ``notify_url``
+  is refused: webhooks are off until an operator names a receiver.
 - **Signed.** ``X-Genaug-Signature: sha256=<hex HMAC-SHA256 of the body>`` under
   ``GENAUG_WEBHOOK_SECRET`` (:func:`sign`), as GitHub's ``X-Hub-Signature-256``; receivers
   check it with :func:`verify` or the five lines in docs/webhooks.md.
@@ -21,8 +21,7 @@ A fill may carry ``notify_url``; when its job ends the service POSTs the job's J
 
 Example, on the service's event loop::
 
-    hosts = allowed_hosts("hooks.example.com, 10.0.0.7:8080")
-    url = check_notify_url(body.notify_url, hosts)        # a 422 at intake, or the URL
+    url = body.notify_url                                  # checked at intake
     sender = WebhookSender(secret)                         # once, in the lifespan
     sender.submit(url, job_json, on_result=mark_notified)  # when the job ends
     await sender.aclose()                                  # at shutdown
@@ -39,118 +38,26 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from genaug import __version__
 
-from ..errors import InvalidRequestError
-from ..setting_values import (  # the allowlist is a setting: parsed with the others
-    HOSTS_SETTING,
-    MIN_SECRET_CHARS,
-    _display,
-    _host_key,
-    allowed_hosts,
-)
+from ..notify_url import HOSTS_SETTING, SECRET_SETTING
+from ..setting_values import MIN_SECRET_CHARS
 
 log = logging.getLogger(__name__)
 
-SECRET_SETTING = "GENAUG_WEBHOOK_SECRET"
-FIELD = "notify_url"
 #: ``X-Genaug-Event`` of a job's end, the one event there is.
 JOB_ENDED = "job.ended"
-#: Longer URLs are refused: nothing legitimate needs more, and the URL is logged.
-MAX_URL_CHARS = 2048
 #: 4xx answers that say "later" rather than "never": retried like 5xx.
 RETRIED_4XX = frozenset({408, 429})
-DEFAULT_PORTS = {"http": 80, "https": 443}
 #: WebhookSender's defaults: an attempt's bound, attempts at once, a delivery's bound.
 TIMEOUT_S = 10.0
 CONCURRENCY = 8
 MAX_ELAPSED_S = 180.0
-EXAMPLE_HOSTS = "hooks.example.com,10.0.0.7:8080"
-
-# -- the notify_url field ----------------------------------------------------------------------
-
-
-def check_notify_url(url: str, hosts: Sequence[str]) -> str:
-    """``url`` if the service may POST to it, normalised; otherwise a 422 on ``notify_url``.
-
-    Refused, each with one line naming the field, the value, the rule and the fix: a URL over
-    :data:`MAX_URL_CHARS` characters or with whitespace or control characters; a scheme other
-    than ``http``/``https``; no host; credentials (``user:password@``: they would travel to,
-    and be logged by, every hop, and the signature already authenticates the service); a
-    fragment (``#...``: HTTP never sends it, so a URL carrying one is a mistake); a host (with
-    its port, or the scheme's default) that ``hosts`` does not allow. With ``hosts`` empty the
-    message says webhooks are off until ``GENAUG_WEBHOOK_HOSTS`` is set.
-
-    ``hosts`` is :func:`allowed_hosts`' result (re-normalised here, so hand-written lists
-    work too). The host is matched by name, without a DNS lookup: an answer now says nothing
-    of the address the delivery will reach later (DNS can change), and the operator who lists
-    a name trusts whatever it points to. The delivery re-checks nothing more.
-
-    The normalised URL has a lower-case scheme and host, no default port, and ``/`` for an
-    empty path::
-
-        check_notify_url("HTTPS://Hooks.Example.com:443", ["hooks.example.com"])
-        # 'https://hooks.example.com/'
-    """
-    shown = _shown(url)
-    if len(url) > MAX_URL_CHARS:
-        raise _refuse(f"notify_url {shown} is {len(url)} characters, over the limit of "
-                      f"{MAX_URL_CHARS}; send a shorter URL")
-    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
-        raise _refuse(f"notify_url {shown} contains whitespace or control characters; "
-                      "percent-encode them (%20)")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:  # a port that is no number, an unclosed IPv6 bracket
-        raise _refuse(f"notify_url {shown} is not a valid URL ({exc}); send an absolute "
-                      f"http(s) URL to a host in {HOSTS_SETTING}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS:
-        raise _refuse(f"notify_url {shown}: scheme {parts.scheme or '(none)'!r} is not http or "
-                      f"https; send an http(s) URL to a host in {HOSTS_SETTING}")
-    if "@" in parts.netloc:
-        raise _refuse(f"notify_url {shown} carries credentials (user:password@); drop them: "
-                      "the X-Genaug-Signature header authenticates the service to the receiver")
-    if "#" in url:
-        raise _refuse(f"notify_url {shown} has a fragment (#...), which HTTP never sends to "
-                      "the receiver; drop it, or move it into the query (?...)")
-    if not parts.hostname:
-        raise _refuse(f"notify_url {shown} has no host; send an absolute http(s) URL to a "
-                      f"host in {HOSTS_SETTING}")
-    try:
-        allowed = allowed_hosts(",".join(hosts))
-    except ValueError as exc:  # the operator's list, not the client's URL: say so
-        raise _refuse(f"notify_url {shown} cannot be checked: {exc}") from None
-    if not allowed:
-        raise _refuse(f"notify_url {shown}: webhooks are off on this service: {HOSTS_SETTING} "
-                      f"is empty (the default); leave notify_url out, or ask the operator to "
-                      f"list the receiver's host in {HOSTS_SETTING} (e.g. "
-                      f"{HOSTS_SETTING}={EXAMPLE_HOSTS})")
-    host = _display(_host_key(parts.hostname))
-    effective = port if port is not None else DEFAULT_PORTS[scheme]
-    if host not in allowed and f"{host}:{effective}" not in allowed:
-        raise _refuse(f"notify_url {shown}: host {host}:{effective} is not in {HOSTS_SETTING} "
-                      f"({', '.join(allowed)}); send to one of those, or ask the operator to "
-                      f"add {host} to {HOSTS_SETTING}")
-    netloc = host if port is None or port == DEFAULT_PORTS[scheme] else f"{host}:{port}"
-    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
-
-
-def _shown(url: str, limit: int = 200) -> str:
-    """The client's value as a message shows it: quoted, escaped, cut at ``limit``."""
-    return repr(url if len(url) <= limit else url[:limit] + "...")
-
-
-def _refuse(message: str) -> InvalidRequestError:
-    return InvalidRequestError(message, field=FIELD)
-
 
 # -- the signature -----------------------------------------------------------------------------
 

@@ -97,6 +97,29 @@ def test_list_show_wait_and_cancel_and_their_exit_statuses(live: Any) -> None:
         "lists the recent ones")
 
 
+def test_wait_on_a_terminal_draws_the_jobs_own_rate_and_time_left_once(
+        live: Any, terminal: Any, job_bars: Any) -> None:
+    """The labels held 6 images each before the job asked 10: the bar starts at 18 of 30 and
+    its rate and time left count only what the job made after that (a bar that took the 18
+    for speed read about 9 images a second while nothing was made), with no second rate."""
+    frames_of, rates_are_the_jobs_own = job_bars
+    with Client(live.url) as client:
+        assert client.fill("shapes", per_label=6).wait(timeout=60, poll_s=0.05)["state"] == "done"
+        live.worker.gate.clear()  # nothing is made for the next job until the bar ran 2 s
+        job = client.fill("shapes", per_label=10)
+    term = terminal([sys.executable, "-m", "genaug.cli", "jobs", "wait", job.id or "",
+                     "--url", live.url, "--poll", "0.2"])
+    term.wait_for(lambda text: any(f[3] >= 2 for f in frames_of(text)), "2 s of the bar")
+    live.worker.gate.set()
+    assert term.end() == 0, term.text[-2000:]
+    frames = frames_of(term.text)
+    assert frames[0][1:3] == (18, 30), frames[0]
+    assert frames[-1][1:3] == (30, 30), frames[-1]
+    rates_are_the_jobs_own(frames)
+    for line in term.text.replace("\n", "\r").split("\r"):
+        assert line.count("img/s") + line.count("s/img") <= 1, line
+
+
 def test_no_service_is_one_line_and_1_at_once() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -157,14 +158,36 @@ def test_cancel_releases_the_job_and_bad_input_is_refused_with_the_field(
 
     unknown = httpx.get(f"{live.url}/v1/jobs/j_0000000000000000", timeout=30)
     assert unknown.status_code == 404 and "j_0000000000000000" in unknown.text
+    # Each refusal says its own reason (never the schema's regular expression), and one
+    # that is about the host names the allowed ones.
     for url, words in (
-        ("http://127.0.0.1:9/hook", ["notify_url", "GENAUG_WEBHOOK_HOSTS"]),
-        ("ftp://hooks.example.com/x", ["notify_url", "http"]),
+        ("http://127.0.0.1:9/hook", ["host 127.0.0.1:9 is not in GENAUG_WEBHOOK_HOSTS "
+                                     "(hooks.example.com)"]),
+        ("ftp://hooks.example.com/x", ["scheme 'ftp' is not http or https", "hooks.example.com"]),
+        ("https://user:pw@hooks.example.com/x", ["carries credentials"]),
+        ("https://hooks.example.com/x#top", ["has a fragment"]),
+        ("https://hooks.example.com:99999/x", ["is not a valid URL", "hooks.example.com"]),
+        (7, ["Input should be a valid string", "(hooks.example.com)"]),
     ):
         bad = httpx.post(f"{live.url}/v1/recipes/shapes/fill",
                          json={"per_label": 1, "notify_url": url}, timeout=30)
         assert bad.status_code == 422, bad.text
-        assert all(word in bad.text for word in words), bad.text
+        error = bad.json()["error"]
+        assert error["field"] == "notify_url" and "pattern" not in error["message"], error
+        assert all(word in error["message"] for word in words), error
+    # What docs/webhooks.md says is accepted and normalised is accepted (the served schema
+    # admits it too), and the job keeps the normal form.
+    for url, normal in (("HTTPS://Hooks.Example.COM./a?job=1", "https://hooks.example.com/a?job=1"),
+                        ("http://HOOKS.example.com:8080", "http://hooks.example.com:8080/")):
+        ok = httpx.post(f"{live.url}/v1/recipes/shapes/fill",
+                        json={"per_label": 1, "notify_url": url}, timeout=30)
+        assert ok.status_code == 200, ok.text
+        job = httpx.get(f"{live.url}{ok.json()['job']['url']}", timeout=30).json()
+        assert job["notify_url"] == normal, job
+        schema = httpx.get(f"{live.url}/openapi.json", timeout=30).json()
+        pattern = schema["components"]["schemas"]["FillRequestShapes"]["properties"][
+            "notify_url"]["pattern"]
+        assert re.fullmatch(pattern, url), (pattern, url)
     state = httpx.get(f"{live.url}/v1/jobs", params={"state": "finished"}, timeout=30)
     assert state.status_code == 422 and "state" in state.text
 
@@ -177,4 +200,8 @@ def test_without_allowed_hosts_a_notify_url_is_refused_naming_the_setting(
                      json={"per_label": 1, "notify_url": "http://127.0.0.1:9/hook"},
                      timeout=30)
     assert bad.status_code == 422
-    assert "GENAUG_WEBHOOK_HOSTS" in bad.text and "off" in bad.text, bad.text
+    message = bad.json()["error"]["message"]
+    # Off says off, and which setting turns them on; never a URL form that cannot pass.
+    assert "webhooks are off on this service" in message, message
+    assert "GENAUG_WEBHOOK_HOSTS" in message and "GENAUG_WEBHOOK_SECRET" in message, message
+    assert "send an http" not in message and "pattern" not in message, message

@@ -114,3 +114,24 @@ def test_ctrl_c_stops_following_names_the_job_and_leaves_it_running(
         f"genaug pregenerate: interrupted; job {job['id']} goes on in the service; follow it "
         f"with genaug jobs wait {job['id']} --url {live.url}, or cancel it with genaug jobs "
         f"cancel {job['id']} --url {live.url}"), command.err[-3000:]
+
+
+def test_the_bars_on_a_terminal_count_the_jobs_own_rate_not_what_the_labels_held(
+        live: Any, terminal: Any, job_bars: Any) -> None:
+    """The labels held 6 images each before the command asked 10: each label's bar starts at
+    6 of 10, and its rate and time left count only the images made after that."""
+    frames_of, rates_are_the_jobs_own = job_bars
+    with Client(live.url) as client:
+        assert client.fill("shapes", per_label=6).wait(timeout=60, poll_s=0.05)["state"] == "done"
+    live.worker.gate.clear()  # nothing is made until the bars ran 2 s
+    term = terminal([sys.executable, "-m", "genaug.cli", "pregenerate", "--url", live.url,
+                     "--recipe", "shapes", "--per-label", "10"])
+    term.wait_for(lambda text: any(f[3] >= 2 for f in frames_of(text)), "2 s of the bars")
+    live.worker.gate.set()
+    assert term.end() == 0, term.text[-2000:]
+    frames = frames_of(term.text)
+    assert {f[0] for f in frames} == {"circle", "square", "triangle"}, frames
+    for label in ("circle", "square", "triangle"):
+        mine = [f for f in frames if f[0] == label]
+        assert mine[0][1:3] == (6, 10) and mine[-1][1:3] == (10, 10), mine
+    rates_are_the_jobs_own(frames)
