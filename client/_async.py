@@ -249,6 +249,12 @@ class AsyncClient:
         :class:`NotFoundError`."""
         return await self._call(self._base.calls.cancel_job(job_id))
 
+    async def forget_job(self, job_id: str) -> dict[str, Any]:
+        """Forget a job: the service removes it (a queued or running one is cancelled first,
+        as :meth:`cancel_job` does; its webhook is never sent); returns it as it was
+        forgotten. Asking for it afterwards is :class:`NotFoundError`, as is an unknown id."""
+        return await self._call(self._base.calls.forget_job(job_id))
+
     async def wait_job(self, job_id: str, timeout: float | None = None, *,
                        poll_s: float = JOB_POLL_S, progress: bool | None = None
                        ) -> dict[str, Any]:

@@ -812,6 +812,9 @@ class Calls:
                     decode=lambda content: _json(content)["jobs"])
 
     def cancel_job(self, job_id: str) -> Call[dict[str, Any]]:
+        return Call("POST", job_path(job_id) + "/cancel", decode=_json)
+
+    def forget_job(self, job_id: str) -> Call[dict[str, Any]]:
         return Call("DELETE", job_path(job_id), decode=_json)
 
     def feedback(self, name: str, need: Mapping[str, float]) -> Call[dict[str, Any]]:

@@ -252,6 +252,12 @@ class Client:
         :class:`NotFoundError`."""
         return self._call(self._base.calls.cancel_job(job_id))
 
+    def forget_job(self, job_id: str) -> dict[str, Any]:
+        """Forget a job: the service removes it (a queued or running one is cancelled first,
+        as :meth:`cancel_job` does; its webhook is never sent); returns it as it was
+        forgotten. Asking for it afterwards is :class:`NotFoundError`, as is an unknown id."""
+        return self._call(self._base.calls.forget_job(job_id))
+
     def wait_job(self, job_id: str, timeout: float | None = None, *,
                  poll_s: float = JOB_POLL_S, progress: bool | None = None) -> dict[str, Any]:
         """Poll the job every ``poll_s`` seconds until it ended; returns it (``state`` done,

@@ -12,7 +12,7 @@ loads torch, ``train`` loads tensorflow, no command loads both.
     genaug pregenerate --recipe NAME --per-label N [--url URL]
     genaug export --recipe NAME --out DIR
     genaug pool list | genaug pool drop POOL_ID
-    genaug jobs list | show ID | wait ID | cancel ID [--url URL]   a running service's fills
+    genaug jobs list | show ID | wait ID | cancel ID | forget ID [--url URL]   a service's fills
     genaug train --data DIR [--service URL --recipe NAME --p 0.5] [--gpus 1,2,3,4]
     genaug convert-unet SRC DST [--base MODEL] --trust-this-file
     genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors [--steps N] ...

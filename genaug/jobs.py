@@ -9,6 +9,7 @@ answers for it and a restart forgets none. ``genaug jobs`` follows them with the
     genaug jobs show ID [--url URL] [--json]
     genaug jobs wait ID [--url URL]      a progress bar where a terminal is attached
     genaug jobs cancel ID [--url URL]
+    genaug jobs forget ID [--url URL]    removes it (cancelled first if live)
 
 ``--url`` defaults to ``GENAUG_URL`` (every replica it lists), else http://127.0.0.1:8000;
 ``--api-key`` to ``GENAUG_API_KEY``. ``wait`` exits with the job's state, as ``genaug
@@ -47,8 +48,8 @@ MAX_LIMIT = 1000
 WAIT_RETRY_S = 30.0
 
 EXIT_STATUSES = (
-    "exit status: 0 done (wait), or listed, shown, cancelled; 1 the job failed or was "
-    "cancelled (wait), or the service refused (an unknown id, a cancel of a job that already "
+    "exit status: 0 done (wait), or listed, shown, cancelled, forgotten; 1 the job failed or "
+    "was cancelled (wait), or the service refused (an unknown id, a cancel of a job that already "
     "ended: its message in one line) or did not answer; 2 bad arguments; 3 the job stopped "
     "(wait): the judge stopped a label it needs, each named with the judge's reason and fix; "
     "130 Ctrl-C (the job goes on in the service; the line says how to cancel it)"
@@ -118,6 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             description="Cancel a queued or running job: what it asked for "
                                         "and no other live job wants is no longer made.")
     cancel.add_argument("id", help="the job's id")
+    forget = sub.add_parser("forget", parents=[common], epilog=EXIT_STATUSES,
+                            help="remove a job (cancelled first if it is live)",
+                            description="Remove a job from the service: a queued or running "
+                                        "one is cancelled first; its webhook is never sent.")
+    forget.add_argument("id", help="the job's id")
 
 
 def _say(line: str) -> None:
@@ -150,6 +156,10 @@ def run(args: argparse.Namespace, *, write: Callable[[str], Any] | None = None) 
             if args.action == "cancel":
                 job = client.cancel_job(args.id)
                 out(_summary(job) + "\n")
+                return 0
+            if args.action == "forget":
+                job = client.forget_job(args.id)
+                out(f"forgot {_summary(job)}\n")
                 return 0
             job = client.wait_job(args.id, poll_s=args.poll)
             out(_summary(job) + "\n")
@@ -256,8 +266,9 @@ def format_job(job: Mapping[str, Any]) -> str:
              f"{_time(job.get('ended'))}"]
     if job.get("notify_url"):
         hook = job.get("webhook") or {}
+        tries = int(hook.get("attempts") or 0)
         lines.append(f"  notify {job['notify_url']}: webhook {hook.get('state', '-')} "
-                     f"({hook.get('attempts', 0)} attempt(s))")
+                     f"({tries} attempt{'' if tries == 1 else 's'} made)")
     header = ("label", "asked", "made", "accepted", "rejected", "fill", "missing", "")
     rows: list[tuple[str, ...]] = [header]
     for label, c in (job.get("labels") or {}).items():
@@ -277,8 +288,9 @@ def interrupted(args: argparse.Namespace) -> str:
         url = f" --url {args.url}" if args.url else ""
         return (f"job {job_id} goes on in the service; follow it again with genaug jobs wait "
                 f"{job_id}{url}, or cancel it with genaug jobs cancel {job_id}{url}")
-    if args.action == "cancel" and job_id:
-        return f"the cancel may have reached the service: genaug jobs show {job_id} says"
+    if args.action in ("cancel", "forget") and job_id:
+        return (f"the {args.action} may have reached the service: genaug jobs show {job_id} "
+                "says")
     return "nothing was changed"
 
 

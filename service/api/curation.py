@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, Response
 
@@ -37,7 +37,7 @@ from ..intake.fields import SEED_MAX
 from ..intake.parse import read_body
 from ..intake.schemas import MAX_BROWSE_LIMIT
 from .recipes import _hints, _pools_for
-from .requests import binary_media, state_of
+from .requests import binary_media, known_query, state_of
 from .responses import (
     RECIPE_ERRORS,
     ImagePage,
@@ -74,7 +74,7 @@ async def verdicts(name: str, request: Request) -> VerdictResponse:
 
 @router.get(
     "/v1/recipes/{name}/images", response_model=ImagePage, tags=["recipes"],
-    responses=error_responses(404, 422, 503),
+    responses=error_responses(404, 422, 503), dependencies=[Depends(known_query)],
 )
 async def list_images(
     name: str,

@@ -6,7 +6,8 @@ job, and a restart forgets none) with its progress now:
 
 - ``GET /v1/jobs/{id}``: state, asked and made per label, rate and ETA, times, webhook;
 - ``GET /v1/jobs``: the recent ones, newest first (``recipe``, ``state``, ``limit``);
-- ``DELETE /v1/jobs/{id}``: cancel a live job (409 naming its state once it ended).
+- ``POST /v1/jobs/{id}/cancel``: cancel a live job (409 naming its state once it ended);
+- ``DELETE /v1/jobs/{id}``: forget a job (cancelled first if live): a 404 after.
 
 Example::
 
@@ -18,17 +19,24 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 
-from ..errors import NotFoundError
+from ..errors import InvalidRequestError, NotFoundError
 from ..jobs.view import job_view
 from ..pool.types import JobState
-from .requests import state_of
+from .requests import known_query, state_of
 from .responses import JobList, JobView, error_responses
+from .state import AppState
 
 router = APIRouter()
 
 JOB_ERRORS = error_responses(404, 422, 503)
+
+
+def _no_recipe(recipe: str, app: AppState) -> InvalidRequestError:
+    known = ", ".join(sorted(app.recipes)) or "none (set GENAUG_RECIPES)"
+    return InvalidRequestError(f"recipe = {recipe[:80]!r}: no such recipe, and no job of one; "
+                               f"this service has: {known}", field="recipe")
 
 
 def _unknown(job_id: str) -> NotFoundError:
@@ -37,7 +45,7 @@ def _unknown(job_id: str) -> NotFoundError:
 
 
 @router.get("/v1/jobs", response_model=JobList, tags=["jobs"],
-            responses=error_responses(422, 503))
+            responses=error_responses(422, 503), dependencies=[Depends(known_query)])
 async def list_jobs(
     request: Request,
     recipe: Annotated[str | None, Query(max_length=200, description="Only this recipe's.")]
@@ -45,15 +53,22 @@ async def list_jobs(
     state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many.")] = 50,
 ) -> JobList:
-    """The most recent fill jobs, newest first, each with its progress."""
+    """The most recent fill jobs, newest first, each with its progress. A ``recipe`` this
+    service does not serve and no stored job names is a 422 naming the recipes it serves
+    (a job of a recipe served before, or by another replica, is still listed)."""
     app = state_of(request)
     if not app.recipes:
+        if recipe is not None:
+            raise _no_recipe(recipe, app)
         return JobList(jobs=[])
     runner = app.require_pools().planner.jobs
 
     def read() -> JobList:
-        jobs = runner.planner.store.list_jobs(
-            recipe, limit=limit, states=None if state is None else [state])
+        store = runner.planner.store
+        jobs = store.list_jobs(recipe, limit=limit, states=None if state is None else [state])
+        if (recipe is not None and not jobs and recipe not in app.recipes
+                and not store.list_jobs(recipe, limit=1)):
+            raise _no_recipe(recipe, app)
         return JobList(jobs=[JobView(**job_view(*runner.view(job))) for job in jobs])
 
     return await asyncio.to_thread(read)
@@ -72,13 +87,27 @@ async def get_job(job_id: str, request: Request) -> JobView:
     return JobView(**job_view(*found))
 
 
-@router.delete("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"],
-               responses=error_responses(404, 409, 422, 503))
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, tags=["jobs"],
+             responses=error_responses(404, 409, 422, 503))
 async def cancel_job(job_id: str, request: Request) -> JobView:
     """Cancel a live fill job: what it asked beyond what other live jobs still want is
-    released (images made or in flight are kept). 409 once it ended, naming its state."""
+    released (images made or in flight are kept); the job stays, ``cancelled``. 409 once it
+    ended, naming its state."""
     app = state_of(request)
     if not app.recipes:
         raise _unknown(job_id)
     runner = app.require_pools().planner.jobs
     return JobView(**job_view(*await asyncio.to_thread(runner.cancel, job_id)))
+
+
+@router.delete("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"],
+               responses=error_responses(404, 422, 503))
+async def forget_job(job_id: str, request: Request) -> JobView:
+    """Forget a fill job: a live one is cancelled first (as ``POST .../cancel`` does); its
+    webhook is never sent. Answers the job as it was forgotten; ``GET`` is a 404 after, on
+    every replica."""
+    app = state_of(request)
+    if not app.recipes:
+        raise _unknown(job_id)
+    runner = app.require_pools().planner.jobs
+    return JobView(**job_view(*await asyncio.to_thread(runner.forget, job_id)))

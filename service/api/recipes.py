@@ -196,7 +196,7 @@ async def fill(name: str, request: Request) -> RecipeDetail:
     how many were asked where, fewer than B when less room is left; 409 only when no label
     has room left below the pool capacity). One of the two. Generation runs in the
     background, when no request waits; answers at once with the current counts and the
-    fill's job (``job``: ``GET /v1/jobs/{id}`` follows it, ``DELETE`` cancels it). With
+    fill's job (``job``: ``GET /v1/jobs/{id}`` follows it, ``POST .../cancel`` cancels it). With
     ``notify_url`` the job's JSON is POSTed there, signed, once it ends (only to hosts in
     ``GENAUG_WEBHOOK_HOSTS``)."""
     state = state_of(request)

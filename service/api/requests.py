@@ -111,3 +111,18 @@ def binary_media(request: Request, media: str) -> str:
     :data:`OCTET_STREAM` when the client prefers plain octets (``Accept:
     application/octet-stream``, which ``/openapi.json`` offers beside every binary type)."""
     return negotiate(request, (media, OCTET_STREAM))
+
+
+def known_query(request: Request) -> None:
+    """A dependency of the routes that take query parameters: one the route does not take
+    is a 422 naming it and those it takes, as an unknown body field is (a misspelt filter,
+    ``?recipes=digits``, would otherwise list everything, silently). Routes that take none
+    leave query strings alone (a browser's cache-buster, the pool page's ``per_page``)."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    taken = [param.alias for param in getattr(dependant, "query_params", ())]
+    unknown = [name for name in request.query_params if name not in taken]
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown query parameter {unknown[0][:80]!r}; remove it (allowed: "
+            f"{', '.join(taken)})", field=unknown[0][:80])

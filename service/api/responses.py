@@ -273,7 +273,8 @@ class JobList(BaseModel):
 
 class JobRef(BaseModel):
     id: str
-    url: str = Field(description="GET it for the job's progress; DELETE it to cancel.")
+    url: str = Field(description="GET it for the job's progress; POST {url}/cancel to "
+                                 "cancel it; DELETE it to forget it.")
 
 
 class RecipeDetail(RecipeSummary):

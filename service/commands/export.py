@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ._pool_args import open_store, pool_arguments, pool_settings
 
 if TYPE_CHECKING:
+    from ..pool.store import PoolStore
     from ..pool.types import PoolRecord
     from ..recipes.spec import Recipe
     from ..settings import Settings
@@ -65,9 +66,13 @@ class _Known:
     recipe: Recipe | None
     sources: str | None
     configured: tuple[str, str] | None
+    #: ``recipe`` is the pool's own (stored with it): it made every image of the pool.
+    matches: bool = False
     recipe_for: dict[str, Recipe | None] = field(default_factory=dict)
 
     def recipe_of(self, model_hash: str) -> Recipe | None:
+        if self.matches:
+            return self.recipe
         if model_hash not in self.recipe_for:
             from ..recipes.spec import pool_id
 
@@ -199,6 +204,22 @@ def _recipe(args: argparse.Namespace, settings: Settings) -> tuple[Recipe | None
     return recipe, digest
 
 
+def _unknown_prompts(store: PoolStore, pool: str, known: _Known, args: argparse.Namespace,
+                     settings: Settings) -> str:
+    """Why the prompts of ``pool`` (which stores no recipe: written before pool schema 5)
+    cannot be written, in one line naming the fix; "" when the recipe file given made it."""
+    first = next(iter(store.iter_records(pool)), None)
+    if first is None or known.recipe_of(first.model_hash) is not None:
+        return ""  # one model per pool id: the first image's hash is every image's
+    path = args.recipes or settings.recipes
+    why = (f"the recipe {args.recipe!r} of {path} is not the one that made it (changed "
+           "since?)" if path is not None else "no recipe file was given")
+    return (f"genaug export: pool {pool} stores no recipe (written before pool schema 5) and "
+            f"{why}; pass --recipes FILE with the recipe it was made with (or set "
+            "GENAUG_RECIPES) so that each image's prompt is written, or serve the pool once "
+            "with this genaug, which records it")
+
+
 def _previous_files(out: Path) -> set[str]:
     """The files the manifest already in ``out`` lists (written by an earlier export)."""
     try:
@@ -247,9 +268,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"{len(candidates)} pools of {args.recipe!r} (other prompts or models): "
                   f"{sizes}; exporting the largest, {chosen} (choose with --pool)")
         settings = pool_settings(args)
-        recipe, sources = _recipe(args, settings)
-        known = _Known(chosen, recipe, sources, configured_model(settings) if sizes[chosen]
-                       else None)
+        stored = store.stored_recipe(chosen)
+        if stored is not None:  # what made the pool, from the pool: no file can disagree
+            known = _Known(chosen, stored, None, None, matches=True)
+        else:
+            known = _Known(chosen, *_recipe(args, settings), None)
+            refused = _unknown_prompts(store, chosen, known, args, settings)
+            if refused:
+                print(refused, file=sys.stderr)
+                return 2
+        if sizes[chosen]:
+            known.configured = configured_model(settings)
+        recipe = known.recipe
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         previous = _previous_files(out)

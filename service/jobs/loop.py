@@ -8,7 +8,9 @@ conditional update), then claims the pool's pending webhooks with a lease
 :class:`~genaug.service.jobs.webhooks.WebhookSender`. A delivery's end is recorded in the pool
 (delivered or failed); a replica that stops mid-delivery leaves its claim to expire, and another
 replica (or this one after a restart) delivers it. So each ended job's webhook is sent by one
-replica at a time, and a restart loses none.
+replica at a time, and a restart loses none. Each attempt is counted in the pool as it starts
+(``webhook.attempts`` in the job's JSON), and the first one's time is kept: no attempt starts
+more than ``MAX_ELAPSED_S`` after it, whichever replica or start makes it.
 
 The pool database work runs in a thread (``asyncio.to_thread``); webhooks are tasks on the
 event loop with their own time bounds: a receiver that hangs or fails never holds the batcher,
@@ -26,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..pool.types import Job, PoolError
 from .view import job_view
-from .webhooks import MAX_ELAPSED_S, TIMEOUT_S, WebhookSender
+from .webhooks import WebhookSender
 
 if TYPE_CHECKING:
     from ..pool.planner import PoolPlanner
@@ -41,9 +44,6 @@ log = logging.getLogger(__name__)
 
 #: How often live jobs are looked at when no image is stored meanwhile.
 JOB_POLL_S = 1.0
-#: A claimed webhook is this replica's for this long: a whole delivery (retries included)
-#: and its attempts' bounds fit in it, so two replicas never deliver one job at once.
-CLAIM_LEASE_S = MAX_ELAPSED_S + 4 * TIMEOUT_S
 
 
 class JobLoop:
@@ -58,7 +58,7 @@ class JobLoop:
         self._task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
         # Deliveries being recorded in the pool: held, since the loop keeps only weak refs.
-        self._recording: set[asyncio.Task[bool]] = set()
+        self._recording: set[asyncio.Task[object]] = set()
 
     def start(self) -> None:
         """Start the loop on the running event loop."""
@@ -101,7 +101,10 @@ class JobLoop:
         ended = await asyncio.to_thread(self.planner.jobs.advance)
         if self.sender is not None:
             store = self.planner.store
-            claimed = await asyncio.to_thread(store.claim_webhook, store.owner, CLAIM_LEASE_S)
+            # The claim is the store's lease, renewed by its heartbeat while this replica
+            # lives and handed back when it stops: a restart delivers at once, and a replica
+            # that died leaves it to the others after one lease (GENAUG_POOL_LEASE_S).
+            claimed = await asyncio.to_thread(store.claim_webhook, store.owner, store.lease_s)
             for job in claimed:
                 self._deliver(job)
         return ended
@@ -113,14 +116,21 @@ class JobLoop:
         progress = runner.progress_of(job)
         loop = asyncio.get_running_loop()
 
-        def done(delivered: bool) -> None:
+        def record(write: Callable[[], object]) -> None:
             # On the event loop: record it in a thread, the loop keeps serving.
-            task = loop.create_task(asyncio.to_thread(
-                store.finish_webhook, job.id, delivered, owner=store.owner))
+            task = loop.create_task(asyncio.to_thread(write))
             self._recording.add(task)
             task.add_done_callback(self._recording.discard)
 
+        def attempted(at: float) -> None:
+            record(lambda: store.webhook_attempted(job.id, at))
+
+        def done(delivered: bool) -> None:
+            record(lambda: store.finish_webhook(job.id, delivered, owner=store.owner))
+
         # The job's id is the delivery's: the same on a retry, after a restart, from any
-        # replica, so a receiver drops what it already handled.
+        # replica, so a receiver drops what it already handled. Its window runs from the
+        # first attempt any replica made (stored with the job), restarts included.
         self.sender.submit(job.notify_url, job_view(job, progress), on_result=done,
-                           delivery=job.id)
+                           delivery=job.id, first_attempt_at=job.webhook_first,
+                           on_attempt=attempted)

@@ -1,6 +1,7 @@
 """A job as the API shows it and its webhook carries: one dict, built in one place.
 
-``GET /v1/jobs/{id}``, ``GET /v1/jobs``, ``DELETE /v1/jobs/{id}``, a recipe's live jobs and
+``GET /v1/jobs/{id}``, ``GET /v1/jobs``, ``POST /v1/jobs/{id}/cancel``, ``DELETE
+/v1/jobs/{id}``, a recipe's live jobs and
 the webhook's body are all :func:`job_view` of a :class:`~genaug.service.pool.types.Job` and
 its :class:`~genaug.service.pool.job_progress.JobProgress`, so a receiver reads exactly what a
 poller reads. Times are ISO-8601 in UTC; ``rate`` is accepted images per second since the job
@@ -52,7 +53,8 @@ def job_view(job: Job, progress: JobProgress) -> dict[str, Any]:
         "rate": round(progress.rate, 4),
         "eta_s": None if progress.eta_s is None else round(progress.eta_s, 1),
         "created": _iso(job.created),
-        "updated": _iso(job.updated),
+        # A state change, or the newest image the job counts: a live job's updated moves.
+        "updated": _iso(max(job.updated, progress.last_image or 0.0)),
         "ended": _iso(job.ended),
         "notify_url": job.notify_url,
         "webhook": (None if job.webhook_state is None

@@ -37,6 +37,7 @@ import hmac
 import json
 import logging
 import random
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -202,11 +203,17 @@ class WebhookSender:
         on_result: Callable[[bool], None] | None = None,
         event: str = JOB_ENDED,
         delivery: str | None = None,
+        first_attempt_at: float | None = None,
+        on_attempt: Callable[[float], None] | None = None,
     ) -> None:
-        """Deliver ``payload`` to ``url`` (already passed by :func:`check_notify_url`) in the
-        background; returns at once and never raises. Call it on the event loop's thread.
+        """Deliver ``payload`` to ``url`` (already checked at intake) in the background;
+        returns at once and never raises. Call it on the event loop's thread.
         ``delivery``: the ``X-Genaug-Delivery`` id (default a new UUID; the job loop passes the
-        job's id, so a delivery sent again after a restart carries the same one)."""
+        job's id, so a delivery sent again after a restart carries the same one).
+        ``first_attempt_at``: when an earlier run made this delivery's first attempt (seconds
+        since the epoch): the window of ``max_elapsed_s`` runs from it, so a delivery resumed
+        after a restart never starts an attempt later than one that was never cut off.
+        ``on_attempt(started_at)`` is called as each attempt starts (its exceptions logged)."""
         try:
             if self._closed:
                 raise RuntimeError("the sender is closed (the service is stopping)")
@@ -216,7 +223,8 @@ class WebhookSender:
             body = encode_body(payload)
             delivery = delivery or str(uuid.uuid4())
             task = asyncio.get_running_loop().create_task(
-                self._deliver(url, body, delivery, event, on_result),
+                self._deliver(url, body, delivery, event, on_result, first_attempt_at,
+                              on_attempt),
                 name=f"webhook-{delivery}",
             )
         except Exception as exc:  # the caller is ending a job: a webhook must not fail it
@@ -237,6 +245,8 @@ class WebhookSender:
         delivery: str,
         event: str,
         on_result: Callable[[bool], None] | None,
+        first_attempt_at: float | None = None,
+        on_attempt: Callable[[float], None] | None = None,
     ) -> None:
         headers = {
             "Content-Type": "application/json",
@@ -247,9 +257,18 @@ class WebhookSender:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self._max_elapsed_s
+        if first_attempt_at is not None:  # resumed: the window runs from the first attempt
+            deadline -= max(0.0, time.time() - first_attempt_at)
         attempts = 0
         error: str | None = None
         retry_after: float | None
+        if loop.time() > deadline:
+            self.failed += 1
+            log.warning("webhook %s to %s given up: its first attempt was %.0f s ago, beyond "
+                        "max_elapsed_s=%g", delivery, url, time.time() - (first_attempt_at or 0),
+                        self._max_elapsed_s)
+            _report(on_result, False)
+            return
         while True:
             async with self._semaphore:
                 if attempts and loop.time() > deadline:  # waited for a turn past the end
@@ -257,6 +276,7 @@ class WebhookSender:
                     retried, retry_after = False, None
                 else:
                     attempts += 1
+                    _tell(on_attempt, time.time())
                     self._attempting += 1
                     try:
                         error, retried, retry_after = await self._attempt(url, body, headers)
@@ -338,6 +358,15 @@ def _retry_after(value: str | None) -> float | None:
     except ValueError:
         return None
     return seconds if seconds >= 0 else None
+
+
+def _tell(on_attempt: Callable[[float], None] | None, at: float) -> None:
+    if on_attempt is None:
+        return
+    try:
+        on_attempt(at)
+    except Exception:
+        log.exception("webhook on_attempt callback failed")
 
 
 def _report(on_result: Callable[[bool], None] | None, ok: bool) -> None:

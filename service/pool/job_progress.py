@@ -23,7 +23,7 @@ State: ``done`` when every label is met; else ``stopped`` when a label not met i
 (nothing more of it will be made); else ``running`` once anything was made for it, else
 ``queued``. An ended job keeps its state. ``rate``: accepted images per second since the job
 was created; ``eta_s``: what is missing over that rate (None before the first image, 0 when
-done).
+done); ``last_image``: when the newest image of its labels was added, if after the job began.
 
 Example::
 
@@ -73,6 +73,9 @@ class JobProgress:
     per_label: dict[str, LabelProgress] = field(default_factory=dict)
     rate: float = 0.0
     eta_s: float | None = None
+    #: When an image the job counts was last added (seconds since the epoch; None: none
+    #: yet): a live job's ``updated`` moves with it, not only at a change of state.
+    last_image: float | None = None
 
     @property
     def made(self) -> int:
@@ -105,6 +108,8 @@ def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str
         ended = JobProgress.from_dict(job.result)
         return JobProgress(job.state, job.reason, ended.per_label, ended.rate, ended.eta_s)
     per_label: dict[str, LabelProgress] = {}
+    added = [stats[label].newest for label in job.asked if label in stats]
+    newest = [t for t in added if t is not None and t >= job.created]
     for label, asked in job.asked.items():
         s = stats.get(label, LabelStats())
         start = job.start.get(label, {})
@@ -137,4 +142,4 @@ def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str
         state = "running"
     else:
         state = "queued"
-    return JobProgress(state, reason, per_label, rate, eta)
+    return JobProgress(state, reason, per_label, rate, eta, max(newest, default=None))

@@ -18,6 +18,7 @@ Example::
     job, progress = runner.status("j_0123456789abcdef")   # None for an unknown id
     runner.advance()                                    # the jobs this call ended
     runner.cancel("j_0123456789abcdef")                 # 409 once it ended
+    runner.forget("j_0123456789abcdef")                 # gone: 404 after
 """
 
 from __future__ import annotations
@@ -83,6 +84,19 @@ class JobRunner:
             result = self._progress(job, time.time()).as_dict()
         job = store.cancel_job(job_id, result=result)  # raises the 404 and the 409
         self.planner.wake()
+        return job, self.progress_of(job)
+
+    def forget(self, job_id: str) -> tuple[Job, JobProgress]:
+        """Forget a job (cancelled first if live, as :meth:`cancel` does); the job and its
+        progress as it was forgotten. 404 for an unknown id."""
+        store = self.planner.store
+        job = store.get_job(job_id)
+        result = None
+        if job is not None and job.live:
+            result = self._progress(job, time.time()).as_dict()
+        job = store.forget_job(job_id, result=result)  # raises the 404
+        if result is not None:
+            self.planner.wake()
         return job, self.progress_of(job)
 
     def view(self, job: Job) -> tuple[Job, JobProgress]:

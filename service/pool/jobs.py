@@ -19,7 +19,8 @@ webhooks with a lease (:meth:`JobQueries.claim_webhook`) and report back
 Cancelling (:meth:`JobQueries.cancel_job`) releases what the job asked: each label's shared
 target the job held is lowered to the larger of what the other live jobs of the label still
 ask and what the label holds and has in flight now (so nothing made or being made is
-wasted); a target someone else raised beyond the job's is left alone.
+wasted); a target someone else raised beyond the job's is left alone. Forgetting
+(:meth:`JobQueries.forget_job`) removes the job's row, cancelling it first if it is live.
 
 **Stops.** The judge's stops live in the same schema (``stops``), queried by
 :mod:`~genaug.service.pool.stop_queries`; a job whose label stopped ends ``stopped``.
@@ -73,7 +74,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     webhook_claim    TEXT,
     webhook_until    {real},
     webhook_attempts INTEGER NOT NULL DEFAULT 0,
-    result           TEXT
+    result           TEXT,
+    webhook_first    {real}
 ){options};
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created);
@@ -88,7 +90,7 @@ CREATE TABLE IF NOT EXISTS stops (
 """
 
 _COLUMNS = ("id, pool_id, recipe, kind, state, asked, start, notify_url, reason, created,"
-            " updated, ended, webhook_state, webhook_attempts, result")
+            " updated, ended, webhook_state, webhook_attempts, result, webhook_first")
 _LIVE = "state IN ('queued', 'running')"
 
 
@@ -112,7 +114,7 @@ def job_tables(*, real: str, options: str = "") -> list[str]:
 
 def _job(row: Sequence[Any]) -> Job:
     (job_id, pool_id, recipe, kind, state, asked, start, notify_url, reason, created, updated,
-     ended, webhook_state, attempts, result) = row
+     ended, webhook_state, attempts, result, first) = row
     return Job(
         id=str(job_id), pool_id=str(pool_id), recipe=str(recipe), kind=str(kind),
         state=str(state), asked={str(k): int(v) for k, v in json.loads(asked).items()},
@@ -125,6 +127,7 @@ def _job(row: Sequence[Any]) -> Job:
         webhook_state=None if webhook_state is None else str(webhook_state),
         webhook_attempts=int(attempts or 0),
         result=None if result is None else json.loads(result),
+        webhook_first=None if first is None else float(first),
     )
 
 
@@ -196,7 +199,7 @@ class JobQueries:
                 f"INSERT INTO jobs ({_COLUMNS}) VALUES ({_in(_COLUMNS.split(','))})",
                 (job_id, pool_id, recipe, kind, "queued",
                  json.dumps({k: int(asked[k]) for k in labels}), json.dumps(start),
-                 notify_url, None, now, now, None, None, 0, None),
+                 notify_url, None, now, now, None, None, 0, None, None),
             )
         log.info("job %s: %s fill of %s asked %s", job_id, kind, pool_id, dict(asked))
         return Job(job_id, pool_id, recipe, kind, "queued", {k: int(asked[k]) for k in labels},
@@ -332,12 +335,37 @@ class JobQueries:
                                    (job_id,)).fetchone()[0]
                 raise ConflictError(
                     f"id {job_id!r}: the job already ended ({state}); there is nothing to "
-                    f"cancel. GET /v1/jobs/{job_id} says how it ended; start a new fill to "
-                    "ask for more", field="id")
+                    f"cancel. GET /v1/jobs/{job_id} says how it ended, DELETE forgets it; "
+                    "start a new fill to ask for more", field="id")
             self._release(conn, job)
             row = self._exec(conn, f"SELECT {_COLUMNS} FROM jobs WHERE id = ?",
                              (job_id,)).fetchone()
         return _job(row)
+
+    def forget_job(self, job_id: str, reason: str = "cancelled, then forgotten, by a client",
+                   *, result: Mapping[str, Any] | None = None) -> Job:
+        """Remove the job; a live one is cancelled first (its targets released, as
+        :meth:`cancel_job` does), in the same transaction. Its webhook, pending or not, is
+        never sent. Returns the job as it was when forgotten (cancelled, if it was live);
+        :class:`~genaug.service.errors.NotFoundError` for an unknown id."""
+        with self._tx(write=True) as conn:
+            row = self._exec(conn, f"SELECT {_COLUMNS} FROM jobs WHERE id = ?",
+                             (job_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"id {job_id[:40]!r}: no such job; GET /v1/jobs lists the "
+                                    "recent ones", field="id")
+            job = _job(row)
+            if job.live:
+                for label in sorted(job.asked):
+                    self._lock_label(conn, job.pool_id, label)
+                if self._set_state(conn, job_id, "cancelled", reason, LIVE_JOB_STATES,
+                                   result):
+                    self._release(conn, job)
+                job = _job(self._exec(conn, f"SELECT {_COLUMNS} FROM jobs WHERE id = ?",
+                                      (job_id,)).fetchone())
+            self._exec(conn, "DELETE FROM jobs WHERE id = ?", (job_id,))
+        log.info("job %s: forgotten (%s)", job_id, job.state)
+        return job
 
     def _release(self, conn: Any, job: Job) -> None:
         """Lower each label's shared target the cancelled ``job`` held (under the label
@@ -374,8 +402,10 @@ class JobQueries:
 
     def claim_webhook(self, owner: str, lease_s: float, *, limit: int = 20) -> list[Job]:
         """Take up to ``limit`` jobs whose webhook is pending and not claimed by a live lease:
-        each is ``owner``'s for ``lease_s`` seconds (its attempts counted). Another replica
-        gets it only after the lease, so one delivers at a time."""
+        each is ``owner``'s for ``lease_s`` seconds, a lease the store's heartbeat renews
+        while ``owner`` lives (:meth:`~genaug.service.pool.store.PoolStore.renew`) and that
+        closing the store hands back. Another replica gets it only after the lease, so one
+        delivers at a time; a replica that died leaves it after one lease."""
         if lease_s <= 0 or limit < 1:
             raise ValueError(f"lease_s must be > 0 and limit >= 1, got {lease_s}, {limit}")
         free = ("webhook_state = 'pending' AND (webhook_until IS NULL"
@@ -385,13 +415,20 @@ class JobQueries:
             # another replica claimed meanwhile, so a row is never claimed twice.
             rows = self._exec(
                 conn,
-                f"UPDATE jobs SET webhook_claim = ?, webhook_until = {self._NOW} + ?,"
-                " webhook_attempts = webhook_attempts + 1"
+                f"UPDATE jobs SET webhook_claim = ?, webhook_until = {self._NOW} + ?"
                 f" WHERE id IN (SELECT id FROM jobs WHERE {free} ORDER BY ended LIMIT ?)"
                 f" AND {free} RETURNING {_COLUMNS}",
                 (owner, float(lease_s), limit),
             ).fetchall()
         return sorted((_job(r) for r in rows), key=lambda j: (j.ended or 0.0, j.id))
+
+    def webhook_attempted(self, job_id: str, at: float) -> None:
+        """Count one delivery attempt of ``job_id``'s webhook, started at ``at`` (seconds
+        since the epoch; the first one's time is kept: the delivery's window runs from it)."""
+        with self._tx(write=True) as conn:
+            self._exec(conn, "UPDATE jobs SET webhook_attempts = webhook_attempts + 1,"
+                             " webhook_first = COALESCE(webhook_first, ?) WHERE id = ?",
+                       (float(at), job_id))
 
     def finish_webhook(
         self, job_id: str, delivered: bool, *, owner: str | None = None,

@@ -80,7 +80,7 @@ from .outcomes import BatchOutcomes
 from .stops import SharedStops, judge_keys
 from .store import PoolStore
 from .targets import DemandBoard, asked_fill, fill_target, label_limit
-from .types import Job, LabelStats, PoolConnectionError, Provenance, Reservation
+from .types import Job, LabelStats, PoolConnectionError, PoolError, Provenance, Reservation
 
 if TYPE_CHECKING:
     from ..judge import Judge
@@ -135,6 +135,7 @@ class PoolPlanner:
             name: pool_id(r, model_hash, sources=sources_digest(self.sources[name]))
             for name, r in recipes.items()
         }
+        self._record_recipes()
         # Background work fills every label to the capacity when pre-generating; what is
         # asked in process (`genaug pregenerate`) is this process's own; shared asks live in
         # the pool.
@@ -170,6 +171,17 @@ class PoolPlanner:
             outage=self._pause, rejected=lambda: self._wake(0.0))
         #: Test hook: called between reading a label's counts and reserving its batch.
         self.before_reserve: Callable[[str, str], None] | None = None
+
+    def _record_recipes(self) -> None:
+        """Store each recipe's spec with its pool (``genaug export`` reads prompts from it);
+        an outage now leaves the rows to the next start (the export then asks for
+        ``--recipes``), never the start itself."""
+        try:
+            for name, pid in self.pool_ids.items():
+                self.store.record_recipe(pid, self.recipes[name])
+        except PoolError as exc:
+            log.warning("pool %s: could not record its recipes' specs now (%s); the next "
+                        "start does", self.store.location, exc)
 
     def connect(self, *, wake: Callable[[float], None], stored: Callable[[], None]) -> None:
         """``wake(delay)``: ask for idle work again after ``delay`` seconds (from any thread);

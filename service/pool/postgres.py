@@ -37,6 +37,7 @@ import numpy as np
 
 from .draw import decode_rows, empty_sample
 from .jobs import job_tables
+from .recipe_specs import recipe_table
 from .store import PoolStore
 from .types import (
     DEFAULT_LEASE_S,
@@ -123,10 +124,12 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS reservations_owner ON reservations (owner)",
     # Version 4: fills handed off as jobs, and the judge's stops, shared by every replica.
     *job_tables(real="DOUBLE PRECISION"),
+    # Version 5: the recipe spec that made each pool.
+    recipe_table(real="DOUBLE PRECISION"),
 ]
 
 #: Upgrades, by the version they start from. PostgreSQL pools start at version 2 (the first
-#: version with this backend); the next column goes here as ``4: [...]`` (new tables are in
+#: version with this backend); the next column goes here as ``5: [...]`` (new tables are in
 #: ``_SCHEMA``, created on every open).
 _UPGRADES: dict[int, list[str]] = {
     2: [  # curation: the judge's score and keep flag, a person's verdict, lifetime counters
@@ -146,6 +149,9 @@ _UPGRADES: dict[int, list[str]] = {
         "ALTER TABLE images ADD COLUMN IF NOT EXISTS adapter_hash TEXT",
         "ALTER TABLE images ADD COLUMN IF NOT EXISTS judge_key TEXT",
         "ALTER TABLE images ADD COLUMN IF NOT EXISTS judge_settings TEXT",
+    ],
+    4: [  # the first attempt of a job's webhook (its delivery window runs from it)
+        "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS webhook_first DOUBLE PRECISION",
     ],
 }
 

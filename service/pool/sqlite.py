@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .jobs import job_tables
+from .recipe_specs import recipe_table
 from .store import PoolStore
 from .types import DEFAULT_LEASE_S, SCHEMA_VERSION, PoolError, PoolSample, PoolSchemaError
 
@@ -38,7 +39,7 @@ __all__ = ["SqlitePoolStore"]
 
 log = logging.getLogger(__name__)
 
-# Version 4, the layout a new file gets (its jobs and stops tables: _V4).
+# Version 5, the layout a new file gets (its jobs and stops tables: _V4, its recipes: _V5).
 # (No semicolons in comments: the text is split on them.)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -138,6 +139,10 @@ _V3_COLUMNS = {
 # (their text is the jobs module's, shared with PostgreSQL).
 # An image stored before keeps NULL provenance: not recorded.
 _V4 = job_tables(real="REAL", options=" WITHOUT ROWID")
+
+# Version 4 -> 5: the recipe spec that made each pool, and the first attempt of a webhook.
+_V5 = [recipe_table(real="REAL", options=" WITHOUT ROWID")]
+_V5_JOB_COLUMNS = {"webhook_first": "REAL"}
 
 _V4_COLUMNS = {
     "steps": "INTEGER",
@@ -341,8 +346,13 @@ class SqlitePoolStore(PoolStore):
             if version < SCHEMA_VERSION:
                 log.warning("pool %s: upgrading schema version %d to %d in place",
                             self.path, version, SCHEMA_VERSION)
-            for statement in [*_statements(_V2 + _V3), *_V4]:
+            for statement in [*_statements(_V2 + _V3), *_V4, *_V5]:
                 conn.execute(statement)
+            if version < 5:  # after _V4: a version-3 file gets its jobs table just above
+                have = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
+                for column, decl in _V5_JOB_COLUMNS.items():
+                    if column not in have:
+                        conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key)"
                 " DO UPDATE SET value = excluded.value",

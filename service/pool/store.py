@@ -88,6 +88,7 @@ from .curation import CurationQueries, _judged
 from .draw import decode_rows, empty_sample, spread
 from .jobs import JobQueries
 from .reads import PoolReads
+from .recipe_specs import RecipeQueries
 from .stop_queries import StopQueries
 from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Provenance, Reservation
 
@@ -100,7 +101,7 @@ def _new_owner() -> str:
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class PoolStore(CurationQueries, JobQueries, StopQueries, PoolReads, ABC):
+class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolReads, ABC):
     """An image pool in a database; safe to use from several threads and processes.
 
     Abstract: :func:`~genaug.service.pool.open.open_pool` opens a PostgreSQL pool for a
@@ -203,7 +204,8 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, PoolReads, ABC):
                 log.debug("pool lease renewal failed: %s", exc)
 
     def close(self) -> None:
-        """Give back this store's reservations and close every connection; idempotent."""
+        """Give back this store's reservations and webhook claims and close every
+        connection; idempotent."""
         if self._closed:
             return
         self._stop_heartbeat.set()
@@ -212,6 +214,11 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, PoolReads, ABC):
         try:
             with self._tx(write=True) as conn:
                 self._exec(conn, "DELETE FROM reservations WHERE owner = ?", (self.owner,))
+                # A delivery this store claimed and did not finish: the next start (or
+                # another replica) takes it up at once, within what is left of its window.
+                self._exec(conn, "UPDATE jobs SET webhook_claim = NULL, webhook_until = NULL"
+                                 " WHERE webhook_claim = ? AND webhook_state = 'pending'",
+                           (self.owner,))
         except Exception as exc:  # best effort: unreleased reservations expire by themselves
             log.info("pool %s: could not release reservations at close: %s", self.location, exc)
         self._closed = True
@@ -286,13 +293,17 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, PoolReads, ABC):
             self._exec(conn, "DELETE FROM reservations WHERE id = ?", (reservation.id,))
 
     def renew(self) -> int:
-        """Extend the lease of every reservation this store holds; return how many."""
+        """Extend the lease of every reservation and webhook claim this store holds; return
+        how many reservations."""
         with self._tx(write=True) as conn:
             cur = self._exec(
                 conn,
                 f"UPDATE reservations SET expires = {self._NOW} + ? WHERE owner = ?",
                 (self.lease_s, self.owner),
             )
+            self._exec(conn, f"UPDATE jobs SET webhook_until = {self._NOW} + ?"
+                             " WHERE webhook_claim = ? AND webhook_state = 'pending'",
+                       (self.lease_s, self.owner))
             return int(cur.rowcount)
 
     def set_target(self, pool_id: str, labels: Sequence[str], per_label: int) -> None:
@@ -559,17 +570,16 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, PoolReads, ABC):
         :func:`~genaug.service.pool.planner.choose_label`); else every label the pool has
         seen, sorted."""
         with self._tx(write=False) as conn:
-            fills = {
-                str(label): tuple(int(v) for v in values)
-                for label, *values in self._exec(
-                    conn,
-                    "SELECT label, SUM(accepted), SUM(CASE WHEN accepted = 1 THEN served ELSE 0"
-                    " END), SUM(CASE WHEN accepted = 0 AND verdict IS NULL THEN 1 ELSE 0 END),"
-                    " SUM(CASE WHEN verdict = 'reject' THEN 1 ELSE 0 END) FROM images"
-                    " WHERE pool_id = ? GROUP BY label",
-                    (pool_id,),
-                ).fetchall()
-            }
+            rows = self._exec(
+                conn,
+                "SELECT label, SUM(accepted), SUM(CASE WHEN accepted = 1 THEN served ELSE 0"
+                " END), SUM(CASE WHEN accepted = 0 AND verdict IS NULL THEN 1 ELSE 0 END),"
+                " SUM(CASE WHEN verdict = 'reject' THEN 1 ELSE 0 END), MAX(created) FROM images"
+                " WHERE pool_id = ? GROUP BY label",
+                (pool_id,),
+            ).fetchall()
+            fills = {str(label): tuple(int(v) for v in counts) for label, *counts, _ in rows}
+            newest = {str(label): float(last) for label, *_, last in rows if last is not None}
             counters = {
                 str(label): tuple(int(v) for v in values)
                 for label, *values in self._exec(
@@ -607,7 +617,7 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, PoolReads, ABC):
                 fill, generated, served, next_index, fill_served,
                 reserved.get(label, 0), targets.get(label, 0),
                 accepted=fill, rejected=rejected, rejected_by_person=by_person,
-                judged_total=judged, accepted_total=kept,
+                judged_total=judged, accepted_total=kept, newest=newest.get(label),
             )
         return out
 

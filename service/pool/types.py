@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 #: The database layout this genaug writes; older ones are upgraded in place, newer refused.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: URL schemes of a PostgreSQL pool (anything else is a SQLite path).
 PG_SCHEMES = ("postgresql://", "postgres://")
 #: Seconds a reservation lives without its owner's heartbeat.
@@ -117,9 +117,14 @@ class LabelStats:
     rejected_by_person: int = 0
     judged_total: int = 0
     accepted_total: int = 0
+    #: When the newest image stored now was added (seconds since the epoch; None: none).
+    newest: float | None = None
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        """The counts (what a recipe's detail shows per label), without ``newest``."""
+        out = asdict(self)
+        del out["newest"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -293,7 +298,8 @@ class Job:
     ``fill``) and the shared ``target`` the job raised the label to. ``state`` is one of
     :data:`JOB_STATES`; ``reason`` says why it stopped, failed or was cancelled; times are
     seconds since the epoch (``ended`` None while live). ``webhook_state`` is None without
-    ``notify_url``, else ``pending`` once the job ended, then ``delivered`` or ``failed``.
+    ``notify_url``, else ``pending`` once the job ended, then ``delivered`` or ``failed``;
+    ``webhook_attempts`` counts the POSTs made (every replica's, restarts included).
     """
 
     id: str
@@ -310,6 +316,9 @@ class Job:
     ended: float | None = None
     webhook_state: str | None = None
     webhook_attempts: int = 0
+    #: When the first delivery attempt started (seconds since the epoch), on any replica:
+    #: no attempt starts more than ``MAX_ELAPSED_S`` after it, restarts included.
+    webhook_first: float | None = None
     #: The progress as the job ended (:meth:`JobProgress.as_dict`); None while live.
     result: dict[str, Any] | None = None
 

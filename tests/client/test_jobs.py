@@ -104,6 +104,9 @@ def test_cancel_ends_a_live_job_and_a_second_cancel_is_a_conflict(live: Any, kin
             with pytest.raises(ConflictError) as second:
                 job.cancel()
             check(first, status, waited, second.value, job.id or "")
+            assert client.forget_job(job.id or "")["state"] == "cancelled"
+            with pytest.raises(NotFoundError):
+                job.status()
     else:
         async def main() -> None:
             async with AsyncClient(live.url) as client:
@@ -115,6 +118,9 @@ def test_cancel_ends_a_live_job_and_a_second_cancel_is_a_conflict(live: Any, kin
                 with pytest.raises(ConflictError) as second:
                     await job.cancel()
                 check(first, status, waited, second.value, job.id or "")
+                assert (await client.forget_job(job.id or ""))["state"] == "cancelled"
+                with pytest.raises(NotFoundError):
+                    await job.status()
         asyncio.run(main())
 
 

@@ -91,6 +91,15 @@ def test_list_show_wait_and_cancel_and_their_exit_statuses(live: Any) -> None:
     after = jobs("wait", live_id, "--url", url)
     assert after.returncode == 1, after.stderr
     assert f"genaug jobs: job {live_id} cancelled: cancelled by a client" in after.stderr
+    typo = jobs("list", "--url", url, "--recipe", "shapez")
+    assert typo.returncode == 1 and one_line(typo) == (
+        f"genaug jobs: 422 from {url}: recipe = 'shapez': no such recipe, and no job of one; "
+        "this service has: shapes")
+    forgot = jobs("forget", live_id, "--url", url)
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.startswith(f"forgot {live_id} (recipe 'shapes') cancelled:")
+    gone = jobs("show", live_id, "--url", url)
+    assert gone.returncode == 1 and f"id {live_id!r}: no such job" in one_line(gone)
     unknown = jobs("show", "j_0123456789abcdef", "--url", url)
     assert unknown.returncode == 1 and one_line(unknown) == (
         f"genaug jobs: 404 from {url}: id 'j_0123456789abcdef': no such job; GET /v1/jobs "

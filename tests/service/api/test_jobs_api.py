@@ -128,8 +128,14 @@ def test_a_fill_with_notify_url_is_a_job_followed_to_done_told_once_and_kept_ove
     assert len(receiver.got) == 1  # delivered before the restart: not sent again
 
     # Ended: cancelling it is a 409 that says its state.
+    late = httpx.post(f"{again.url}/v1/jobs/{job_id}/cancel", timeout=30)
+    assert late.status_code == 409 and "done" in late.text, late.text
+    # Forgotten: answered as it was, then gone on every replica (a 404, not the same job).
     gone = httpx.delete(f"{again.url}/v1/jobs/{job_id}", timeout=30)
-    assert gone.status_code == 409 and "done" in gone.text, gone.text
+    assert gone.status_code == 200 and gone.json()["state"] == "done", gone.text
+    after = httpx.get(f"{again.url}/v1/jobs/{job_id}", timeout=30)
+    assert after.status_code == 404 and job_id in after.text
+    assert httpx.delete(f"{again.url}/v1/jobs/{job_id}", timeout=30).status_code == 404
 
 
 def test_cancel_releases_the_job_and_bad_input_is_refused_with_the_field(
@@ -146,13 +152,26 @@ def test_cancel_releases_the_job_and_bad_input_is_refused_with_the_field(
         detail = httpx.get(f"{live.url}/v1/recipes/shapes", timeout=30).json()
         assert [job["id"] for job in detail["jobs"]] == [job_id]
         assert detail["jobs"][0]["state"] in ("queued", "running")
-        cancelled = httpx.delete(f"{live.url}/v1/jobs/{job_id}", timeout=30)
+        cancelled = httpx.post(f"{live.url}/v1/jobs/{job_id}/cancel", timeout=30)
         assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
         # Released: the targets fall back to what is held and in flight (below 40).
         targets = httpx.get(f"{live.url}/v1/recipes/shapes", timeout=30).json()
         assert all(t < 40 for t in targets["target_per_label"].values()), targets
-        again = httpx.delete(f"{live.url}/v1/jobs/{job_id}", timeout=30)
+        again = httpx.post(f"{live.url}/v1/jobs/{job_id}/cancel", timeout=30)
         assert again.status_code == 409 and "cancelled" in again.text
+        # The cancelled job stays readable; a live one that is forgotten is cancelled first
+        # (its targets released too) and is gone after.
+        assert httpx.get(f"{live.url}/v1/jobs/{job_id}", timeout=30).json()["state"] == (
+            "cancelled")
+        other = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 50},
+                           timeout=30).json()["job"]["id"]
+        forgot = httpx.delete(f"{live.url}/v1/jobs/{other}", timeout=30)
+        assert forgot.status_code == 200 and forgot.json()["state"] == "cancelled", forgot.text
+        assert httpx.get(f"{live.url}/v1/jobs/{other}", timeout=30).status_code == 404
+        targets = httpx.get(f"{live.url}/v1/recipes/shapes", timeout=30).json()
+        assert all(t < 40 for t in targets["target_per_label"].values()), targets
+        listed = httpx.get(f"{live.url}/v1/jobs", timeout=30).json()["jobs"]
+        assert [j["id"] for j in listed] == [job_id]
     finally:
         live.worker.gate.set()
 
@@ -205,3 +224,65 @@ def test_without_allowed_hosts_a_notify_url_is_refused_naming_the_setting(
     assert "webhooks are off on this service" in message, message
     assert "GENAUG_WEBHOOK_HOSTS" in message and "GENAUG_WEBHOOK_SECRET" in message, message
     assert "send an http" not in message and "pattern" not in message, message
+
+
+def test_a_running_jobs_updated_moves_with_each_image_it_counts(
+        make_service: Callable[..., Any], shapes_recipes_file: Path, tmp_path: Path) -> None:
+    """``updated`` is when the job last changed: a state, or an image it counts (not only a
+    state: a job that runs for 15 minutes said the same ``updated`` all along). One batch of
+    2 images at a time is let through the pipeline."""
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                        pregenerate=False, max_batch_images=2)
+    worker = live.worker
+    assert worker is not None
+    get = lambda: httpx.get(f"{live.url}/v1/jobs/{job_id}", timeout=30).json()  # noqa: E731
+
+    def let_one_batch_through() -> None:
+        worker.entered.clear()
+        worker.gate.set()  # the held batch goes (a waiter woken by set() runs even if ...
+        worker.gate.clear()  # ... the gate closes again at once): the next one is held
+        assert worker.entered.wait(30)
+
+    worker.gate.clear()
+    try:
+        r = httpx.post(f"{live.url}/v1/recipes/shapes/fill", json={"per_label": 4}, timeout=30)
+        job_id = r.json()["job"]["id"]
+        assert worker.entered.wait(30)  # the first batch is held
+        let_one_batch_through()
+        first = _wait(get, lambda j: j["accepted"] >= 2)[-1]
+        let_one_batch_through()
+        second = _wait(get, lambda j: j["accepted"] >= 4)[-1]
+    finally:
+        worker.gate.set()
+    assert first["state"] == second["state"] == "running", (first, second)
+    assert first["created"] < first["updated"] < second["updated"], (first, second)
+    assert second["ended"] is None
+
+
+def test_an_unknown_recipe_or_query_parameter_is_named_not_silently_ignored(
+        make_service: Callable[..., Any], shapes_recipes_file: Path, tmp_path: Path) -> None:
+    live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
+                        pregenerate=False)
+    jobs = f"{live.url}/v1/jobs"
+    typo = httpx.get(jobs, params={"recipe": "shapez"}, timeout=30)
+    assert typo.status_code == 422, typo.text
+    assert typo.json()["error"]["field"] == "recipe"
+    assert "no such recipe" in typo.text and "this service has: shapes" in typo.text
+    for url, params, allowed in (
+        (jobs, {"recipes": "shapes"}, "recipe, state, limit"),
+        (f"{live.url}/v1/recipes/shapes/images", {"label": "circle", "offest": "5"},
+         "label, rejected, offset, limit"),
+    ):
+        unknown = httpx.get(url, params=params, timeout=30)
+        assert unknown.status_code == 422, unknown.text
+        bad = next(name for name in params if name not in allowed)
+        assert unknown.json()["error"] == {
+            "type": "invalid_request", "field": bad,
+            "message": f"unknown query parameter {bad!r}; remove it (allowed: {allowed})"}
+    # A job of a recipe this service no longer serves (a replica's, an old spec's) is still
+    # listed by that name.
+    store = live.state.store
+    old = store.create_job("retired-0123456789ab", "retired", "per_label", {"a": 1})
+    listed = httpx.get(jobs, params={"recipe": "retired"}, timeout=30)
+    assert listed.status_code == 200 and [j["id"] for j in listed.json()["jobs"]] == [old.id]
+    assert httpx.get(jobs, params={"recipe": "shapes"}, timeout=30).json() == {"jobs": []}

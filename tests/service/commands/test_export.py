@@ -31,6 +31,7 @@ from genaug.service.settings import Settings
 
 CAPACITY = 3
 V3 = Path(__file__).parents[1] / "pool" / "data" / "pool_v3.db"
+RECIPES = Path(__file__).parents[3] / "recipes"
 
 
 @pytest.fixture(scope="module")
@@ -190,14 +191,18 @@ def test_every_exported_png_has_a_manifest_row_with_what_made_it(
         r["file"] for r in again)
 
 
-def test_a_manifest_row_remakes_its_image(judged_pool: Any, tmp_path: Path) -> None:
+def test_a_manifest_row_remakes_its_image(judged_pool: Any, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A text-to-image row's prompt, seed, size, steps, guidance and scheduler give the same
     pixels through the same model: bit-identical on the CPU (an image depends on its own
-    request and seed, never on its batch mates)."""
+    request and seed, never on its batch mates). Exported as the README writes the command,
+    with no recipe file: the pool holds its recipe's spec, so every row has its prompt."""
     from PIL import Image
 
+    monkeypatch.delenv("GENAUG_RECIPES")
     out = tmp_path / "export"
     _export(out)
+    assert all(r["prompt"] and r["recipe_hash"] for r in _rows(out))
     row = next(r for r in _rows(out) if r["strength"] is None)  # text-to-image
     with Client(judged_pool.url) as client:
         remade = client.generate(
@@ -209,7 +214,8 @@ def test_a_manifest_row_remakes_its_image(judged_pool: Any, tmp_path: Path) -> N
 
 
 def test_a_pool_stored_before_schema_4_says_what_it_did_not_record(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "v3.db"
     shutil.copy(V3, db)  # written by the schema-3 PoolStore; upgraded in place on open
     with open_pool(db, capacity_per_label=100) as store:
@@ -218,14 +224,29 @@ def test_a_pool_stored_before_schema_4_says_what_it_did_not_record(
     monkeypatch.delenv("GENAUG_RECIPES", raising=False)
     monkeypatch.setenv("GENAUG_MODEL", "tiny-random")
     out = tmp_path / "out"
+    # No recipe stored with it and none given: refused in one line naming the fix, never a
+    # manifest whose prompts are silently null.
+    capsys.readouterr()
+    argv = ["export", "--recipe", "digits", "--out", str(out), "--pool-path", str(db)]
+    assert main(argv) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "pass --recipes FILE" in said, said
+    assert "no recipe file was given" in said and not (out / "manifest.jsonl").exists()
+    # Served once by this genaug: its planner records the recipe, and the export has it.
+    recipe = load_recipes(RECIPES / "digits.yaml")["digits"]
+    with open_pool(db, capacity_per_label=100) as store:
+        store.record_recipe("digits-0123456789ab", recipe)
     _export(out, "--pool-path", str(db), recipe="digits")
     rows = _rows(out)
     assert [(r["label"], r["seed"]) for r in rows] == [("0", 3000), ("1", 3100), ("1", 3101),
                                                       ("1", 3102)]
-    unknown = ["recipe_hash", "model"]  # no recipe file; model hash "m" is no model's
+    # Label 1's images were added with no plan index: their prompt is not known either.
+    unknown = ["model"]  # model hash "m" is no model's
     for row in rows[:3]:
-        assert row["not_recorded"] == [*PRE_V4, "prompt", *unknown], row
+        planned = row["plan_index"] is not None
+        assert row["not_recorded"] == [*PRE_V4, *([] if planned else ["prompt"]), *unknown]
         assert (row["steps"], row["guidance"], row["judge"]) == (None, None, None)
+    assert rows[0]["prompt"] == recipe.plan("0", 0).prompt and rows[0]["recipe_hash"]
     assert rows[3]["not_recorded"] == ["prompt", *unknown]
     assert (rows[3]["steps"], rows[3]["guidance"], rows[3]["channels"]) == (2, 3.0, 1)
     assert rows[0]["score"] == pytest.approx(0.95)

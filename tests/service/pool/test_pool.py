@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from genaug.service.pool.draw import spread
 from genaug.service.pool.open import check_pool_settings, open_pool, replica_info
 from genaug.service.pool.store import PoolStore
 from genaug.service.pool.types import (
+    SCHEMA_VERSION,
     LabelStats,
     PoolConfigError,
     PoolError,
@@ -60,8 +62,9 @@ def test_add_and_sample_shapes_dtypes_counts(store: PoolStore) -> None:
         assert (image[..., 1] == 7).all()
     assert len(set(sample.seeds.tolist())) == 8
     stats = store.stats(PID, ["I", "P", "R"])
+    assert stats["I"].newest is not None and abs(stats["I"].newest - time.time()) < 60
     assert stats["I"] == LabelStats(fill=10, generated=10, served=4, next_index=10, fill_served=4,
-                                 accepted=10)
+                                 accepted=10, newest=stats["I"].newest)
     assert stats["R"] == LabelStats()
     assert store.fill(PID) == {"I": 10, "P": 10}
     assert store.fill("other-pool") == {}
@@ -143,7 +146,7 @@ def test_persists_across_reopen_and_resumes_next_index(open_store: Opener) -> No
     store = open_store(capacity_per_label=50)
     assert store.next_index(PID, "I") == 8
     # a closed store's leases go
-    assert store.stats(PID)["I"] == LabelStats(5, 5, 2, 8, 2, accepted=5)
+    assert replace(store.stats(PID)["I"], newest=None) == LabelStats(5, 5, 2, 8, 2, accepted=5)
     store.add(PID, "I", _images(3), range(5, 8), model_hash="m")  # next_index kept
     store.add(PID, "I", _images(1), [9], model_hash="m", next_index=4)  # never goes back
     assert store.next_index(PID, "I") == 8
@@ -362,7 +365,8 @@ def test_a_version_1_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
         assert res is not None and res.indices == [3, 4]
         assert store.integrity_check() == "ok"
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
+        str(SCHEMA_VERSION),)
     assert conn.execute("SELECT DISTINCT channels, scheduler FROM images").fetchall() == [
         (3, "default")]
     # schema 4's provenance: not recorded for images stored before, never guessed

@@ -14,6 +14,7 @@ from _postgres import shared_cluster
 
 from genaug.service.pool.open import open_pool
 from genaug.service.pool.store import PoolStore
+from genaug.service.pool.types import SCHEMA_VERSION
 
 H = W = 8
 PID = "digits-0123456789ab"
@@ -207,7 +208,8 @@ def test_a_version_2_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
         assert store.stats(PID)["0"].judged_total == 1
         assert store.integrity_check() == "ok"
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
+        str(SCHEMA_VERSION),)
     assert conn.execute("SELECT COUNT(*) FROM images").fetchone() == (6,)
     conn.close()
 
@@ -226,6 +228,7 @@ def test_a_version_2_postgres_database_is_upgraded_in_place() -> None:
                 store._exec(conn, f"ALTER TABLE images DROP COLUMN {column}")
             store._exec(conn, "DROP TABLE jobs")
             store._exec(conn, "DROP TABLE stops")
+            store._exec(conn, "DROP TABLE recipes")
             store._exec(conn, "UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     with open_pool(url, capacity_per_label=100) as store:
         assert store.stats(PID)["0"].accepted == 3
@@ -234,5 +237,5 @@ def test_a_version_2_postgres_database_is_upgraded_in_place() -> None:
         with store._tx(write=False) as conn:
             row = store._exec(
                 conn, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        assert row[0] == "4"
+        assert row[0] == str(SCHEMA_VERSION)
         assert store.create_job(PID, "digits", "per_label", {"0": 3}).state == "queued"

@@ -24,7 +24,7 @@ from genaug.service.pool.job_progress import job_progress
 from genaug.service.pool.open import open_pool
 from genaug.service.pool.planner import PoolPlanner
 from genaug.service.pool.store import PoolStore
-from genaug.service.pool.types import Provenance
+from genaug.service.pool.types import SCHEMA_VERSION, Provenance
 from genaug.service.recipes.load import parse_recipes
 from genaug.service.recipes.spec import AdapterSpec, LabelSpec, Recipe
 
@@ -138,18 +138,36 @@ def test_webhooks_are_claimed_by_one_replica_at_a_time(open_store: Opener) -> No
     assert one.claim_webhook("a", 30) == []  # live: nothing to tell yet
     assert one.set_state(job.id, "done")
     claimed = one.claim_webhook("a", 30)
-    assert [j.id for j in claimed] == [job.id] and claimed[0].webhook_attempts == 1
+    assert [j.id for j in claimed] == [job.id] and claimed[0].webhook_attempts == 0
+    one.webhook_attempted(job.id, 1000.0)  # attempts are counted as they are made
+    one.webhook_attempted(job.id, 1002.0)  # ... the first one's time kept
     assert two.claim_webhook("b", 30) == []  # a's lease holds
     assert not two.finish_webhook(job.id, True, owner="b")  # not b's to finish
     assert one.finish_webhook(job.id, False, owner="a", retry_after_s=0.0)  # try again
     retried = two.claim_webhook("b", 0.3)
-    assert [j.webhook_attempts for j in retried] == [2]
+    assert [(j.webhook_attempts, j.webhook_first) for j in retried] == [(2, 1000.0)]
     time.sleep(0.5)  # b died: its lease runs out
     assert [j.id for j in one.claim_webhook("a", 30)] == [job.id]
     assert one.finish_webhook(job.id, True, owner="a")
     final = two.get_job(job.id)
     assert final is not None and final.webhook_state == "delivered"
     assert two.claim_webhook("b", 30) == []
+
+
+def test_a_claim_lives_while_its_store_does_and_closing_hands_it_back(
+        open_store: Opener) -> None:
+    """The store's heartbeat renews its claims (a live deliverer never loses one to another
+    replica), and a store that closes hands its undelivered claims back at once: the next
+    start delivers without waiting out a lease."""
+    one, two = open_store(), open_store()
+    job = one.create_job(PID, "digits", "per_label", {"0": 1}, notify_url="https://h.example/")
+    assert one.set_state(job.id, "done")
+    assert [j.id for j in one.claim_webhook(one.owner, 0.3)] == [job.id]
+    one.renew()  # as the heartbeat does: the lease is the store's lease_s again
+    time.sleep(0.5)
+    assert two.claim_webhook(two.owner, 30) == []  # renewed past its first 0.3 s
+    one.close()
+    assert [j.id for j in two.claim_webhook(two.owner, 30)] == [job.id]
 
 
 def test_stops_count_only_under_the_key_they_were_recorded_under(open_store: Opener) -> None:
@@ -206,9 +224,63 @@ def test_a_version_3_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
         job = store.create_job(PID, "digits", "per_label", {"0": 4})
         assert store.get_job(job.id) == job and store.integrity_check() == "ok"
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
+        str(SCHEMA_VERSION),)
     assert conn.execute("SELECT COUNT(*) FROM images").fetchone() == (6,)
     conn.close()
+
+
+def test_a_version_4_file_is_upgraded_in_place_and_keeps_its_images_and_jobs(
+        tmp_path: Path) -> None:
+    """Schema 5 adds the recipe that made each pool and the first attempt of a webhook; a
+    version-4 file keeps every image, its job and its pending webhook (attempts counted under
+    version 4 stay), and has no recipe until a planner records one."""
+    from genaug.service.recipes.load import load_recipes
+
+    path = tmp_path / "v4.db"
+    shutil.copy(DATA / "pool_v4.db", path)  # written by the schema-4 PoolStore
+    with open_pool(path, capacity_per_label=100) as store:
+        records = list(store.iter_records(PID, include_rejected=True))
+        assert [(r.label, r.seed, r.accepted, r.provenance.steps) for r in records] == [
+            ("0", 4000, True, 20), ("0", 4001, False, 20), ("1", 4100, True, 20)]
+        (job,) = store.list_jobs()
+        assert (job.state, job.webhook_state, job.webhook_attempts, job.webhook_first) == (
+            "done", "pending", 1, None)
+        assert store.stops(PID, "k") == {"0": "stopped: test"}
+        assert store.stored_recipe(PID) is None
+        recipe = load_recipes(Path(__file__).parents[3] / "recipes" / "digits.yaml")["digits"]
+        store.record_recipe(PID, recipe)
+        assert store.stored_recipe(PID) == recipe.model_copy(update={"description": ""})
+        assert [j.id for j in store.claim_webhook(store.owner, 30)] == [job.id]
+        store.webhook_attempted(job.id, 5.0)
+        assert store.integrity_check() == "ok"
+    with open_pool(path, capacity_per_label=100) as store:
+        again = store.get_job(job.id)
+        assert again is not None and (again.webhook_attempts, again.webhook_first) == (2, 5.0)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
+        str(SCHEMA_VERSION),)
+    conn.close()
+
+
+def test_a_version_4_postgres_database_is_upgraded_in_place() -> None:
+    url = shared_cluster().new_database()
+    with open_pool(url, capacity_per_label=100) as store:
+        job = store.create_job(PID, "digits", "per_label", {"0": 1}, notify_url="https://h.x/")
+        assert store.set_state(job.id, "done")
+        with store._tx(write=True) as conn:  # back to the version-4 layout
+            store._exec(conn, "ALTER TABLE jobs DROP COLUMN webhook_first")
+            store._exec(conn, "DROP TABLE recipes")
+            store._exec(conn, "UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    with open_pool(url, capacity_per_label=100) as store:
+        store.webhook_attempted(job.id, 7.0)
+        again = store.get_job(job.id)
+        assert again is not None and (again.webhook_attempts, again.webhook_first) == (1, 7.0)
+        assert store.stored_recipe(PID) is None
+        with store._tx(write=False) as conn:
+            row = store._exec(
+                conn, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        assert row[0] == str(SCHEMA_VERSION)
 
 
 def test_a_version_3_postgres_database_is_upgraded_in_place() -> None:
@@ -222,6 +294,7 @@ def test_a_version_3_postgres_database_is_upgraded_in_place() -> None:
                 store._exec(conn, f"ALTER TABLE images DROP COLUMN {column}")
             store._exec(conn, "DROP TABLE jobs")
             store._exec(conn, "DROP TABLE stops")
+            store._exec(conn, "DROP TABLE recipes")
             store._exec(conn, "UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     with open_pool(url, capacity_per_label=100) as store:
         records = list(store.iter_records(PID, include_rejected=True))
@@ -237,7 +310,7 @@ def test_a_version_3_postgres_database_is_upgraded_in_place() -> None:
         with store._tx(write=False) as conn:
             row = store._exec(
                 conn, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        assert row[0] == "4"
+        assert row[0] == str(SCHEMA_VERSION)
 
 
 # -- progress, from counts as the store makes them -------------------------------------------------
