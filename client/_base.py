@@ -31,6 +31,8 @@ from genaug.wire import (
 )
 
 from .errors import (
+    KEY_HINT,
+    URL_ARGUMENT,
     DecodeError,
     GenaugError,
     RateLimitedError,
@@ -273,7 +275,7 @@ class BaseClient:
         return TransportError(
             f"no answer from the genaug service at {endpoint.url} ({type(exc).__name__}: "
             f"{exc}). Is it running? Start one with `genaug serve` (or `docker compose up`), "
-            "or point the client at it with url=... / GENAUG_URL"
+            f"or point the client at it with {URL_ARGUMENT} / GENAUG_URL"
         )
 
     def status_error(
@@ -301,7 +303,7 @@ class BaseClient:
             self.endpoints.mark_down(endpoint)
         text = f"{status} from {endpoint.url}: {message or error_type or 'error'}"
         if status == 401:
-            text += " (pass api_key=... or set GENAUG_API_KEY)"
+            text += KEY_HINT
         return cls(
             text, status=status, error_type=error_type, field=field_name, error_id=error_id,
             retry_after=retry_after, url=endpoint.url,

@@ -109,3 +109,25 @@ def error_class(status: int) -> type[StatusError]:
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     return ServerError if status >= 500 else InvalidRequestError
+
+
+#: How the clients' fixes name their own arguments (``Client(url=..., api_key=...)``): a
+#: command that runs a client says its flags instead (:func:`for_command`).
+URL_ARGUMENT = "url=..."
+KEY_HINT = " (pass api_key=... or set GENAUG_API_KEY)"
+
+
+def for_command(message: str, *, url: str | None = None, api_key: str | None = None) -> str:
+    """``message`` (a client error's) as a command prints it: the client's ``url=...``
+    becomes the command's ``url`` flag (``"--url URL"``), and the 401 fix names its
+    ``api_key`` flag (``"--api-key KEY"``), or only ``GENAUG_API_KEY`` when it has none.
+
+    Example::
+
+        for_command(str(exc), url="--url URL", api_key="--api-key KEY")
+    """
+    if url is not None:
+        message = message.replace(URL_ARGUMENT, url)
+    key = (f" (pass {api_key} or set GENAUG_API_KEY)" if api_key is not None
+           else " (set GENAUG_API_KEY)")
+    return message.replace(KEY_HINT, key)

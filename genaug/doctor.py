@@ -202,6 +202,7 @@ class Options:
 def run_checks(options: Options, host: Host | None = None) -> list[Check]:
     """Every check, in the order printed. Never raises for what it finds."""
     from genaug.client import AuthenticationError, Client, GenaugError, TransportError
+    from genaug.client.errors import KEY_HINT
 
     host = host if host is not None else Host.this_machine()
     url = options.url
@@ -217,7 +218,7 @@ def run_checks(options: Options, host: Host | None = None) -> list[Check]:
             info = client.info()
         except AuthenticationError as exc:
             checks.append(_ready_check(client, url, "?", f"{_ms(t0):.0f} ms"))
-            said = _first_line(exc).replace(" (pass api_key=... or set GENAUG_API_KEY)", "")
+            said = _first_line(exc).replace(KEY_HINT, "")
             checks.append(Check("api-key", "fail", f"{said} (sent: {key_note})", (
                 "set GENAUG_API_KEY (or --api-key) to one of the service's keys "
                 "(GENAUG_API_KEYS where it runs)")))

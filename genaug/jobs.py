@@ -131,7 +131,10 @@ def _say(line: str) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    """The client's message in one line, its fixes naming this command's flags."""
+    from genaug.client.errors import for_command
+
+    return " ".join(for_command(str(exc), url="--url URL", api_key="--api-key KEY").split())
 
 
 def run(args: argparse.Namespace, *, write: Callable[[str], Any] | None = None) -> int:

@@ -1,1 +1,2 @@
-"""Full-size SDXL on a GPU, and the plumbing for a lent GPU machine (wheels, gpu_run.sh)."""
+"""Full-size SDXL on a GPU machine, and the plumbing to run it there (gpu_run.sh, and the
+wheels an offline GPU box lacks)."""

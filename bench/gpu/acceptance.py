@@ -1,6 +1,6 @@
 """The GPU acceptance plan: every user path at full size, a few steps each, checked to work.
 
-``bash bench/gpu/gpu_run.sh --plan acceptance`` runs it on a lent GPU (about 5 minutes on an
+``bash bench/gpu/gpu_run.sh --plan acceptance`` runs it on a GPU machine (about 5 minutes on an
 H100 with the install); ``python -m bench.gpu.acceptance --tiny`` runs the same code on the
 tiny model and the CPU (tests/bench/test_gpu_sdxl_bench.py does, so the GPU run is never its first).
 It checks that things work, not how fast: SDXL base 1.0 built from its configs with random

@@ -32,12 +32,12 @@ Usage::
 
     python -m bench.gpu.fp8_diagnose                       # CUDA, full SDXL UNet, 128x128
     python -m bench.gpu.fp8_diagnose --tiny                # CPU: tiny-digits' UNet, 8x8
-    device run: "bash bench/gpu/gpu_run.sh --plan fp8"  carry [".whl"]  # -> $OUT/fp8_diagnose.json
+    bash bench/gpu/gpu_run.sh --plan fp8                   # the same -> $OUT/fp8_diagnose.json
 
 On the CPU (``--tiny``, or ``--device cpu``) genaug's and torchao's hardware checks are set
 aside (torch 2.13's ``torch._scaled_mm`` runs on the CPU): the same code, known to work before
-a GPU is lent. ``--json`` (default ``$OUT/fp8_diagnose.json`` when ``$OUT`` is set) is rewritten
-after each process, so a run cut short keeps what it found.
+it first runs on a GPU. ``--json`` (default ``$OUT/fp8_diagnose.json`` when ``$OUT`` is set)
+is rewritten after each process, so a run cut short keeps what it found.
 """
 
 from __future__ import annotations

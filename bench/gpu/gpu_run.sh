@@ -1,42 +1,74 @@
 #!/usr/bin/env bash
-# The one command for a lent GPU machine (the device tool), from the repository root:
+# The GPU benchmarks on your own GPU machine, from the repository root; outputs under $OUT
+# (default /tmp/genaug-out):
 #
-#   python -m bench.gpu.gpu_wheels                   # here, once: the wheels it lacks -> .whl/
-#   device run: command "bash bench/gpu/gpu_run.sh", carry [".whl"]
-#   device run: command "bash bench/gpu/gpu_run.sh --plan sizes", carry [".whl"]
-#   device run: command "bash bench/gpu/gpu_run.sh --plan options", carry [".whl"]
-#   device run: command "bash bench/gpu/gpu_run.sh --plan fp8", carry [".whl"]   (FP8 diagnosis)
-#   device run: command "bash bench/gpu/gpu_run.sh --plan speed", carry [".whl"]
-#   device run: command "bash bench/gpu/gpu_run.sh --plan acceptance", carry [".whl"]
+#   bash bench/gpu/gpu_run.sh                       # baseline and best at batch 1 and 8
+#   bash bench/gpu/gpu_run.sh --plan sizes          # batch 4 and 16
+#   bash bench/gpu/gpu_run.sh --plan options        # each speed option alone at batch 8
+#   bash bench/gpu/gpu_run.sh --plan fp8            # the FP8 diagnosis
+#   bash bench/gpu/gpu_run.sh --plan speed          # the speed goal's configurations
+#   bash bench/gpu/gpu_run.sh --plan acceptance     # every user path at full size
+#
+# Where genaug[service,fp8] is installed (pip install -e '.[service,fp8]' with your CUDA
+# torch), the scripts run in that environment. A GPU box that cannot reach a package index
+# (an air-gapped cluster node) gets what it lacks from a connected machine: there,
+# `python -m bench.gpu.gpu_wheels --present box-freeze.txt` (the box's `pip freeze`) fetches
+# it into .whl/; copy the checkout with .whl/ to the box and run the same commands: the
+# wheels are installed into $GENAUG_SITE (default /tmp/genaug-site) and genaug is put on the
+# path from the working tree, with no build step.
 #
 # `--plan acceptance` runs bench.gpu.acceptance (every user path at full size, a few steps
 # each: acceptance.json, acceptance.log); any other arguments go to bench.gpu.gpu_sdxl.
 # GPU_TESTS=1 first runs the gpu-marked tests (device
-# pinning, bf16 and fp16, the NaN guard with an fp16 VAE, FP8 quantizing). What comes back
+# pinning, bf16 and fp16, the NaN guard with an fp16 VAE, FP8 quantizing). What it writes
 # under $OUT:
 # env.txt (GPU, driver, versions), gpu_sdxl.log (the tables), gpu_sdxl.json (every figure,
 # written after each cell, so a run cut short keeps what it measured), gpu_tests.log.
 set -uo pipefail
 OUT="${OUT:-/tmp/genaug-out}"
 SITE="${GENAUG_SITE:-/tmp/genaug-site}"  # where the wheels and genaug are installed
+WHEELS="${GENAUG_WHEELS:-.whl}"          # what gpu_wheels fetched (an offline box)
 mkdir -p "$OUT"
 
-# The carried wheels, then genaug itself straight from the working tree (pyproject's
-# package-dir mapping: genaug/, genaug.service = service/, ...), with no build step.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" .whl/*.whl || { echo "gpu_run: installing .whl/ failed" >&2; exit 1; }
-# The whole genaug/ package (cli.py, jobs.py, experiments/, data files), then the mapped folders.
-rm -rf "$SITE/genaug" && mkdir -p "$SITE/genaug"
-cp -R genaug/. "$SITE/genaug/"
-find "$SITE/genaug" -name __pycache__ -prune -exec rm -rf {} +
-for part in service client trainer; do ln -s "$PWD/$part" "$SITE/genaug/$part"; done
-export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+    # The wheels gpu_wheels fetched, then genaug itself straight from the working tree
+    # (pyproject's package-dir mapping: genaug/, genaug.service = service/, ...), no build.
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$WHEELS"/*.whl || { echo "gpu_run: installing $WHEELS/ failed" >&2
+                                              exit 1; }
+    # The whole genaug/ package (cli.py, jobs.py, experiments/, data files), then the mapped
+    # folders.
+    rm -rf "$SITE/genaug" && mkdir -p "$SITE/genaug"
+    cp -R genaug/. "$SITE/genaug/"
+    find "$SITE/genaug" -name __pycache__ -prune -exec rm -rf {} +
+    for part in service client trainer; do ln -s "$PWD/$part" "$SITE/genaug/$part"; done
+    export PYTHONPATH="$SITE"
+else
+    # No wheels: the environment's own genaug (pip install -e '.[service,fp8]').
+    export PYTHONPATH=""
+    python3 -P -c "import genaug.service.app" 2>/dev/null || {
+        echo "gpu_run: genaug[service,fp8] is not installed here and $WHEELS/ holds no" \
+             "wheels: pip install -e '.[service,fp8]' (with your CUDA torch), or fetch" \
+             "them with python -m bench.gpu.gpu_wheels on a machine that reaches PyPI" >&2
+        exit 2; }
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+# A benchmark module of the checkout (bench/ is not installed), with genaug as installed:
+# -P and the checkout appended last, so its genaug/ folder (which holds no service/) never
+# shadows the installed package.
+run_bench() {
+    python3 -P -c 'import runpy, sys
+root, module = sys.argv[1], sys.argv[2]
+sys.argv = [module, *sys.argv[3:]]
+sys.path.append(root)
+runpy.run_module(module, run_name="__main__", alter_sys=True)' "$PWD" "$@"
+}
 
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
         --format=csv
     echo "cpus: $(nproc)"
-    # -P: the checkout's own genaug/ (which holds no service/) must not shadow $SITE/genaug.
     python3 -P - <<'PY'
 import importlib.metadata as m
 import sys
@@ -46,7 +78,7 @@ import torch
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)
 for name in ("diffusers", "transformers", "fastapi", "uvicorn", "pydantic", "httpx"):
     print(name, m.version(name))
-import genaug.service.app  # noqa: F401  (the service imports with what was carried)
+import genaug.service.app  # noqa: F401  (the service imports with what is installed)
 PY
 } 2>&1 | tee "$OUT/env.txt"
 
@@ -55,19 +87,18 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then
         tests/service/pipeline/test_model_load.py tests/service/pipeline/test_adapters.py \
         tests/service/pipeline/test_quantize.py 2>&1 | tee "$OUT/gpu_tests.log"
 fi
-# -P and the checkout last on the path: bench from the working tree, genaug from $SITE.
 if [ "${1:-}" = "--plan" ] && [ "${2:-}" = "acceptance" ]; then
     shift 2
-    PYTHONPATH="$SITE:$PWD" python3 -P -m bench.gpu.acceptance --json "$OUT/acceptance.json" \
-        "$@" 2>&1 | tee "$OUT/acceptance.log"
+    run_bench bench.gpu.acceptance --json "$OUT/acceptance.json" "$@" 2>&1 \
+        | tee "$OUT/acceptance.log"
     exit "${PIPESTATUS[0]}"
 fi
 # --plan fp8: the FP8 diagnosis (bench/gpu/fp8_diagnose.py, 2-3 minutes on an H100) instead.
 if [ "${1:-}" = "--plan" ] && [ "${2:-}" = "fp8" ]; then
     shift 2
-    PYTHONPATH="$SITE:$PWD" python3 -P -m bench.gpu.fp8_diagnose --json "$OUT/fp8_diagnose.json" \
-        "$@" 2>&1 | tee "$OUT/fp8_diagnose.log"
+    run_bench bench.gpu.fp8_diagnose --json "$OUT/fp8_diagnose.json" "$@" 2>&1 \
+        | tee "$OUT/fp8_diagnose.log"
     exit "${PIPESTATUS[0]}"
 fi
-PYTHONPATH="$SITE:$PWD" python3 -P -m bench.gpu.gpu_sdxl --json "$OUT/gpu_sdxl.json" "$@" 2>&1 \
-    | tee "$OUT/gpu_sdxl.log"
+run_bench bench.gpu.gpu_sdxl --json "$OUT/gpu_sdxl.json" "$@" 2>&1 | tee "$OUT/gpu_sdxl.log"
+exit "${PIPESTATUS[0]}"

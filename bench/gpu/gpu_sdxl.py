@@ -32,8 +32,8 @@ with more than :data:`VISIBLE_SHARE` (1 %) of their pixels differing by more tha
 :data:`VISIBLE_LEVELS` (8 of 255) in some channel (:func:`drift`). Numerically equivalent
 options (compile, fused projections) stay near-identical; FP8 is where a user decides.
 
-Plans (a lent H100 gives 10-minute commands and 30 minutes in all: the first command
-measures what matters most, two more the rest)::
+Plans (each fits a 10-minute slot of a GPU queue; the first measures what matters most, two
+more the rest)::
 
     python -m bench.gpu.gpu_sdxl                 # --plan first: baseline and best at batch
                                                  # 1, 8, then warm-up with a warm cache
@@ -46,8 +46,9 @@ measures what matters most, two more the rest)::
     python -m bench.gpu.gpu_sdxl --tiny --quick  # the same code, tiny model, CPU (in CI)
     python -m bench.gpu.gpu_sdxl --configs baseline,compile=unet+channels_last --batches 8
 
-On the GPU machine, with the wheels it lacks (``python -m bench.gpu.gpu_wheels`` here first):
-``bash bench/gpu/gpu_run.sh [--plan sizes|options|hopper]`` (docs/benchmarks.md, "GPU").
+On the GPU machine: ``bash bench/gpu/gpu_run.sh [--plan sizes|options|hopper]``
+(docs/benchmarks.md, "GPU"; an offline box first gets the wheels it lacks,
+:mod:`bench.gpu.gpu_wheels`).
 ``--budget-s`` stops before a cell that would not fit (default 530 s on CUDA) and every cell
 is written to ``--json`` as soon as it is measured, so a command cut short keeps what it
 measured.

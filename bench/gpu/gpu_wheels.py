@@ -1,36 +1,42 @@
-"""Fetch the wheels the lent GPU machine lacks, so the service runs there: ``.whl/`` (ignored).
+"""Fetch the wheels a GPU box without a package index lacks, so the service runs there:
+``.whl/`` (ignored).
 
-The GPU machine (``nvidia-h100-x1``, ``nvidia-h200``) has Python 3.12, a CUDA torch, and many
-packages, but not diffusers, FastAPI, uvicorn or pydantic, and it cannot reach any package
-index. This script works out what to carry and downloads it here:
+An air-gapped GPU node often has Python, a CUDA torch and many packages (an NGC-style PyTorch
+image), but not diffusers, FastAPI, uvicorn or pydantic, and it cannot reach PyPI. Run this on a
+connected machine with the same checkout and genaug[service,fp8] installed; it works out what
+to copy and downloads it here:
 
 - start from genaug's ``service`` and ``fp8`` extras (read from ``pyproject.toml``,
   ``client`` included; ``fp8`` brings torchao, for ``GENAUG_QUANTIZE=fp8``);
-- close over each package's ``Requires-Dist`` (markers evaluated for CPython 3.12 on Linux);
-- drop what the machine's image already has (``PRESENT``, copied from the device notes'
-  package list) and torch (the machine's CUDA build is the one to use), except ``FORCE``
-  (typing-extensions: pydantic needs a recent one);
+- close over each package's ``Requires-Dist`` (markers evaluated for the box's CPython,
+  ``--python``, 3.12 by default, on Linux x86_64);
+- drop what the box already has: ``--present FILE`` (its ``pip freeze``), else
+  :data:`PRESENT`, the packages of a typical CUDA PyTorch image; and torch always (the box's
+  CUDA build is the one to use), except ``FORCE`` (typing-extensions: pydantic needs a recent
+  one);
 - pin each to the version installed in this environment (what the tests ran with) and
-  ``pip download`` the CPython 3.12 manylinux x86_64 wheel (or the pure-Python one).
+  ``pip download`` the manylinux x86_64 wheel for that Python (or the pure-Python one).
 
 Usage, from the repository root::
 
-    python -m bench.gpu.gpu_wheels              # -> .whl/*.whl, and /.whl/ in .git/info/exclude
-    python -m bench.gpu.gpu_wheels --dry-run    # list what would be fetched
+    ssh gpu-box pip freeze > box.txt                         # what the box has
+    python -m bench.gpu.gpu_wheels --present box.txt         # -> .whl/*.whl (git-ignored)
+    python -m bench.gpu.gpu_wheels --present box.txt --dry-run   # list what would be fetched
 
-Then one device call runs the benchmark (``carry: [".whl"]``)::
+Then copy the checkout with ``.whl/`` to the box and run the benchmarks there::
 
     bash bench/gpu/gpu_run.sh                   # first plan: baseline and best at batch 1 and 8
     bash bench/gpu/gpu_run.sh --plan sizes      # then batch 4 and 16
     bash bench/gpu/gpu_run.sh --plan options    # then each option alone at batch 8
 
-``bench/gpu/gpu_run.sh`` installs the wheels into ``/tmp/site`` and puts genaug on the path from the
-working tree (no build). genaug itself is never a wheel here: the tree travels with each call.
+``bench/gpu/gpu_run.sh`` installs the wheels into ``/tmp/genaug-site`` and puts genaug on the
+path from the working tree (no build). A GPU machine that reaches PyPI needs none of this:
+``pip install -e '.[service,fp8]'`` there, and ``gpu_run.sh`` runs in that environment.
 
 Beside them, in a folder of its own that ``gpu_run.sh`` does not install (:data:`SIDE_WHEELS`):
-torchao 0.17, torchao's release for torch 2.11 (the GPU machine's torch), which the FP8
-diagnosis (``bash bench/gpu/gpu_run.sh --plan fp8``, :mod:`bench.gpu.fp8_diagnose`) tries in a
-process of its own against the 0.18 that the ``fp8`` extra pins.
+torchao 0.17, torchao's release for torch 2.11, which the FP8 diagnosis (``bash
+bench/gpu/gpu_run.sh --plan fp8``, :mod:`bench.gpu.fp8_diagnose`) tries in a process of its own
+against the 0.18 that the ``fp8`` extra pins.
 """
 
 from __future__ import annotations
@@ -54,9 +60,8 @@ WHEELS = ROOT / ".whl"
 PYTHON = "3.12"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35, 39)]
 PLATFORMS += ["manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
-LIMIT_BYTES = 48 * 1024 * 1024  # the device call carries 64 MiB in all, the tree included
-
-#: Installed on the GPU machine's image ('cuda'), per the device notes (KINDS.md, 2026-11-17).
+#: The packages of a typical CUDA PyTorch image (an H100/H200 node's, 2026-11-17): what a box
+#: is assumed to have when no ``--present`` file says.
 PRESENT = frozenset("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
 botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
@@ -114,10 +119,20 @@ def service_requirements() -> list[Requirement]:
     return out
 
 
-def to_carry() -> dict[str, str]:
-    """Project name -> version installed here, for everything the GPU machine lacks."""
+def read_present(path: Path) -> frozenset[str]:
+    """The projects a ``pip freeze`` (or ``pip list --format=freeze``) lists, normalised."""
+    names = set()
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "-")):
+            names.add(normalize(re.split(r"[=<>!~ @;\[]", line, maxsplit=1)[0]))
+    return frozenset(names)
+
+
+def to_carry(present: frozenset[str] = PRESENT, python: str = PYTHON) -> dict[str, str]:
+    """Project name -> version installed here, for everything the GPU box lacks."""
     env = {k: str(v) for k, v in default_environment().items()}
-    env.update(python_version=PYTHON, python_full_version=f"{PYTHON}.3", sys_platform="linux",
+    env.update(python_version=python, python_full_version=f"{python}.0", sys_platform="linux",
                platform_system="Linux", platform_machine="x86_64",
                implementation_name="cpython", platform_python_implementation="CPython")
     carry: dict[str, str] = {}
@@ -125,7 +140,7 @@ def to_carry() -> dict[str, str]:
     while todo:
         req = todo.pop()
         name = normalize(req.name)
-        if name in NEVER or name in carry or (name in PRESENT and name not in FORCE):
+        if name in NEVER or name in carry or (name in present and name not in FORCE):
             continue
         try:
             dist = metadata.distribution(req.name)
@@ -157,7 +172,7 @@ def exclude_wheels_from_git() -> None:
             fh.write("/.whl/\n")
 
 
-def download(carry: dict[str, str]) -> list[Path]:
+def download(carry: dict[str, str], python: str = PYTHON) -> list[Path]:
     if WHEELS.exists():
         shutil.rmtree(WHEELS)  # one version of each: two would stop the install there
     WHEELS.mkdir()
@@ -165,14 +180,14 @@ def download(carry: dict[str, str]) -> list[Path]:
     for name, version in carry.items():
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-             "--only-binary=:all:", "--python-version", PYTHON, "--implementation", "cp",
+             "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
              *platforms, "-d", str(WHEELS), f"{name}=={version}"],
             check=True,
         )
     for folder, requirement in SIDE_WHEELS.items():
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-             "--only-binary=:all:", "--python-version", PYTHON, "--implementation", "cp",
+             "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
              *platforms, "-d", str(WHEELS / folder), requirement],
             check=True,
         )
@@ -187,8 +202,14 @@ def side_wheels() -> list[Path]:
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = make_parser((__doc__ or "").split("\n\n")[0], quick=False, threads=False)
     parser.add_argument("--dry-run", action="store_true", help="only list what to fetch")
+    parser.add_argument("--present", type=Path, default=None,
+                        help="the GPU box's `pip freeze` (default: a typical CUDA PyTorch "
+                             "image's packages)")
+    parser.add_argument("--python", default=PYTHON,
+                        help="the GPU box's Python, major.minor (default %(default)s)")
     args = parser.parse_args(argv)
-    carry = to_carry()
+    present = PRESENT if args.present is None else read_present(args.present)
+    carry = to_carry(present, args.python)
     for name, version in carry.items():
         print(f"{name}=={version}")
     for folder, requirement in SIDE_WHEELS.items():
@@ -198,14 +219,11 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.dry_run:
         return finish(result, args.json)
     exclude_wheels_from_git()
-    wheels = download(carry)
+    wheels = download(carry, args.python)
     total = sum(w.stat().st_size for w in [*wheels, *side_wheels()])
     print(f"{len(wheels)} wheels (+{len(side_wheels())} beside), {total / 2**20:.1f} MiB in "
           f"{WHEELS.relative_to(ROOT)}/")
-    if total > LIMIT_BYTES:
-        print(f"warning: over {LIMIT_BYTES / 2**20:.0f} MiB; the device call carries 64 MiB "
-              "with the working tree", file=sys.stderr)
-    print('device run: command "bash bench/gpu/gpu_run.sh", carry [".whl"]')
+    print("copy the checkout with .whl/ to the GPU box, then there: bash bench/gpu/gpu_run.sh")
     result.update(wheels=[w.name for w in wheels],
                   side_wheels=[str(w.relative_to(WHEELS)) for w in side_wheels()], bytes=total)
     return finish(result, args.json)

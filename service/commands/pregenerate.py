@@ -138,6 +138,14 @@ def run(args: argparse.Namespace) -> int:
     return _pregenerate_local(args)
 
 
+def _said(exc: BaseException) -> str:
+    """A client error as this command says it: its fixes name ``--url`` (it has no key flag:
+    GENAUG_API_KEY)."""
+    from genaug.client.errors import for_command
+
+    return for_command(str(exc), url="--url URL")
+
+
 def _pregenerate_remote(args: argparse.Namespace) -> int:
     from genaug.client import Client, GenaugError
 
@@ -145,7 +153,7 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
         try:
             job = client.fill(args.recipe, per_label=args.per_label, images=args.images)
         except GenaugError as exc:
-            print(f"genaug pregenerate: {exc}", file=sys.stderr)
+            print(f"genaug pregenerate: {_said(exc)}", file=sys.stderr)
             # 409: no label has room for the budget but those the judge stopped
             return _refused_for_stopped(client, args.recipe) if getattr(
                 exc, "status", None) == 409 else 1
@@ -160,8 +168,8 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
         try:
             return _follow(client, args, job.id)
         except GenaugError as exc:  # the service stopped answering; the job is its own
-            print(f"genaug pregenerate: {exc}; job {job.id} may go on there: genaug jobs show "
-                  f"{job.id} --url {args.url} says", file=sys.stderr)
+            print(f"genaug pregenerate: {_said(exc)}; job {job.id} may go on there: genaug jobs "
+                  f"show {job.id} --url {args.url} says", file=sys.stderr)
             return 1
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: The low-acceptance stop: a label whose judge accepted under STOP_ACCEPTANCE of the images
-#: judged since start-up, once STOP_AFTER were judged, is no longer generated.
+#: it judged since this replica started, once STOP_AFTER were judged, is no longer generated.
 STOP_AFTER = 50
 STOP_ACCEPTANCE = 0.10
 
@@ -103,11 +104,15 @@ class AcceptanceStop:
             self._unrecorded[name].discard(label)
 
 
-def reason(label: str, judged: int, accepted: int, judge: Judge) -> str:
-    """Why ``label`` stopped, and the fix, as ``GET /v1/recipes/{name}`` shows it."""
+def reason(label: str, judged: int, accepted: int, judge: Judge,
+           now: float | None = None) -> str:
+    """Why ``label`` stopped, and the fix, as ``GET /v1/recipes/{name}`` shows it. The stop is
+    stored and outlives the start that made it: the counts are dated (UTC, ``now``), never
+    "since start-up"."""
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime(time.time() if now is None else now))
     return (
         f"stopped: the judge accepted {accepted} of the {judged} images of label "
-        f"{label!r} judged since start-up ({100 * accepted / judged:.0f} %, under "
+        f"{label!r} it judged last, before {stamp} UTC ({100 * accepted / judged:.0f} %, under "
         f"{100 * STOP_ACCEPTANCE:.0f} %), so generating more would spend the device on "
         "images that are never sampled. Fix: give the judge more or better shots "
         f"(judge.shots: {judge.spec.shots}/{label}), train the label's adapter longer, "

@@ -188,10 +188,10 @@ def test_the_speed_plan_is_baseline_best_and_new_best_at_8_and_16(bench: Any) ->
 def test_gpu_run_carries_the_whole_package_and_dispatches_the_acceptance_plan(
     tmp_path: Path,
 ) -> None:
-    """gpu_run.sh with stand-ins for python3 and nvidia-smi (they record their arguments):
-    the site it builds holds all of genaug/ (commands/, experiments/), and `--plan
-    acceptance` runs bench.gpu.acceptance with its JSON in $OUT; other plans go to
-    gpu_sdxl."""
+    """gpu_run.sh with stand-ins for python3 and nvidia-smi (they record their arguments).
+    With wheels (an offline GPU box): the site it builds holds all of genaug/ (commands/,
+    experiments/), and `--plan acceptance` runs bench.gpu.acceptance with its JSON in $OUT;
+    other plans go to gpu_sdxl. Without wheels it runs in the installed environment."""
     import os
 
     stubs = tmp_path / "bin"
@@ -201,25 +201,39 @@ def test_gpu_run_carries_the_whole_package_and_dispatches_the_acceptance_plan(
         stub = stubs / name
         stub.write_text(f'#!/bin/sh\necho "{name} $*" >> "{calls}"\ncat > /dev/null\nexit 0\n')
         stub.chmod(0o755)
-    site, out = tmp_path / "site", tmp_path / "out"
+    site, out, wheels = tmp_path / "site", tmp_path / "out", tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "stand_in-1.0-py3-none-any.whl").write_bytes(b"")
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "OUT": str(out),
-           "GENAUG_SITE": str(site)}
+           "GENAUG_SITE": str(site), "GENAUG_WHEELS": str(wheels)}
     for plan in ("acceptance", "speed"):
         calls.write_text("")
         done = subprocess.run(["bash", "bench/gpu/gpu_run.sh", "--plan", plan], cwd=ROOT,
                               env=env, capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stderr
-        last = calls.read_text().strip().splitlines()[-1]
+        text = calls.read_text()
+        assert "-m pip install" in text and str(wheels) in text, text
+        last = text.strip().splitlines()[-1]
         if plan == "acceptance":
-            assert f"-m bench.gpu.acceptance --json {out}/acceptance.json" in last
+            assert f"{ROOT} bench.gpu.acceptance --json {out}/acceptance.json" in last, last
         else:
-            assert "-m bench.gpu.gpu_sdxl" in last and last.endswith("--plan speed")
+            assert f"{ROOT} bench.gpu.gpu_sdxl" in last and last.endswith("--plan speed")
     for part in ("cli.py", "jobs.py", "experiments/fewshot.py", "py.typed"):
         assert (site / "genaug" / part).is_file(), part
     assert not list((site / "genaug").rglob("__pycache__"))
     for part in ("service", "client", "trainer"):
         assert (site / "genaug" / part).resolve() == ROOT / part
+    # No wheels: nothing is installed, the benchmark runs where genaug already is.
+    calls.write_text("")
+    empty = tmp_path / "none"
+    empty.mkdir()
+    done = subprocess.run(["bash", "bench/gpu/gpu_run.sh"], cwd=ROOT,
+                          env={**env, "GENAUG_WHEELS": str(empty)}, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    text = calls.read_text()
+    assert "pip install" not in text and f"{ROOT} bench.gpu.gpu_sdxl --json" in text, text
 
 
 @pytest.mark.slow  # every check of the GPU acceptance plan on the tiny model: 1-3 min on 2 cores
@@ -236,3 +250,21 @@ def test_the_acceptance_plan_passes_on_the_tiny_model(tmp_path: Path) -> None:
     assert checks["adapters"]["found"]["recompiles"] == 0
     assert checks["adapters"]["found"]["graphs_after_warmup"] == 0
     assert checks["fp8_cuda_graphs"]["found"]["marked_steps"] == 8
+
+
+def test_gpu_wheels_fetches_what_the_boxs_pip_freeze_lacks(tmp_path: Path) -> None:
+    """An offline GPU box's `pip freeze` decides what is fetched for it: what it lists stays
+    behind, what genaug needs and it lacks is carried, torch never."""
+    from bench.gpu.gpu_wheels import read_present, to_carry
+
+    freeze = tmp_path / "box.txt"
+    freeze.write_text("# a comment\nFastAPI==0.100.0\ntorch @ file:///wheels/torch.whl\n"
+                      "typing_extensions==4.0\n-e git+https://example/x#egg=x\n")
+    present = read_present(freeze)
+    assert {"fastapi", "torch", "typing-extensions"} <= present
+    carried = to_carry(present)
+    assert "fastapi" not in carried and "torch" not in carried
+    assert {"diffusers", "uvicorn", "pydantic"} <= set(carried)
+    assert "typing-extensions" in carried  # FORCE: pydantic needs a recent one
+    everything = to_carry(frozenset())
+    assert "fastapi" in everything and "torch" not in everything

@@ -420,7 +420,8 @@ def _stop_reason(label: str, accepted: int, judged: int) -> str:
     """The planner's reason for a stopped label, word for word (a live one is checked in
     tests/service/pool/test_pool_stopped.py)."""
     return (f"stopped: the judge accepted {accepted} of the {judged} images of label "
-            f"{label!r} judged since start-up ({100 * accepted / judged:.0f} %, under 10 %), so "
+            f"{label!r} it judged last, before 2026-11-28 09:00 UTC "
+            f"({100 * accepted / judged:.0f} %, under 10 %), so "
             "generating more would spend the device on images that are never sampled. Fix: "
             f"give the judge more or better shots (judge.shots: wounds/shots/{label}), train "
             "the label's adapter longer, or lower judge.min_score (now 0.9); then restart the "
@@ -436,7 +437,8 @@ def test_a_label_the_judge_stopped_gets_the_judges_fix_not_a_fill_that_cannot_en
     # R is stopped but full: only P is named, with what it holds and why
     assert ("the judge stopped 1 label(s), so no more of their images are made and the "
             "reservoir mixes only what the pool holds of them: P (3 held): the judge accepted "
-            "3 of the 52 images of label 'P' judged since start-up (6 %, under 10 %)"
+            "3 of the 52 images of label 'P' it judged last, before 2026-11-28 09:00 UTC (6 %, "
+            "under 10 %)"
             ) in check.message, check.message
     assert "'R'" not in check.message
     assert check.fix == (

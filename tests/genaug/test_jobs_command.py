@@ -134,7 +134,19 @@ def test_no_service_is_one_line_and_1_at_once() -> None:
     started = time.monotonic()
     done = jobs("list", "--url", url)
     assert done.returncode == 1 and time.monotonic() - started < 20
-    assert one_line(done).startswith(f"genaug jobs: no answer from the genaug service at {url}")
+    said = one_line(done)
+    assert said.startswith(f"genaug jobs: no answer from the genaug service at {url}")
+    # The fix names this command's flag, not the Python client's argument.
+    assert "point the client at it with --url URL / GENAUG_URL" in said and "url=" not in said
+
+
+def test_a_refused_key_names_the_flag_that_sends_one(make_service: Any) -> None:
+    live = make_service(api_keys=["the-right-key"])
+    done = jobs("list", "--url", live.url, "--api-key", "a-wrong-key")
+    assert done.returncode == 1
+    said = one_line(done)
+    assert said.startswith(f"genaug jobs: 401 from {live.url}:"), said
+    assert said.endswith("(pass --api-key KEY or set GENAUG_API_KEY)") and "api_key=" not in said
 
 
 @pytest.mark.parametrize(("argv", "said"), [

@@ -173,6 +173,13 @@ def test_pool_page_pages_rejects_and_restores(
         counts = page.text_content('section[data-label="square"] .counts')
         assert counts is not None and f"accepted {N_FILL + N_JUDGED - 10}" in counts
         assert "judge 10" in counts
+        # A recipe without a judge: no image says "not judged" (the summary says it once);
+        # the squares scored here show their scores.
+        assert "not judged" not in str(page.text_content("#labels"))
+        assert "no judge: every image is accepted" in str(page.text_content("#summary"))
+        squares = page.eval_on_selector_all('section[data-label="square"] .score',
+                                            "s => s.map(x => x.textContent)")
+        assert squares and all(s.startswith("score ") for s in squares), squares
         assert not page.is_visible("#error")
 
         ARTIFACTS.mkdir(exist_ok=True)

@@ -172,7 +172,8 @@ def test_a_claim_lives_while_its_store_does_and_closing_hands_it_back(
 
 def test_stops_count_only_under_the_key_they_were_recorded_under(open_store: Opener) -> None:
     one, two = open_store(), open_store()
-    why = "stopped: the judge accepted 0 of the 50 images of label '1' judged since start-up"
+    why = ("stopped: the judge accepted 0 of the 50 images of label '1' it judged last, before "
+           "2026-11-28 09:00 UTC")
     one.record_stop(PID, "1", why, "k1")
     assert two.stops(PID, "k1") == {"1": why} and two.stops(PID) == {"1": why}
     assert two.stops(PID, "k2") == {} and two.stops(PID, {"1": "k1"}) == {"1": why}
