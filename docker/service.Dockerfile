@@ -50,14 +50,15 @@ RUN python -m pip install -c constraints/cpu.txt ".[service]" \
  && python -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '${TORCH_VERSION}' and torch.version.cuda else 'torch in the image is ' + torch.__version__ + ', expected ${TORCH_VERSION} with CUDA: keep TORCH_VERSION equal to the pin in constraints/cpu.txt')" \
  && python -P -c "import genaug.service, genaug.client"
 
-# Non-root. /data is the mount point of the pool volume: a fresh named volume copies this
-# directory's ownership, so the service can create pool.db there.
+# Non-root. /data and /compile-cache are the mount points of the pool's and the compile
+# cache's volumes: a fresh named volume copies the directory's ownership, so the service can
+# write pool.db and its compile cache entries there.
 RUN useradd --uid ${GENAUG_UID} --user-group --create-home --shell /usr/sbin/nologin genaug \
- && mkdir -p /data /models \
- && chown genaug:genaug /data
+ && mkdir -p /data /models /compile-cache \
+ && chown genaug:genaug /data /compile-cache
 USER genaug
 WORKDIR /home/genaug
-VOLUME ["/data"]
+VOLUME ["/data", "/compile-cache"]
 
 EXPOSE 8000
 

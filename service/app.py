@@ -148,6 +148,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
         yield {"genaug": state}
     finally:
         state.ready = False
+        state.stopping.set()  # a warm-up under way ends before its next shape
         loading.cancel()
         try:
             await loading
@@ -162,6 +163,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
         if state.store is not None:
             state.store.close()
             state.store = None
+        if state.speed is not None:
+            state.speed.close()
+            state.speed = None
         state.pools = None
         state.model = None
 
@@ -226,6 +230,7 @@ async def _load_and_warm(state: AppState) -> None:
         await asyncio.to_thread(_report_long_prompts, state, model)
         speed = await asyncio.to_thread(Speed.setup, model, settings, state.metrics,
                                         lambda info: state.speed_info.update(info))
+        state.speed = speed
         pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
             PipelineWorker.from_settings, model, settings, state.metrics
         )
@@ -267,7 +272,8 @@ async def _load_and_warm(state: AppState) -> None:
         if settings.warmup:
             plan = speed.plan(settings, state.recipes.values(), defaults=state.defaults())
             started = time.monotonic()
-            await batcher.run_in_worker(lambda: speed.warm_up(pipeline_worker, plan))
+            await batcher.run_in_worker(
+                lambda: speed.warm_up(pipeline_worker, plan, stop=state.stopping))
             log.info("warm-up done in %.2f s", time.monotonic() - started)
         if state.pools is not None:
             # Only now: a pool batch before the warm-up would run an uncompiled shape first.

@@ -99,7 +99,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
-        self.recompiles = Counter("genaug_recompiles", "Batches of new compiled shapes", registry=r)
+        self.compiles = Counter(
+            "genaug_compiles", "Graphs torch.compile compiled (or loaded from "
+            "GENAUG_COMPILE_CACHE) during the warm-up", registry=r)
+        self.recompiles = Counter(
+            "genaug_recompiles", "Graphs torch.compile compiled after the warm-up (keep at 0: "
+            "GENAUG_WARMUP_SHAPES warms a size before the service reports ready)", registry=r)
         # Read from the one pool every replica shares, so each reports the same figure:
         # aggregate across replicas with max, not sum (KEDA reads it in the database:
         # genaug.service.pool.pending).

@@ -288,8 +288,9 @@ class Settings(BaseSettings):
     compile: Literal["off", "unet", "regional"] = Field(
         default="off",
         description="torch.compile: off; unet (the whole UNet); regional (only its repeated "
-        "transformer blocks: most of the gain, several times shorter warm-up). Each new "
-        "generation size or batch size compiles once (counted in genaug_recompiles_total).",
+        "transformer blocks: most of the gain, several times shorter warm-up). The batch "
+        "dimension is dynamic: each generation size compiles once, whatever the batch sizes "
+        "(warm-up compiles in genaug_compiles_total, later ones in genaug_recompiles_total).",
     )
     compile_mode: Literal[
         "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
@@ -300,10 +301,18 @@ class Settings(BaseSettings):
         "padded to the next of a few batch sizes, all compiled at warm-up); max-autotune "
         "also tunes its kernels (longer warm-up).",
     )
-    quantize: Literal["none", "fp8"] = Field(
+    compile_cache: str = Field(
+        default="",
+        description="Folder that keeps what GENAUG_COMPILE compiled, one entry per model, "
+        "options, warm-up shapes, versions and device (empty: ~/.cache/genaug/compile, or "
+        "$XDG_CACHE_HOME/genaug/compile; off: keep nothing). A start that finds its entry "
+        "warms up without compiling; a spoiled or mismatched entry is skipped in one log line.",
+    )
+    quantize: Literal["none", "fp8", "fp8-conv"] = Field(
         default="none",
         description="fp8: the UNet's large linear layers in float8 with per-row scales "
-        "(torchao, the genaug[fp8] extra; CUDA compute capability 8.9 or more). Images "
+        "(torchao, the genaug[fp8] extra; CUDA compute capability 8.9 or more); fp8-conv: its "
+        "convolutions too, as float8 matrix products (not yet measured on a GPU). Images "
         "drift slightly from bf16.",
     )
     attention: Literal["auto", "default", "flash3", "cudnn", "flash", "efficient", "math"] = Field(

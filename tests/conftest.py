@@ -10,8 +10,11 @@ pool, replica and hot-path tests.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,11 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# What compiling made is kept (GENAUG_COMPILE_CACHE) in a folder of this run, never in the
+# user's ~/.cache; subprocesses inherit it. Removed at the end of the session.
+_COMPILE_CACHE = tempfile.mkdtemp(prefix="genaug-test-compile-cache-")
+os.environ["GENAUG_COMPILE_CACHE"] = _COMPILE_CACHE
+atexit.register(shutil.rmtree, _COMPILE_CACHE, True)
 
 SHAPES_RECIPE = """\
 recipes:

@@ -53,6 +53,10 @@ else
         exit 2; }
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# What the services of one plan compiled, kept for the next plan on this machine (an ignored
+# folder of the tree: .cache/ is git-ignored): the acceptance plan's entries serve the speed
+# plan's services that share their model, options and shapes.
+export GENAUG_COMPILE_CACHE="${GENAUG_COMPILE_CACHE:-$PWD/.cache/genaug-compile}"
 
 # A benchmark module of the checkout (bench/ is not installed), with genaug as installed:
 # -P and the checkout appended last, so its genaug/ folder (which holds no service/) never

@@ -93,6 +93,7 @@ NEW_BEST = "compile=unet+compile_mode=max-autotune+fuse_qkv+quantize=fp8+attenti
 HOPPER_ADDED = (
     "best+attention=auto",
     "best+quantize=fp8",
+    "best+quantize=fp8-conv",  # the convolutions too: whether they pay is what this measures
     "compile=unet+compile_mode=reduce-overhead+fuse_qkv",  # CUDA graphs: whole UNet only
     "compile=unet+compile_mode=max-autotune+fuse_qkv",
 )
@@ -556,14 +557,18 @@ async def _saturate(client: Any, bench: Bench, batch: int, requests: int, seed: 
 
 def measure_cell(
     bench: Bench, model: Any, worker: Any, options: Any, config: str, batch: int,
-    flops_per_image: float, peak: float,
+    flops_per_image: float, peak: float, *, minimal: bool = False,
 ) -> Cell:
+    """One (config, batch) cell: direct and through HTTP, interleaved, ``--rounds`` rounds;
+    ``minimal``: one round of one batch each (a config whose compile was paid for, measured
+    at least that much before the time budget skips anything)."""
     import torch
 
     from genaug.client import AsyncClient
 
     cell = Cell(config=config, batch=batch)
-    batches_per_phase = max(1, 4 // batch) if not bench.args.quick else 1
+    batches_per_phase = max(1, 4 // batch) if not (bench.args.quick or minimal) else 1
+    rounds = 1 if minimal else bench.args.rounds
     if bench.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(bench.device)
 
@@ -581,7 +586,7 @@ def measure_cell(
         loop = asyncio.new_event_loop()
         client = AsyncClient(live.url, client_id="bench", timeout=3600)
         try:
-            for r in range(bench.args.rounds):
+            for r in range(rounds):
                 phases = [("direct", direct), ("service", None)]
                 for name, _ in phases if r % 2 == 0 else phases[::-1]:
                     if name == "direct":
@@ -652,16 +657,19 @@ def run_config(
     bench.save()
     print(f"[{config}] built in {run.build_s:.1f} s, warm-up {run.warmup_s} "
           f"({run.compiled_graphs} graphs, {run.graph_breaks} graph breaks)", flush=True)
-    for batch in batches:
+    for index, batch in enumerate(batches):
         per_image = probe_seconds_per_image(bench, worker, batch)
         images = 2 * bench.args.rounds * max(batch, 4 if not bench.args.quick else batch)
         estimate = (images + 2) * per_image + 15  # + the service's own warm-up, start, stop
-        if bench.remaining() < estimate:
+        # Its compile was paid for: the config's first cell is measured, one batch each way
+        # at least, before the budget may skip anything.
+        minimal = index == 0 and bench.remaining() < estimate
+        if bench.remaining() < estimate and not minimal:
             cell = Cell(config=run.config, batch=batch, skipped=f"time budget ({estimate:.0f} s)")
         else:
             try:
                 cell = measure_cell(bench, model, worker, options, run.config, batch,
-                                    flops_per_image, peak)
+                                    flops_per_image, peak, minimal=minimal)
             except Exception as exc:  # keep measuring the other cells; the error is reported
                 cell = Cell(config=run.config, batch=batch,
                             skipped=f"error: {type(exc).__name__}: {exc}")

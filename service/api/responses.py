@@ -135,6 +135,25 @@ class AdapterInfo(BaseModel):
     rank: int | None = Field(None, description="The file's LoRA rank.")
 
 
+class WarmupInfo(BaseModel):
+    """The warm-up as ``/readyz`` says it: ``text`` (``warming 3 of 8: 1024x1024 batch 4 (41
+    s, compiling)``, then ``warmed up: 8 shape(s) in 52 s``), the steps done of the total."""
+
+    done: int
+    total: int
+    finished: bool
+    text: str
+
+
+class CompileCacheInfo(BaseModel):
+    """``GENAUG_COMPILE_CACHE``: the folder, this start's key, and ``state``: ``hit``,
+    ``miss``, ``skipped: <why>``, ``kept`` or ``saved <n> files (<size>)``."""
+
+    folder: str
+    key: str
+    state: str
+
+
 class SpeedInfo(BaseModel):
     """The speed options in force and the shapes compiled at warm-up. ``attention`` is the
     setting, ``attention_backend`` the kernel it chose on this device (``default``: torch's
@@ -153,7 +172,14 @@ class SpeedInfo(BaseModel):
     fuse_qkv: bool = False
     vae_slicing: bool = False
     vae_tiling: bool = False
-    compiled_shapes: list[str] = Field(default_factory=list)
+    compiled_shapes: list[str] = Field(default_factory=list, description="Shapes (HxW:batch) "
+                                       "warmed and served so far.")
+    warmup: WarmupInfo | None = Field(None, description="How far the warm-up is, or how "
+                                      "long it took (null before it starts).")
+    compile_cache: CompileCacheInfo | None = Field(
+        None, description="GENAUG_COMPILE_CACHE with compilation on: its folder, this "
+                          "start's entry and what was found or saved.")
+    recompiles: int = Field(0, description="Graphs compiled after the warm-up (keep at 0).")
     adapter_swap: str = Field("resident", description="How LoRA adapters switch: resident "
                               "(flags on injected layers) or hotswap (copied into the "
                               "compiled UNet's one slot: never a recompile).")

@@ -7,6 +7,7 @@ imports torch appear here only as types, so importing the routes never imports t
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from ..batching.items import Worker
     from ..jobs.loop import JobLoop
     from ..pipeline.load import LoadedModel
+    from ..pipeline.speed import Speed
     from ..pipeline.worker import PipelineWorker
     from ..pool.serving import PoolServing
     from ..pool.store import PoolStore
@@ -63,6 +65,10 @@ class AppState:
     replica_info: dict[str, Any] = field(default_factory=dict)
     ready: bool = False
     load_error: str | None = None
+    #: The speed options applied, their warm-up (its progress) and compile cache.
+    speed: Speed | None = None
+    #: Set when the service stops: a warm-up under way ends before its next shape.
+    stopping: threading.Event = field(default_factory=threading.Event)
     started_at: float = field(default_factory=time.time)
     #: GENAUG_WEBHOOK_HOSTS, parsed: the hosts a fill's notify_url may name.
     webhook_hosts: tuple[str, ...] = ()
@@ -83,11 +89,19 @@ class AppState:
             raise NotReadyError(f"the model failed to load: {self.load_error}")
         if not self.ready or self.batcher is None:
             raise NotReadyError(
-                "the model is loading or warming up; retry shortly (GET /readyz turns 200 "
+                f"the service is {self.starting()}; retry shortly (GET /readyz turns 200 "
                 "when ready)",
                 headers={"Retry-After": "2"},
             )
         return self.batcher
+
+    def starting(self) -> str:
+        """What a start is doing, for ``/readyz`` and the answers before it is ready:
+        ``loading``, then ``warming 3 of 8: 1024x1024 batch 4 (41 s, compiling)``."""
+        progress = self.speed.progress if self.speed is not None else None
+        if progress is not None and not progress.finished:
+            return progress.text()
+        return "loading"
 
     def require_pools(self) -> PoolServing:
         self.require_batcher()

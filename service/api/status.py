@@ -64,7 +64,7 @@ async def readyz(request: Request) -> Response:
     state = state_of(request)
     if state.ready:
         return JSONResponse(HealthResponse(status="ready").model_dump())
-    detail = state.load_error or "loading"
+    detail = state.load_error or state.starting()
     return JSONResponse(
         HealthResponse(status="not_ready", detail=detail).model_dump(), status_code=503
     )

@@ -143,7 +143,8 @@ def _said(exc: BaseException) -> str:
     GENAUG_API_KEY)."""
     from genaug.client.errors import for_command
 
-    return for_command(str(exc), url="--url URL")
+    said: str = for_command(str(exc), url="--url URL")
+    return said
 
 
 def _pregenerate_remote(args: argparse.Namespace) -> int:

@@ -32,19 +32,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                         help="a LoRA adapter a recipe or request may name; repeatable (adds to "
                              "--loras / GENAUG_LORAS)")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="load, warm up (filling GENAUG_COMPILE_CACHE with what compiling "
+                             "made) and exit, without listening: for an init container or a "
+                             "CI step; exit status 0 once warmed")
 
 
 def run(args: argparse.Namespace) -> int:
     """``genaug serve``: the flags given, as overrides of the ``GENAUG_*`` settings."""
-    overrides = {k: v for k, v in vars(args).items() if k not in {"command", "lora"}}
+    overrides = {k: v for k, v in vars(args).items()
+                 if k not in {"command", "lora", "warm_only"}}
     loras = list(getattr(args, "lora", []))
     if loras:  # --lora a=x --lora b=y, together with --loras / GENAUG_LORAS if given
         overrides["loras"] = ",".join([*([overrides["loras"]] if "loras" in overrides else []),
                                        *loras])
-    return serve(overrides)
+    return serve(overrides, warm_only=bool(getattr(args, "warm_only", False)))
 
 
-def serve(overrides: dict[str, Any] | None = None) -> int:
+def serve(overrides: dict[str, Any] | None = None, *, warm_only: bool = False) -> int:
     """Start the service with ``GENAUG_*`` settings plus ``overrides``; return an exit code.
 
     Start-up problems (a wrong device, a missing model path, an invalid setting) print one
@@ -77,6 +82,12 @@ def serve(overrides: dict[str, Any] | None = None) -> int:
     new_file = (settings.pool_url is None and settings.recipes is not None
                 and not Path(settings.pool_path).exists())
     code: object = 1
+    if warm_only:
+        try:
+            return _warm_only(settings)
+        finally:
+            if new_file:
+                _remove_empty_pool(Path(settings.pool_path))
     try:
         code = _serve(settings, failures, fatal)
     except SystemExit as exc:  # the signal handler's exit, after uvicorn's shutdown
@@ -147,6 +158,51 @@ def _serve(settings: Any, failures: list[BaseException],
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 1 if failures or not server.started else 0
+
+
+def _warm_only(settings: Any) -> int:
+    """``genaug serve --warm-only``: the service's own start (load, speed options, warm-up
+    through the compile cache) without a socket, then its own shutdown; 0 once warmed."""
+    import asyncio
+    import time
+
+    from ..app import check_startup, create_app, is_refusal
+    from ..pipeline.load import ModelLoadError
+    from ..pool.types import PoolError
+    from ..recipes.spec import RecipeError
+
+    failures: list[BaseException] = []
+    try:
+        check_startup(settings)
+        # Nothing is generated into the pool: the planner would start once warmed.
+        app = create_app(settings.model_copy(update={"pregenerate": False}),
+                         on_fatal=failures.append)
+    except (ModelLoadError, RecipeError, PoolError) as exc:
+        print(f"genaug serve: {exc}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+
+    async def warm() -> Any:
+        async with app.router.lifespan_context(app):
+            state = app.state.genaug
+            while not state.ready and not failures:
+                await asyncio.sleep(0.1)
+            return state.speed.info() if state.speed is not None else {}
+
+    info = asyncio.run(warm())
+    if failures:
+        failed = failures[0]
+        print(f"genaug serve: {failed}" if is_refusal(failed) else
+              f"genaug serve: the model could not be loaded ({type(failed).__name__}: "
+              f"{failed})", file=sys.stderr)
+        return 1
+    warmup = info.get("warmup") or {}
+    cache = info.get("compile_cache")
+    where = (f"; compile cache {cache['folder']}/{cache['key']}: {cache['state']}" if cache
+             else "; compilation is off (GENAUG_COMPILE), nothing to keep")
+    print(f"genaug serve --warm-only: {warmup.get('text', 'warmed up')} "
+          f"({time.monotonic() - started:.0f} s with loading){where}")
+    return 0
 
 
 def _quiet_server(config: Any) -> Any:

@@ -171,6 +171,7 @@ def quantize_fp8(
     min_features: int | None = None,
     skip: Sequence[str] = (),
     config: Any = None,
+    convs: bool = False,
 ) -> list[str]:
     """Quantize ``unet``'s chosen linear layers in place (:func:`fp8_layer_filter`); return
     their names (also recorded on ``unet``: :func:`fp8_layers`). Call :func:`check_fp8` first
@@ -178,7 +179,10 @@ def quantize_fp8(
 
     ``config`` replaces the product's torchao configuration (per-row dynamic activation and
     weight); the diagnosis (``bench/gpu/fp8_diagnose.py``) passes per-tensor and weight-only
-    ones. Raises :class:`SpeedError` when a chosen layer is not bfloat16.
+    ones. ``convs``: the UNet's 2-D convolutions too, each made an
+    :class:`~genaug.service.pipeline.fp8_conv.Fp8Conv2d`
+    (:func:`~genaug.service.pipeline.fp8_conv.fp8_conv_filter`, ``skip`` applies). Raises
+    :class:`SpeedError` when a chosen layer is not bfloat16.
     """
     import torch
 
@@ -207,8 +211,32 @@ def quantize_fp8(
             else config_class(granularity=per_row(), activation_value_lb=FP8_ACTIVATION_LB),
             filter_fn=lambda module, fqn: fqn in names,
         )
-    object.__setattr__(unet, _LAYERS_ATTR, list(chosen))
-    log.info("FP8: %d linear layers of the UNet quantized (per-row scales)", len(chosen))
+    conv_names = _quantize_convs(unet, tuple(skip)) if convs else []
+    object.__setattr__(unet, _LAYERS_ATTR, [*chosen, *conv_names])
+    log.info("FP8: %d linear layers%s of the UNet quantized (per-row scales)", len(chosen),
+             f" and {len(conv_names)} convolutions" if convs else "")
+    return [*chosen, *conv_names]
+
+
+def _quantize_convs(unet: torch.nn.Module, skip: tuple[str, ...]) -> list[str]:
+    """Replace each chosen convolution of ``unet`` by its FP8 form; their names."""
+    import torch
+
+    from .fp8_conv import Fp8Conv2d, fp8_conv_filter
+
+    chosen = [fqn for fqn, module in unet.named_modules() if fp8_conv_filter(module, fqn, skip)]
+    dtypes = {unet.get_submodule(fqn).weight.dtype for fqn in chosen}
+    if dtypes - {torch.bfloat16}:
+        found = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        raise SpeedError(
+            f"GENAUG_QUANTIZE=fp8-conv quantizes bfloat16 convolutions; the UNet's are "
+            f"{found}. Set GENAUG_DTYPE=bfloat16 (or auto on CUDA), or GENAUG_QUANTIZE=none")
+    for fqn in chosen:
+        parent, _, name = fqn.rpartition(".")
+        owner = unet.get_submodule(parent) if parent else unet
+        conv = unet.get_submodule(fqn)
+        assert isinstance(conv, torch.nn.Conv2d)  # fp8_conv_filter chose it
+        setattr(owner, name, Fp8Conv2d(conv, activation_lb=FP8_ACTIVATION_LB))
     return chosen
 
 

@@ -29,14 +29,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..batching.items import Worker
+from .compile_cache import CompileCache, cache_fields, default_cache_dir
 from .errors import SpeedError
 from .speed_options import SpeedOptions
 from .tracked import PaddedWorker, TrackedWorker
 from .warmup import (
+    CompileCounts,
     ShapeTracker,
+    WarmupProgress,
     WarmupRecord,
     WarmupStep,
     batch_sizes,
@@ -45,6 +49,8 @@ from .warmup import (
 )
 
 if TYPE_CHECKING:
+    import threading
+
     import torch
 
     from ..metrics import Metrics
@@ -54,7 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Speed",
     "SpeedError",
-    "StepMarked",
+    "UNetCall",
     "apply_speed",
     "check_speed_settings",
 ]
@@ -147,64 +153,124 @@ def _apply_structural(
                     f"{setting}: the VAE ({type(vae).__name__}) does not support it: {exc}; "
                     f"set {setting}=false"
                 ) from exc
-    if options.quantize == "fp8":
+    if options.quantize != "none":
         from .quantize import check_fp8, quantize_fp8
 
         check_fp8(device)
-        report["quantized_layers"] = len(quantize_fp8(unet))
+        report["quantized_layers"] = len(quantize_fp8(unet, convs=options.quantize == "fp8-conv"))
     if options.compile != "off":
         _raise_recompile_limit()
-        # mode=None is torch's default; reduce-overhead and max-autotune record CUDA graphs.
-        mode = None if options.compile_mode == "default" else options.compile_mode
-        if options.compile == "unet" and options.cuda_graphs:
-            # The compiled forward inside a wrapper that marks each call a new CUDA-graph step
-            # and clones what it returns (StepMarked): the wrapper runs eagerly, outside the
-            # compiled frame (unet.compile() would trace it).
-            unet.forward = StepMarked(torch.compile(unet.forward, dynamic=False, mode=mode))
-        elif options.compile == "unet":
-            unet.compile(dynamic=False, mode=mode)
-        else:
-            try:
-                unet.compile_repeated_blocks(dynamic=False, mode=mode)
-            except (ValueError, AttributeError) as exc:
-                raise SpeedError(
-                    f"GENAUG_COMPILE=regional: the UNet ({type(unet).__name__}) declares no "
-                    f"repeated blocks diffusers can compile ({exc}); set GENAUG_COMPILE=unet"
-                ) from exc
+        _compile(unet, options)
     # Plain attributes on the pipeline object (not registered components).
     object.__setattr__(pipeline, _APPLIED_ATTR, options)
     log.info("speed options applied: %s", options.label)
 
 
-class StepMarked:
-    """A compiled UNet forward that replays CUDA graphs, called as one denoising step each.
+def _compile(unet: Any, options: SpeedOptions) -> None:
+    """Compile the UNet (``unet``) or its repeated blocks (``regional``) once for every batch
+    size.
 
-    Each call first marks the beginning of a step (``torch.compiler.
-    cudagraph_mark_step_begin()``: the graph may reuse its output memory from here on), then
-    returns a copy of what the graph returned, so nothing of one replay is read after the next
-    (a scheduler that kept a step's model output, or a view of it, would otherwise read the
-    next step's). The copy is one latent-sized tensor per step. Without CUDA graphs (the CPU)
-    the mark is a counter and the copy is all it costs.
+    The batch dimension is dynamic: the wrappers around the compiled code (:class:`UNetCall`,
+    eager, outside the compiled frame) mark it so (``maybe_mark_dynamic``), and dynamo
+    specialises a dimension of size 1 whatever it is told, so the UNet's batch of 1 (one image
+    without guidance) is padded to 2 and its first row kept: one compile serves every batch
+    (on the CPU, inductor's convolution splits batches below and from 16: two). A UNet whose
+    forward runs per image (the tiny models, :class:`~genaug.service.pipeline.tiny.PerSample`,
+    for batch invariance) has its per-image forward compiled instead: every call it sees is a
+    batch of one, so one compile with static shapes serves every batch. Image sizes stay
+    static: each size compiles once (the warm-up's plan).
+    """
+    import torch
+
+    # mode=None is torch's default; reduce-overhead and max-autotune record CUDA graphs.
+    mode = None if options.compile_mode == "default" else options.compile_mode
+    per_sample = unet.forward if hasattr(unet.forward, "inner") else None
+    dynamic = None if per_sample is None else False
+    if options.compile == "unet":
+        target = per_sample.inner if per_sample is not None else unet.forward
+        call = UNetCall(torch.compile(target, dynamic=dynamic, mode=mode),
+                        batch_dynamic=per_sample is None, pad_one=per_sample is None,
+                        mark_steps=options.cuda_graphs)
+        if per_sample is not None:
+            per_sample.inner = call
+        else:
+            unet.forward = call
+        return
+    blocks = [m for m in unet.modules()
+              if type(m).__name__ in (getattr(unet, "_repeated_blocks", None) or ())]
+    if not blocks:
+        raise SpeedError(
+            f"GENAUG_COMPILE=regional: the UNet ({type(unet).__name__}) declares no repeated "
+            "blocks diffusers can compile; set GENAUG_COMPILE=unet")
+    for block in blocks:  # one code object: the blocks of a class share their compile
+        block.forward = UNetCall(torch.compile(block.forward, dynamic=dynamic, mode=mode),
+                                 batch_dynamic=per_sample is None)
+    if per_sample is None:
+        unet.forward = UNetCall(unet.forward, pad_one=True)  # the blocks never see a batch of 1
+
+
+class UNetCall:
+    """A compiled UNet (or block) forward, called so that one compile serves every batch size.
+
+    Eager, around the compiled code: ``batch_dynamic`` marks the leading dimension of every
+    tensor argument that has the batch's size dynamic (``torch._dynamo.maybe_mark_dynamic``);
+    ``pad_one`` runs a batch of 1 as 2 (its row twice: dynamo specialises a dimension of size 1)
+    and returns the first row; ``mark_steps`` begins a CUDA-graph step at each call and copies
+    what it returns (:class:`StepMarked`'s contract). ``calls`` counts the calls.
 
     Example::
 
-        unet.forward = StepMarked(torch.compile(unet.forward, mode="reduce-overhead"))
-        unet(sample, t, encoder_hidden_states=embeds)   # marked, replayed, copied
-        unet.forward.calls                              # 1
+        unet.forward = UNetCall(torch.compile(unet.forward), batch_dynamic=True, pad_one=True)
+        unet(sample[:1], t, encoder_hidden_states=embeds[:1])   # runs a batch of 2
     """
 
-    def __init__(self, compiled: Callable[..., Any]) -> None:
+    def __init__(self, compiled: Callable[..., Any], *, batch_dynamic: bool = False,
+                 pad_one: bool = False, mark_steps: bool = False) -> None:
         self.compiled = compiled
+        self.batch_dynamic = batch_dynamic
+        self.pad_one = pad_one
+        self.mark_steps = mark_steps
         self.calls = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
         from torch.utils._pytree import tree_map_only
 
-        torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
+        first = args[0] if args else next(iter(kwargs.values()))
+        batch = int(first.shape[0])
+        padded = self.pad_one and batch == 1
+        if padded:
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: _rows(t, 1, 2), (args, kwargs))
+        if self.batch_dynamic:
+            size = 2 if padded else batch
+            for tensor in _tensors((args, kwargs)):
+                if tensor.dim() > 0 and tensor.shape[0] == size and size > 1:
+                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        if self.mark_steps:
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
         self.calls += 1
         out = self.compiled(*args, **kwargs)
-        return tree_map_only(torch.Tensor, lambda t: t.clone(), out)
+        if self.mark_steps:  # nothing of one replay is read after the next
+            out = tree_map_only(torch.Tensor, lambda t: t.clone(), out)
+        if padded:
+            out = tree_map_only(torch.Tensor, lambda t: _rows(t, 2, 1), out)
+        return out
+
+
+def _rows(tensor: torch.Tensor, have: int, want: int) -> torch.Tensor:
+    """A batch-sized tensor (leading dimension ``have``) with ``want`` rows: the first row
+    repeated, or the first ``want`` rows; anything else as it is."""
+    if tensor.dim() == 0 or tensor.shape[0] != have:
+        return tensor
+    return tensor.expand(want, *tensor.shape[1:]).contiguous() if want > have else (
+        tensor[:want])
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
 def applied_report(pipeline: Any) -> dict[str, Any]:
@@ -238,7 +304,7 @@ def check_speed_settings(settings: Settings, device: torch.device) -> None:
     """
     from .attention import choose_attention
 
-    if settings.quantize == "fp8":
+    if settings.quantize != "none":
         from .quantize import check_fp8
 
         check_fp8(device)
@@ -258,22 +324,20 @@ def _raise_recompile_limit() -> None:
 
 
 class Speed:
-    """The speed options applied to one loaded model, and its shape tracker.
+    """The speed options applied to one loaded model, its shape tracker, its compile cache
+    and its warm-up.
 
-    ``publish`` (optional) is called with :meth:`info` at set-up and whenever a shape is
-    compiled (in the worker thread): the app merges it into the ``speed`` group that
-    ``GET /v1/info`` reads, next to the scheduler its owner reports.
+    ``publish`` (optional) is called with :meth:`info` at set-up, as the warm-up goes, and
+    whenever a shape is first run (in the worker thread): the app merges it into the
+    ``speed`` group that ``GET /v1/info`` reads, next to the scheduler its owner reports.
 
     Example::
 
         speed = Speed.setup(model, settings, metrics)   # applies the options (no-op when off)
         worker = speed.wrap(generator)
         records = speed.warm_up(generator, speed.plan(settings, [], defaults=(64, 4, 5.0)))
-        speed.info()
-        # {'compile': 'off', 'compile_mode': 'default', 'quantize': 'none',
-        #  'attention': 'auto', 'channels_last': False, 'fuse_qkv': False,
-        #  'vae_slicing': False, 'vae_tiling': False, 'attention_backend': 'default',
-        #  'quantized_layers': 0, 'batch_sizes': [], 'compiled_shapes': []}
+        speed.info()["warmup"]["text"]                  # 'warmed up: 1 shape(s) in 0 s'
+        speed.close()                                   # at shutdown: the compile cache's folder
     """
 
     def __init__(
@@ -284,12 +348,22 @@ class Speed:
         *,
         report: dict[str, Any] | None = None,
         batch_sizes: tuple[int, ...] = (),
+        cache_root: Path | None = None,
+        weights_hash: str = "",
+        device: Any = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.applied = applied
         self.tracker = tracker
         self.report = report or applied_report(None)
         self.batch_sizes = batch_sizes
         self.warmup_records: list[WarmupRecord] = []
+        self.progress: WarmupProgress | None = None
+        self.cache: CompileCache | None = None
+        self._cache_root = cache_root
+        self._weights_hash = weights_hash
+        self._device = device
+        self._metrics = metrics
         self._publish_to = publish
         tracker.on_new_shape = self._publish
         self._publish()
@@ -316,15 +390,20 @@ class Speed:
             )
         if options.quantize != "none" and settings.loras:
             raise SpeedError(
-                "GENAUG_QUANTIZE=fp8 cannot be combined with GENAUG_LORAS: LoRA layers cannot "
-                "wrap torchao's float8 linear layers; set GENAUG_QUANTIZE=none"
+                f"GENAUG_QUANTIZE={options.quantize} cannot be combined with GENAUG_LORAS: LoRA "
+                "layers cannot wrap float8 layers; set GENAUG_QUANTIZE=none"
             )
-        pipeline = getattr(model, "pipeline", model)
+        pipeline: Any = getattr(model, "pipeline", model)
         applied = apply_speed(pipeline, options)
-        on_recompile = metrics.recompiles.inc if metrics is not None else None
-        tracker = ShapeTracker(active=applied.compile != "off", on_recompile=on_recompile)
+        compiling = applied.compile != "off"
+        tracker = ShapeTracker(
+            active=compiling, graphs=lambda: compile_counts().graphs,
+            on_recompile=metrics.recompiles.inc if metrics is not None else None)
         sizes = batch_sizes(settings.max_batch_images) if applied.cuda_graphs else ()
-        return cls(applied, tracker, publish, report=applied_report(pipeline), batch_sizes=sizes)
+        root = compile_cache_root(settings.compile_cache) if compiling else None
+        return cls(applied, tracker, publish, report=applied_report(pipeline), batch_sizes=sizes,
+                   cache_root=root, weights_hash=str(getattr(model, "weights_hash", "") or ""),
+                   device=_device_of(pipeline.unet), metrics=metrics)
 
     def _publish(self) -> None:
         if self._publish_to is not None:
@@ -347,13 +426,50 @@ class Speed:
         """See :func:`~genaug.service.pipeline.warmup.warmup_plan`."""
         return warmup_plan(settings, recipes, defaults=defaults)
 
-    def warm_up(self, worker: Worker, plan: Iterable[WarmupStep]) -> list[WarmupRecord]:
-        """Run each planned batch on ``worker`` (the unwrapped generator) and record its shape
-        as compiled (:func:`~genaug.service.pipeline.warmup.run_warmup`). Call it in the worker
-        thread (``batcher.run_in_worker``)."""
-        records = run_warmup(worker, plan, self.tracker)
+    def warm_up(self, worker: Worker, plan: Iterable[WarmupStep],
+                stop: threading.Event | None = None) -> list[WarmupRecord]:
+        """Run each planned batch on ``worker`` (the unwrapped generator), watchably
+        (:attr:`progress`; see :func:`~genaug.service.pipeline.warmup.run_warmup`), with
+        compilation on through the compile cache: its entry for this model, options, plan
+        and device loaded first, and saved after a warm-up that compiled and was not stopped.
+        Call it in the worker thread (``batcher.run_in_worker``)."""
+        steps = list(plan)
+        compiling = self.tracker.active
+        if compiling and self._cache_root is not None and self.cache is None:
+            self.cache = CompileCache(self._cache_root, cache_fields(
+                weights_hash=self._weights_hash, options=self.applied.label,
+                shapes=[f"{s.key.height}x{s.key.width}:{s.batch}" for s in steps],
+                device=self._device))
+            self.cache.open()
+        before = compile_counts() if compiling else None
+        records = run_warmup(
+            worker, steps, self.tracker, counts=compile_counts if compiling else None,
+            cached=self.cache is not None and self.cache.state == "hit",
+            progress=self._progressed, stop=stop)
         self.warmup_records.extend(records)
+        if before is not None:
+            compiled = compile_counts().graphs - before.graphs
+            if self._metrics is not None and compiled > 0:
+                self._metrics.compiles.inc(compiled)
+            stopped = stop is not None and stop.is_set()
+            if self.cache is not None and not stopped:
+                try:
+                    self.cache.save()
+                except OSError as exc:  # a full or read-only volume: serve, say it once
+                    log.warning("compile cache %s: could not save (%s); the next start "
+                                "compiles again", self.cache.entry, exc)
+            self.tracker.settle()
+        self._publish()
         return records
+
+    def _progressed(self, progress: WarmupProgress) -> None:
+        self.progress = progress
+        self._publish()
+
+    def close(self) -> None:
+        """Undo :meth:`warm_up`'s working folder (the compile cache's); the entry stays."""
+        if self.cache is not None:
+            self.cache.close()
 
     def info(self) -> dict[str, Any]:
         """The ``speed`` group of ``/v1/info`` (the scheduler is reported by its owner)."""
@@ -362,4 +478,25 @@ class Speed:
             **self.report,
             "batch_sizes": list(self.batch_sizes),
             "compiled_shapes": self.tracker.compiled_shapes,
+            "warmup": None if self.progress is None else self.progress.as_dict(),
+            "compile_cache": None if self.cache is None else self.cache.describe(),
+            "recompiles": self.tracker.recompiles,
         }
+
+
+def compile_counts() -> CompileCounts:
+    """dynamo's compiled graphs and inductor's FX graph cache hits and misses so far, in this
+    process (:class:`~genaug.service.pipeline.warmup.CompileCounts`)."""
+    from torch._dynamo.utils import counters
+
+    return CompileCounts(graphs=int(counters["stats"]["unique_graphs"]),
+                         hits=int(counters["inductor"]["fxgraph_cache_hit"]),
+                         misses=int(counters["inductor"]["fxgraph_cache_miss"]))
+
+
+def compile_cache_root(setting: str) -> Path | None:
+    """``GENAUG_COMPILE_CACHE`` as a folder: empty is the user's cache folder, ``off`` none."""
+    text = setting.strip()
+    if text.lower() in ("off", "none", "false", "0"):
+        return None
+    return Path(text).expanduser() if text else default_cache_dir()

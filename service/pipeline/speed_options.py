@@ -4,23 +4,26 @@ combinations are refused, each in one line
 (:class:`~genaug.service.pipeline.errors.SpeedError`). The options:
 
 - ``compile``: ``off``; ``unet`` (``torch.compile`` of the whole UNet); ``regional`` (only the
-  UNet's repeated transformer blocks, diffusers' ``compile_repeated_blocks``: one compiled
+  UNet's repeated transformer blocks, as diffusers' ``compile_repeated_blocks``: one compiled
   block serves all 70 of SDXL's, so warm-up is several times shorter for most of the gain).
-  Shapes are static (``dynamic=False``): every (generation size, batch size, adapter) compiles
-  once, at warm-up or on its first batch.
+  The batch dimension is dynamic and a UNet batch of 1 is run as 2
+  (:class:`~genaug.service.pipeline.speed.UNetCall`): each generation size compiles once,
+  whatever the batch sizes and adapters; what compiling made is kept in
+  ``GENAUG_COMPILE_CACHE`` (:mod:`~genaug.service.pipeline.compile_cache`).
 - ``compile_mode``: torch.compile's ``mode``. ``reduce-overhead`` and ``max-autotune`` replay
   CUDA graphs (no launch gaps between the kernels of a step; ``max-autotune`` also benchmarks
   kernel choices at compile time), with ``compile=unet`` only: each UNet call is marked a new
-  step and its output copied (:class:`~genaug.service.pipeline.speed.StepMarked`), so nothing
+  step and its output copied (:class:`~genaug.service.pipeline.speed.UNetCall`), so nothing
   of one replay is read after the next. With ``regional`` one compiled block replays many
   times inside one UNet call and each replay would overwrite the last one's output: refused at
   start in one line. A graph is recorded per shape and holds its memory, so with them the
   batch sizes are kept to a small set (:func:`~genaug.service.pipeline.warmup.batch_sizes`:
   powers of two up to ``max_batch_images``): a batch is padded to the next size
   (:class:`~genaug.service.pipeline.tracked.PaddedWorker`; the padding rows' images are
-  discarded) and warm-up compiles every size, so serving compiles nothing new.
+  discarded) and warm-up records every size, so serving records nothing new.
 - ``quantize``: ``fp8``, the UNet's large linear layers in float8 with per-row scales
-  (:mod:`~genaug.service.pipeline.quantize`; torchao, compute capability 8.9 or more).
+  (:mod:`~genaug.service.pipeline.quantize`; torchao, compute capability 8.9 or more);
+  ``fp8-conv``, its convolutions too (:mod:`~genaug.service.pipeline.fp8_conv`).
 - ``attention``: the ``scaled_dot_product_attention`` kernel
   (:mod:`~genaug.service.pipeline.attention`); ``auto`` is the fastest the device has.
 - ``channels_last``: UNet and VAE weights in NHWC memory layout (faster convolutions on
@@ -64,8 +67,8 @@ TorchCompileMode = Literal[
 TORCH_COMPILE_MODES: tuple[TorchCompileMode, ...] = (
     "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 )
-Quantize = Literal["none", "fp8"]
-QUANTIZE_CHOICES: tuple[Quantize, ...] = ("none", "fp8")
+Quantize = Literal["none", "fp8", "fp8-conv"]
+QUANTIZE_CHOICES: tuple[Quantize, ...] = ("none", "fp8", "fp8-conv")
 # A bare option name in SpeedOptions.parse: its value.
 _BARE = {"compile": "unet", "compile_mode": "max-autotune", "quantize": "fp8",
          "attention": "auto"}

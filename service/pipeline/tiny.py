@@ -327,19 +327,24 @@ def assemble_sdxl(
     return pipeline
 
 
-def _per_sample(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``fn(batch, *args, **kwargs)`` to run once per element of ``batch`` and concatenate.
+class PerSample:
+    """``inner(batch, *args, **kwargs)`` run once per element of ``batch``, concatenated.
 
     Every tensor argument (also inside dicts, lists and tuples) whose leading dimension equals
     the batch size of the first argument is sliced to that element and copied to fresh,
     aligned memory, so each call sees exactly the shapes and alignment it would see alone.
+    ``inner`` may be replaced (the speed options compile it: every call it sees is a batch of
+    one, so one compile serves every batch size).
     """
 
-    @functools.wraps(fn)
-    def wrapper(batch: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def __init__(self, inner: Callable[..., Any]) -> None:
+        self.inner = inner
+        functools.update_wrapper(self, inner)
+
+    def __call__(self, batch: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         n = int(batch.shape[0])
         parts = [
-            fn(
+            self.inner(
                 _take(batch, i, n),
                 *(_take(a, i, n) for a in args),
                 **{k: _take(v, i, n) for k, v in kwargs.items()},
@@ -348,7 +353,10 @@ def _per_sample(fn: Callable[..., Any]) -> Callable[..., Any]:
         ]
         return _concat(parts)
 
-    return wrapper
+
+def _per_sample(fn: Callable[..., Any]) -> PerSample:
+    """``fn`` run per element of its first argument's batch (:class:`PerSample`)."""
+    return PerSample(fn)
 
 
 def _take(obj: Any, i: int, n: int) -> Any:

@@ -2,8 +2,8 @@
 
 With ``GENAUG_COMPILE`` set, the lifespan wraps the :class:`PipelineWorker` in a
 :class:`TrackedWorker` (:meth:`~genaug.service.pipeline.speed.Speed.wrap`): every batch reports
-its shape to the :class:`~genaug.service.pipeline.warmup.ShapeTracker` before it runs, so a
-batch of a shape not compiled at warm-up is counted as a recompile. With CUDA graphs
+its shape to the :class:`~genaug.service.pipeline.warmup.ShapeTracker` before it runs, and
+after it, whatever dynamo compiled meanwhile is counted as a recompile. With CUDA graphs
 (``GENAUG_COMPILE_MODE`` reduce-overhead or max-autotune) a :class:`PaddedWorker` around it
 pads each batch to the next of a few batch sizes, all compiled at warm-up. With compilation
 off the worker is not wrapped at all.
@@ -25,7 +25,7 @@ class TrackedWorker:
     Example::
 
         worker = TrackedWorker(generator, tracker)
-        worker.run(key, items)   # tracker.observe(key, len(items)); generator.run(key, items)
+        worker.run(key, items)   # observe, generator.run(key, items), then tracker.ran(...)
     """
 
     def __init__(self, inner: Worker, tracker: ShapeTracker) -> None:
@@ -36,7 +36,10 @@ class TrackedWorker:
         self, key: GroupKey, items: Sequence[Item], flight: Flight | None = None
     ) -> Outcome | Paused:
         self.tracker.observe(key, len(items))
-        return self.inner.run(key, items, flight)
+        try:
+            return self.inner.run(key, items, flight)
+        finally:  # compiled during the batch: a recompile (paused batches count as they go)
+            self.tracker.ran(key, len(items))
 
 
 class PaddedWorker:

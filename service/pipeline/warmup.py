@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..batching.items import GroupKey, Item, Worker, to_end
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CUDA_GRAPH_MODES",
     "WARMUP_STEPS",
+    "CompileCounts",
     "ShapeTracker",
+    "WarmupProgress",
     "WarmupRecord",
     "WarmupStep",
     "batch_sizes",
@@ -163,22 +165,87 @@ def warmup_plan(
 
 @dataclass(frozen=True)
 class WarmupRecord:
-    """How long one warm-up batch took (compilation included)."""
+    """How long one warm-up batch took (compilation included), and what compiling did:
+    ``status`` is ``compiled`` (new code: ``compiled`` graphs), ``from the cache`` (the graphs
+    came from ``GENAUG_COMPILE_CACHE``), ``reused`` (an earlier compile served it: another
+    batch size of the same image size) or ``ran`` (compilation is off)."""
 
     shape: str
     source: str
     seconds: float
     failed: int
+    compiled: int = 0
+    status: str = "ran"
+
+
+@dataclass(frozen=True)
+class CompileCounts:
+    """dynamo's and inductor's counters at one moment (:func:`compile_counts`): graphs
+    compiled, and inductor's FX graph cache hits and misses."""
+
+    graphs: int = 0
+    hits: int = 0
+    misses: int = 0
+
+
+@dataclass
+class WarmupProgress:
+    """How far the warm-up is, as ``/readyz``, ``/v1/info`` and the status page say it:
+    ``warming 3 of 8: 1024x1024 batch 4 (41 s, compiling)``. Written by the worker thread,
+    read by the event loop (one object replaced per step: no lock)."""
+
+    done: int
+    total: int
+    shape: tuple[int, int, int] | None = None
+    phase: str = "running"
+    started: float = field(default_factory=time.monotonic)
+    finished: bool = False
+    seconds: float = 0.0
+
+    def text(self, now: float | None = None) -> str:
+        if self.finished:
+            return f"warmed up: {self.total} shape(s) in {self.seconds:.0f} s"
+        if self.shape is None:
+            return f"warming {self.done} of {self.total}"
+        elapsed = (time.monotonic() if now is None else now) - self.started
+        height, width, batch = self.shape
+        return (f"warming {self.done + 1} of {self.total}: {height}x{width} batch {batch} "
+                f"({elapsed:.0f} s, {self.phase})")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "total": self.total, "finished": self.finished,
+                "text": self.text()}
 
 
 def run_warmup(
-    worker: Worker, plan: Iterable[WarmupStep], tracker: ShapeTracker
+    worker: Worker,
+    plan: Iterable[WarmupStep],
+    tracker: ShapeTracker,
+    *,
+    counts: Callable[[], CompileCounts] | None = None,
+    cached: bool = False,
+    progress: Callable[[WarmupProgress], object] | None = None,
+    stop: threading.Event | None = None,
 ) -> list[WarmupRecord]:
-    """Run each planned batch on ``worker`` (the unwrapped generator), mark its shape compiled
-    in ``tracker``, and say how long it took. Call it in the worker thread."""
+    """Run each planned batch on ``worker`` (the unwrapped generator), mark its shape in
+    ``tracker``, and say how long it took and what compiling did (``counts``: dynamo's
+    counters, None when compilation is off; ``cached``: a compile cache entry was loaded).
+    ``progress`` is told before each step and at the end; ``stop`` (set: the service is
+    stopping) ends the warm-up before its next step. Call it in the worker thread."""
+    steps = list(plan)
     records: list[WarmupRecord] = []
-    for step in plan:
-        shape = _shape_text(_shape_of(step.key, step.batch))
+    began = time.monotonic()
+    sizes_done: set[tuple[int, int]] = set()
+    for index, step in enumerate(steps):
+        if stop is not None and stop.is_set():
+            log.info("warm-up stopped after %d of %d shapes: the service is stopping",
+                     index, len(steps))
+            break
+        shape = _shape_of(step.key, step.batch)
+        phase = ("running" if counts is None else "reusing the compile"
+                 if shape[:2] in sizes_done else "from the cache" if cached else "compiling")
+        if progress is not None:
+            progress(WarmupProgress(index, len(steps), shape, phase))
         items = [
             Item(
                 "warm-up",
@@ -189,16 +256,38 @@ def run_warmup(
             )
             for i in range(step.batch)
         ]
+        before = counts() if counts is not None else None
         started = time.perf_counter()
         outcome = to_end(worker.run(step.key, items))
         seconds = time.perf_counter() - started
+        after = counts() if counts is not None else None
         tracker.mark_compiled(step.key, step.batch)
-        records.append(WarmupRecord(shape, step.source, seconds, len(outcome.errors)))
-        log.info("warm-up %s (%s): %.2f s", shape, step.source, seconds)
+        sizes_done.add(shape[:2])
+        compiled, status = _what_compiling_did(before, after)
+        text = _shape_text(shape)
+        records.append(WarmupRecord(text, step.source, seconds, len(outcome.errors),
+                                    compiled, status))
+        log.info("warm-up %d of %d, %s (%s): %.2f s, %s", index + 1, len(steps), text,
+                 step.source, seconds, status)
         if outcome.errors:
-            log.warning("warm-up %s: %d image(s) failed: %s", shape, len(outcome.errors),
+            log.warning("warm-up %s: %d image(s) failed: %s", text, len(outcome.errors),
                         next(iter(outcome.errors.values())))
+    if progress is not None:
+        progress(WarmupProgress(len(records), len(steps), finished=True,
+                                seconds=time.monotonic() - began))
     return records
+
+
+def _what_compiling_did(before: CompileCounts | None,
+                        after: CompileCounts | None) -> tuple[int, str]:
+    if before is None or after is None:
+        return 0, "ran"
+    graphs = after.graphs - before.graphs
+    if graphs == 0:
+        return 0, "reused"
+    if after.hits > before.hits and after.misses == before.misses:
+        return graphs, "from the cache"
+    return graphs, "compiled"
 
 
 # -- shape tracking -------------------------------------------------------------------------
@@ -218,20 +307,23 @@ def _shape_text(shape: Shape) -> str:
 
 
 class ShapeTracker:
-    """Which batch shapes the compiled pipeline has seen; counts batches of new ones.
+    """Which batch shapes the compiled pipeline has run, and the compiles after warm-up.
 
-    A shape is (generation size, batch size). With compilation on, a batch of a
-    shape not compiled before makes torch compile again (seconds to minutes on a GPU): the
-    worker reports each batch with :meth:`observe`, which counts such a batch as a recompile
-    (``on_recompile``, the ``genaug_recompiles_total`` counter) and remembers the shape. With
-    compilation off it records nothing.
+    A shape is (generation size, batch size); :attr:`compiled_shapes` lists those warmed
+    (:meth:`mark_compiled`) and served (:meth:`observe`), in order. Whether a batch made torch
+    compile again is not guessed from its shape (the batch dimension is dynamic, and the
+    UNet's batch counts each guided image twice): ``graphs`` reads dynamo's count of compiled
+    graphs, and :meth:`ran` counts what grew since the warm-up ended (:meth:`settle`) as
+    recompiles (``on_recompile``, the ``genaug_recompiles_total`` counter), logged with the
+    shape and the setting that warms it. With compilation off it records nothing.
 
     Example::
 
-        tracker = ShapeTracker(active=True, on_recompile=metrics.recompiles.inc)
+        tracker = ShapeTracker(active=True, graphs=lambda: compile_counts().graphs)
         tracker.mark_compiled(GroupKey(64, 64, 2), 8)      # warm-up
-        tracker.observe(GroupKey(64, 64, 30), 8)           # False: compiled at warm-up
-        tracker.observe(GroupKey(64, 64, 30), 3)           # True: a recompile
+        tracker.settle()                                   # warm-up done
+        tracker.observe(GroupKey(64, 64, 30), 3)           # a batch of 3: a shape served
+        tracker.ran(GroupKey(64, 64, 30), 3)               # 0: nothing compiled for it
         tracker.compiled_shapes                            # ['64x64:8', '64x64:3']
     """
 
@@ -241,28 +333,55 @@ class ShapeTracker:
         active: bool,
         on_recompile: Callable[[], object] | None = None,
         on_new_shape: Callable[[], object] | None = None,
+        graphs: Callable[[], int] | None = None,
     ) -> None:
         self.active = active
         self.on_recompile = on_recompile
         self.on_new_shape = on_new_shape
+        self.graphs = graphs
         self.recompiles = 0
+        self._settled: int | None = None
         self._shapes: list[Shape] = []
         self._lock = threading.Lock()
 
     def mark_compiled(self, key: GroupKey, batch: int) -> None:
-        """Record a shape compiled on purpose (warm-up); never counted as a recompile."""
-        if not self.active:
-            return
-        shape = _shape_of(key, batch)
-        with self._lock:
-            if shape in self._shapes:
-                return
-            self._shapes.append(shape)
-        if self.on_new_shape is not None:
-            self.on_new_shape()
+        """Record a shape run on purpose (warm-up)."""
+        self._record(key, batch)
+
+    def settle(self) -> None:
+        """The warm-up ended: from now on a compile is a recompile."""
+        if self.active and self.graphs is not None:
+            with self._lock:
+                self._settled = self.graphs()
 
     def observe(self, key: GroupKey, batch: int) -> bool:
-        """Report one batch before it runs; ``True`` (and counted) when its shape is new."""
+        """Report one batch before it runs; ``True`` when its shape is new."""
+        return self._record(key, batch)
+
+    def ran(self, key: GroupKey, batch: int) -> int:
+        """After a batch ran: the graphs compiled for it since the warm-up (counted, and
+        logged once each time)."""
+        if not self.active or self.graphs is None:
+            return 0
+        with self._lock:
+            if self._settled is None:
+                return 0
+            now = self.graphs()
+            new, self._settled = now - self._settled, now
+            self.recompiles += max(0, new)
+        if new <= 0:
+            return 0
+        log.warning(
+            "a batch of shape %s compiled %d new graph(s) after the warm-up (add its size to "
+            "GENAUG_WARMUP_SHAPES to compile it before the service reports ready)",
+            _shape_text(_shape_of(key, batch)), new,
+        )
+        if self.on_recompile is not None:
+            for _ in range(new):
+                self.on_recompile()
+        return new
+
+    def _record(self, key: GroupKey, batch: int) -> bool:
         if not self.active:
             return False
         shape = _shape_of(key, batch)
@@ -270,21 +389,13 @@ class ShapeTracker:
             if shape in self._shapes:
                 return False
             self._shapes.append(shape)
-            self.recompiles += 1
-        log.warning(
-            "a batch of shape %s was not compiled at warm-up: compiling it now (add it to "
-            "GENAUG_WARMUP_SHAPES to compile it before the service reports ready)",
-            _shape_text(shape),
-        )
-        if self.on_recompile is not None:
-            self.on_recompile()
         if self.on_new_shape is not None:
             self.on_new_shape()
         return True
 
     @property
     def compiled_shapes(self) -> list[str]:
-        """``HxW:batch`` of every shape compiled so far (warm-up first), as GENAUG_WARMUP_SHAPES
-        writes them."""
+        """``HxW:batch`` of every shape warmed or served so far (warm-up first), as
+        GENAUG_WARMUP_SHAPES writes them."""
         with self._lock:
             return [_shape_text(s) for s in self._shapes]

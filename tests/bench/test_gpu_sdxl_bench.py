@@ -77,6 +77,7 @@ def test_the_hopper_plan_adds_each_new_option_to_todays_best_then_all(bench: Any
     assert [o.label for o in added] == [
         "compile=regional+attention=auto+fuse_qkv",
         "compile=regional+quantize=fp8+fuse_qkv",
+        "compile=regional+quantize=fp8-conv+fuse_qkv",
         "compile=unet+compile_mode=reduce-overhead+fuse_qkv",
         "compile=unet+compile_mode=max-autotune+fuse_qkv",
     ]

@@ -928,6 +928,38 @@ def test_k8s_workloads_mount_adapters_and_shots_and_name_shipped_recipes(
             )
 
 
+def test_every_generator_keeps_its_compile_cache_on_a_shared_writable_volume(
+    compose: dict[str, Any], resolved: dict[str, Any],
+    k8s_docs: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """GENAUG_COMPILE_CACHE on a volume of its own, writable, that every generator of a
+    deployment shares (compose: one named volume; Kubernetes: one claim), and a startupProbe
+    on /readyz long enough for a cold start (the other probes begin after it)."""
+    top = compose.get("volumes") or {}
+    sources = set()
+    for name, svc in serving_services(resolved).items():
+        path = svc["environment"].get("GENAUG_COMPILE_CACHE")
+        assert path, f"{name}: GENAUG_COMPILE_CACHE is not set"
+        (mount,) = [m for m in mounts(svc, top) if m.target == path]
+        assert mount.type == "volume" and not mount.read_only, f"{name}: {mount}"
+        sources.add(mount.source)
+    assert sources == {"genaug-compile-cache"}, sources
+    claims = {d["metadata"]["name"] for _, d in k8s_docs if d["kind"] == "PersistentVolumeClaim"}
+    for file, workload in _workloads(k8s_docs):
+        pod = workload["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        path = env.get("GENAUG_COMPILE_CACHE")
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == path]
+        assert not mount.get("readOnly"), f"{file}: the compile cache is written"
+        volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+        assert volume["persistentVolumeClaim"]["claimName"] == "genaug-compile-cache" in claims
+        startup = container["startupProbe"]
+        assert startup["httpGet"]["path"] == "/readyz", file
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, (
+            f"{file}: a cold start (SDXL load and a compiling warm-up) needs 10 minutes or more")
+
+
 # --- docs -----------------------------------------------------------------------------------
 
 

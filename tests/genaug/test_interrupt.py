@@ -377,7 +377,7 @@ def test_ctrl_c_during_adapt_saves_the_lora_and_exits_130(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(("marker", "phase"), [
     ("Uvicorn running", "loading the model"),
-    ("warm-up 64x64:1", "warming up"),
+    ("warm-up 1 of 2, 64x64:1", "warming up"),
     ("ready:", "ready"),
 ])
 def test_ctrl_c_stops_genaug_serve_in_one_line_whatever_it_is_doing(

@@ -52,6 +52,7 @@ SDXL_UNET_CONFIG = Path(__file__).resolve().parents[3] / "bench" / "gpu" / "sdxl
 # tiny-digits' linear layers are 16 to 256 wide: at 32 features its UNet has 40 to quantize.
 TINY_MIN_FEATURES = 32
 TINY_FP8_LAYERS = 40
+TINY_FP8_CONVS = 23  # tiny-digits' convolutions but conv_in and conv_out (4 channels)
 
 
 def one_line(text: str) -> str:
@@ -399,24 +400,26 @@ def test_a_model_with_fp8_is_served_whatever_genaug_device_says(
         assert images.shape == (2, 64, 64, 3) and images.std() > 10
 
 
-@pytest.mark.slow  # 30 images in bf16, 30 in FP8 (emulated on the CPU: twice as slow): ~60 s
+@pytest.mark.slow  # 30 images in bf16, 30 in each FP8 (emulated on the CPU): ~90 s
 @pytest.mark.timeout(900)
 def test_fp8_draws_the_digits_bf16_draws() -> None:
-    """The product's FP8 path end to end on tiny-digits (40 layers in float8): finite images
-    that the outside classifier reads within 3 points of the same seeds in bf16 (one image of
-    the 30, 3.3 points, is the least difference 30 images can show)."""
+    """The product's FP8 paths end to end on tiny-digits: ``fp8`` (40 linear layers in
+    float8) and ``fp8-conv`` (and 23 convolutions: all but conv_in and conv_out): finite
+    images that the outside classifier reads within 3 points of the same seeds in bf16 (one
+    image of the 30, 3.3 points, is the least difference 30 images can show)."""
     from genaug.digits import fidelity
 
     torch.set_num_threads(1)
     items, labels = digit_items(per_label=3)
     key = GroupKey(height=64, width=64, steps=8)
     read = {}
-    for name in ("bf16", "fp8"):
+    layers = {"fp8": TINY_FP8_LAYERS, "fp8-conv": TINY_FP8_LAYERS + TINY_FP8_CONVS}
+    for name in ("bf16", "fp8", "fp8-conv"):
         model = digits()
-        if name == "fp8":
+        if name != "bf16":
             with fp8_on_the_cpu():
-                assert Speed.setup(model, Settings(quantize="fp8")).info()[
-                    "quantized_layers"] == TINY_FP8_LAYERS
+                assert Speed.setup(model, Settings(quantize=name)).info()[
+                    "quantized_layers"] == layers[name]
         worker = PipelineWorker(model)
         images = []
         for start in range(0, len(items), 10):
@@ -425,7 +428,8 @@ def test_fp8_draws_the_digits_bf16_draws() -> None:
             images += outcome.images
         read[name] = fidelity(np.stack(images), labels)
     assert read["bf16"] >= 0.9, read
-    assert abs(read["fp8"] - read["bf16"]) <= max(0.03, 1 / len(items)), read
+    for name in ("fp8", "fp8-conv"):
+        assert abs(read[name] - read["bf16"]) <= max(0.03, 1 / len(items)), read
 
 
 @pytest.mark.gpu
@@ -503,3 +507,31 @@ def test_genaug_serve_with_fp8_off_logs_nothing_of_torchao(tmp_path: Path) -> No
     assert "ready: tiny-digits" in stderr  # the service's own lines are there
     for noise in ("torchao", "Enum subclass", "Detected no triton", "Failed to load"):
         assert noise not in stderr, stderr[-3000:]
+
+
+# -- FP8 convolutions ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kernel", "stride", "padding"), [(3, 1, 1), (1, 1, 0), (3, 2, 1)])
+def test_an_fp8_convolution_computes_the_convolution(kernel: int, stride: int,
+                                                      padding: int) -> None:
+    """What Fp8Conv2d computes is the bf16 convolution within float8's error (a few percent),
+    with the bias, for 3x3, 1x1 and strided (the downsamplers') convolutions; a row of zeros
+    stays zeros (its scale is bounded away from 0), never NaN."""
+    from genaug.service.pipeline.fp8_conv import Fp8Conv2d, fp8_conv_filter
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(32, 64, kernel, stride=stride, padding=padding).to(torch.bfloat16)
+    x = torch.randn(2, 32, 16, 16, dtype=torch.bfloat16)
+    x[1] = 0  # the unconditional half of a guided batch can be all zeros
+    layer = Fp8Conv2d(conv).to(torch.bfloat16)  # as the UNet's .to(dtype): float8 stays
+    assert layer.weight_fp8.dtype == torch.float8_e4m3fn
+    assert layer.weight_scale.dtype == torch.float32
+    got, want = layer(x).float(), conv(x).float()
+    assert got.shape == want.shape and torch.isfinite(got).all()
+    assert ((got - want).norm() / want.norm()).item() < 0.06
+    assert torch.allclose(got[1], want[1], atol=0.02)  # the bias alone, where x is zeros
+    assert fp8_conv_filter(conv, "down_blocks.0.resnets.0.conv1")
+    assert not fp8_conv_filter(conv, "conv_in", ("conv_in",))
+    assert not fp8_conv_filter(torch.nn.Conv2d(4, 32, 3), "conv_in")  # 4 latent channels
+    assert not fp8_conv_filter(torch.nn.Conv2d(32, 32, 3, groups=2), "x")

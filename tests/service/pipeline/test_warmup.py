@@ -59,17 +59,23 @@ def test_warmup_plan_with_compile_covers_recipes_and_the_default_at_full_batches
 # -- shape tracking -------------------------------------------------------------------------
 
 
-def test_tracker_counts_each_new_shape_once_and_lists_compiled_shapes() -> None:
+def test_tracker_counts_the_graphs_compiled_after_warm_up_not_new_shapes() -> None:
+    """A new shape is not a recompile (the batch dimension is dynamic; the UNet's batch counts
+    guided images twice): what dynamo compiled after the warm-up is, once each."""
     metrics = Metrics()
-    tracker = ShapeTracker(active=True, on_recompile=metrics.recompiles.inc)
+    graphs = [1]
+    tracker = ShapeTracker(active=True, on_recompile=metrics.recompiles.inc,
+                           graphs=lambda: graphs[0])
     tracker.mark_compiled(GroupKey(64, 64, 2), 8)
+    assert tracker.ran(GroupKey(64, 64, 2), 8) == 0  # before settle: the warm-up's own
+    tracker.settle()
     assert tracker.observe(GroupKey(64, 64, 30, scheduler="euler"), 8) is False
-    assert tracker.observe(GroupKey(64, 64, 30), 3) is True
-    assert tracker.observe(GroupKey(64, 64, 4), 3) is False  # compiled by the batch before
-    # an adapter and its scale are hotswapped into the compiled UNet: not a new shape
-    assert tracker.observe(GroupKey(64, 64, 4, adapter="x"), 3) is False
-    assert tracker.observe(GroupKey(64, 64, 4, adapter="x", adapter_scale=0.5), 3) is False
+    assert tracker.observe(GroupKey(64, 64, 30), 3) is True  # a shape first served
+    assert tracker.ran(GroupKey(64, 64, 30), 3) == 0  # ... that compiled nothing
+    graphs[0] = 3  # a new image size: dynamo compiled two graphs for it
     assert tracker.observe(GroupKey(80, 64, 4, adapter="x"), 3) is True
+    assert tracker.ran(GroupKey(80, 64, 4, adapter="x"), 3) == 2
+    assert tracker.ran(GroupKey(80, 64, 4, adapter="x"), 3) == 0  # counted once
     assert tracker.compiled_shapes == ["64x64:8", "64x64:3", "80x64:3"]
     assert tracker.recompiles == 2
     assert b"genaug_recompiles_total 2.0" in metrics.render()
@@ -84,16 +90,20 @@ def test_tracker_is_silent_without_compilation() -> None:
 
 def test_tracked_worker_reports_every_batch_before_running_it() -> None:
     seen: list[tuple[int, int]] = []
+    graphs = [0]
 
     class Inner:
         def run(self, key: GroupKey, batch: Any, flight: Any = None) -> Outcome:
             seen.append((key.height, len(batch)))
+            graphs[0] += len(batch) == 1  # a batch of one compiles here (as if)
             return Outcome(images=[np.zeros(i.output_shape, np.uint8) for i in batch])
 
-    tracker = ShapeTracker(active=True)
+    tracker = ShapeTracker(active=True, graphs=lambda: graphs[0])
+    tracker.settle()
     worker = TrackedWorker(Inner(), tracker)
     worker.run(GroupKey(64, 64, 2), items(2))
     worker.run(GroupKey(64, 64, 2), items(2))
     worker.run(GroupKey(64, 64, 2), items(1))
     assert seen == [(64, 2), (64, 2), (64, 1)]
-    assert tracker.recompiles == 2  # nothing was warmed up: both shapes were new
+    assert tracker.compiled_shapes == ["64x64:2", "64x64:1"]
+    assert tracker.recompiles == 1  # what compiled while a batch ran, counted after it
