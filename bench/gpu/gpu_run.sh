@@ -58,15 +58,15 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # plan's services that share their model, options and shapes.
 export GENAUG_COMPILE_CACHE="${GENAUG_COMPILE_CACHE:-$PWD/.cache/genaug-compile}"
 
-# A benchmark module of the checkout (bench/ is not installed), with genaug as installed:
-# -P and the checkout appended last, so its genaug/ folder (which holds no service/) never
-# shadows the installed package.
+# A benchmark module of the checkout (bench/ is not installed), with genaug as installed: a
+# folder holding only a link to bench/ goes on the path (-P: not the checkout itself, whose
+# genaug/ folder, with no service/ in it, would shadow the installed package).
+BENCH_PATH="$(mktemp -d)"
+ln -s "$PWD/bench" "$BENCH_PATH/bench"
 run_bench() {
-    python3 -P -c 'import runpy, sys
-root, module = sys.argv[1], sys.argv[2]
-sys.argv = [module, *sys.argv[3:]]
-sys.path.append(root)
-runpy.run_module(module, run_name="__main__", alter_sys=True)' "$PWD" "$@"
+    local module="$1"
+    shift
+    PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$BENCH_PATH" python3 -P -m "$module" "$@"
 }
 
 {

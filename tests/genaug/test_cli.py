@@ -134,7 +134,8 @@ def test_serve_overrides_only_the_flags_given(monkeypatch: pytest.MonkeyPatch) -
     import genaug.service.commands.serve as library
 
     seen: list[dict[str, object]] = []
-    monkeypatch.setattr(library, "serve", lambda overrides: seen.append(overrides) or 0)
+    monkeypatch.setattr(library, "serve",
+                        lambda overrides, **options: seen.append(overrides) or 0)
     from genaug.cli import main
 
     assert main(["serve", "--port", "9", "--lora", "a=x", "--lora", "b=y"]) == 0

@@ -66,7 +66,7 @@ def test_every_declared_field_has_one_bound_and_one_fix(route: str) -> None:
     model = ROUTE_MODELS[route]
     for name in model.model_fields:
         bound, fix = declaration(model, name)
-        assert fix.text.strip(), f"{route}.{name}: an empty fix"
+        assert fix.render(SETTINGS).strip(), f"{route}.{name}: an empty fix"
 
 
 def test_every_served_field_is_bounded_and_has_a_hint(api: ApiModels) -> None:

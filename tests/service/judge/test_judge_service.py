@@ -4,6 +4,7 @@ sampled, targets counting accepted images, and the low-acceptance stop."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,9 @@ def test_a_label_the_judge_rejects_is_stopped_and_says_why(
         # the count when it stopped (a batch already in flight is stored after it)
         judged = int(reason.removeprefix("stopped: the judge accepted 0 of the ").split()[0])
         assert 16 <= judged <= counts["judged_total"], (reason, counts)
-        assert reason.startswith(f"stopped: the judge accepted 0 of the {judged} images of "
-                                 f"label '{label}' judged since start-up (0 %, under 10 %)")
+        assert re.match(rf"stopped: the judge accepted 0 of the {judged} images of label "
+                        rf"'{label}' it judged last, before \d{{4}}-\d\d-\d\d \d\d:\d\d UTC "
+                        r"\(0 %, under 10 %\)", reason), reason
         for fix in ("more or better shots (judge.shots: shots/" + label + ")",
                     "train the label's adapter longer", "lower judge.min_score (now 0.99)"):
             assert fix in reason, reason
