@@ -32,13 +32,17 @@ install: $(STAMP) $(KEDA)
 demo: $(STAMP)
 	$(BIN)/genaug demo
 
-# --durations: the slowest tests in every run's log, to keep the suite under 8 minutes on 2 cores.
+# Two workers or more (pytest-xdist, one per core), each test file whole on one worker (its
+# module fixtures built once): most tests wait on a service, a child process or the network,
+# so two cores run two files at once. --durations: the slowest tests in every run's log, and
+# the last line the load average, to keep the suite under 10 minutes on a busy 2-core machine.
 test: $(STAMP) $(KEDA)
-	$(BIN)/python -m pytest --durations=15
+	$(BIN)/python -m pytest -n auto --dist loadfile --durations=15
 
 # The long tests (torch.compile, benchmarks in --tiny mode, end-to-end runs of several
 # processes: replicas on PostgreSQL, reliability's load, kill and fuzz runs, two TensorFlow
-# workers), kept out of `make test` to hold it under 8 minutes on 2 cores; CI runs them after it.
+# workers), kept out of `make test` to hold it under 10 minutes on a busy 2-core machine; CI
+# runs them after it.
 test-slow: $(STAMP) $(KEDA)
 	$(BIN)/python -m pytest -m slow --durations=6
 

@@ -200,20 +200,29 @@ def _say_stopped(client: Client, job: Mapping[str, Any]) -> None:
     from genaug.client import GenaugError
 
     try:
-        recipe_stopped = dict(client.recipe(str(job.get("recipe"))).get("stopped") or {})
+        detail = client.recipe(str(job.get("recipe")))
     except GenaugError:  # the job's reason names them too
-        recipe_stopped = {}
+        detail = {}
+    recipe_stopped = dict(detail.get("stopped") or {})
+    fill_now = dict(detail.get("fill") or {})
     stopped = stopped_labels(job, recipe_stopped)
     labels = job.get("labels") or {}
-    met = [label for label, counts in labels.items() if counts.get("met")]
+    # The job's counts are as it ended, at the first stop; the service goes on filling the
+    # other labels to their targets, so a per_label job's label that holds its ask now is
+    # filled, whatever it held then.
+    met = [label for label, counts in labels.items() if counts.get("met") or (
+        job.get("kind") == "per_label" and label not in stopped
+        and int(fill_now.get(label, 0)) >= int(counts.get("asked") or 0))]
+    filling = [label for label in labels if label not in met and label not in stopped]
     _say(f"job {job.get('id')} (recipe {job.get('recipe')!r}) stopped: "
          + (f"{', '.join(met)} filled; " if met else "")
+         + (f"{', '.join(filling)} still filling in the service; " if filling else "")
          + f"{len(stopped)} label(s) cannot be: the judge stopped them, so no more of their "
            "images are made")
     for label, why in stopped.items():
         counts = labels.get(label) or {}
-        sys.stderr.write(f"  {label} ({counts.get('fill', 0)} of {counts.get('asked', 0)}): "
-                         f"{why}\n")
+        held = fill_now.get(label, counts.get("fill", 0))  # now: a batch in flight lands late
+        sys.stderr.write(f"  {label} ({held} of {counts.get('asked', 0)}): {why}\n")
     _say("exit status 3 (a label the judge stopped); after the fix, restart the service and "
          "fill again")
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,8 @@ _COMPILE_CACHE = tempfile.mkdtemp(prefix="genaug-test-compile-cache-")
 os.environ["GENAUG_COMPILE_CACHE"] = _COMPILE_CACHE
 atexit.register(shutil.rmtree, _COMPILE_CACHE, True)
 
+_STARTED = pytest.StashKey[tuple[float, tuple[float, float, float]]]()
+
 SHAPES_RECIPE = """\
 recipes:
   - name: shapes
@@ -57,6 +60,26 @@ recipes:
       square: {prompts: ["a square"]}
       triangle: {prompts: ["a triangle"], negative_prompt: "blurry"}
 """
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = (time.monotonic(), os.getloadavg())
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    """The run's last line says how busy the machine was: a suite's time means little
+    without it (the same tests take twice as long beside two other busy processes)."""
+    started = config.stash.get(_STARTED, None)
+    if started is None or hasattr(config, "workerinput"):  # an xdist worker: the controller says
+        return
+    began, before = started
+    after = os.getloadavg()
+    workers = getattr(config.option, "numprocesses", None) or 1
+    terminalreporter.write_line(
+        f"genaug: {time.monotonic() - began:.0f} s on {os.cpu_count()} CPUs with {workers} "
+        f"worker(s); load average {before[0]:.2f} at the start, {after[0]:.2f} at the end "
+        f"(1 minute), {after[1]:.2f} over the last 5 minutes")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
