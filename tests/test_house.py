@@ -46,7 +46,7 @@ ORDERS = {"genaug.service": ORDER, "genaug.trainer": TRAINER_ORDER}
 
 #: What the packages beside service/ may import of genaug (prefixes).
 FENCES = {
-    "genaug.client": ("genaug.client", "genaug.wire"),
+    "genaug.client": ("genaug.client", "genaug.wire", "genaug.job_states"),
     "genaug.trainer": ("genaug.trainer", "genaug.client", "genaug.wire", "genaug.digits",
                        "genaug.local_service", "genaug"),
 }
@@ -54,7 +54,7 @@ FENCES = {
 #: genaug/'s ground: what every package beside it may import (the wire format, the digits,
 #: the child-process helper). It imports nothing of genaug but itself, never service/,
 #: trainer/, client/ or genaug/'s roof.
-GROUND = ("genaug", "genaug.wire", "genaug.digits", "genaug.local_service")
+GROUND = ("genaug", "genaug.wire", "genaug.job_states", "genaug.digits", "genaug.local_service")
 #: genaug/'s roof: the command table, the doctor, the jobs command and the experiments. They
 #: use everything; nothing of service/, trainer/ or client/ imports them (the fences above and
 #: below).

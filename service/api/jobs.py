@@ -21,9 +21,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from genaug.job_states import JobState
+
 from ..errors import InvalidRequestError, NotFoundError
 from ..jobs.view import job_view
-from ..pool.types import JobState
 from .requests import known_query, state_of
 from .responses import JobList, JobView, error_responses
 from .state import AppState

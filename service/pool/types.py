@@ -25,10 +25,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from genaug.job_states import LIVE, STATES
 
 __all__ = [
     "DEFAULT_LEASE_S",
@@ -59,12 +61,10 @@ SCHEMA_VERSION = 5
 PG_SCHEMES = ("postgresql://", "postgres://")
 #: Seconds a reservation lives without its owner's heartbeat.
 DEFAULT_LEASE_S = 60.0
-#: A job's states: live ones first; ``stopped`` when the judge stopped a label it needs.
-#: A job's state, as a type (``GET /v1/jobs?state=`` serves it as an enum).
-JobState = Literal["queued", "running", "done", "stopped", "failed", "cancelled"]
-JOB_STATES: tuple[str, ...] = get_args(JobState)
+#: A job's states (genaug's ground: the clients and commands use the same words).
+JOB_STATES: tuple[str, ...] = STATES
 #: States a job can still leave (it holds its targets while in one of them).
-LIVE_JOB_STATES = ("queued", "running")
+LIVE_JOB_STATES = LIVE
 #: ``per_label``: every label holds ``asked``; ``images``: every label gains ``asked``.
 JOB_KINDS = ("per_label", "images")
 
