@@ -24,7 +24,8 @@ Example::
 from __future__ import annotations
 
 from ._async import AsyncClient, AsyncFillJob
-from ._base import GenerateResult, SampleResult, backoff_s
+from ._results import GenerateResult, SampleResult
+from ._retry import backoff_s
 from ._sync import Client, FillJob
 from .errors import (
     AuthenticationError,

@@ -1,4 +1,5 @@
-"""``AsyncClient``: the asyncio client (httpx). It only sends and sleeps; ``_base`` decides."""
+"""``AsyncClient``: the asyncio client (httpx). It only sends and sleeps; ``_base`` and the
+modules beside it decide (``_progress`` draws a wait's bar)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,13 @@ from typing import Any, TypeVar, Unpack
 import httpx
 import numpy as np
 
-from ._base import (
-    JOB_POLL_S,
-    JOBS_LIMIT,
-    PROBE_TIMEOUT_S,
-    SAMPLE_N,
-    SAMPLE_WAIT_S,
-    BaseClient,
-    Call,
-    Endpoint,
-    FillAnswer,
-    GenerateOptions,
-    GenerateResult,
-    JobWatch,
-    SampleResult,
-    VariantOptions,
-)
+from ._base import PROBE_TIMEOUT_S, BaseClient
+from ._calls import Call
+from ._jobs import JOB_POLL_S, JOBS_LIMIT, FillAnswer, JobWatch, OnUpdate
+from ._options import SAMPLE_N, SAMPLE_WAIT_S, GenerateOptions, VariantOptions
+from ._progress import job_bar
+from ._results import GenerateResult, SampleResult
+from ._retry import Endpoint
 from .errors import GenaugError, TransportError, UnavailableError
 
 T = TypeVar("T")
@@ -256,22 +248,22 @@ class AsyncClient:
         return await self._call(self._base.calls.forget_job(job_id))
 
     async def wait_job(self, job_id: str, timeout: float | None = None, *,
-                       poll_s: float = JOB_POLL_S, progress: bool | None = None
-                       ) -> dict[str, Any]:
+                       poll_s: float = JOB_POLL_S, progress: bool | None = None,
+                       on_update: OnUpdate | None = None) -> dict[str, Any]:
         """Poll the job every ``poll_s`` seconds until it ended; returns it (``state`` done,
         stopped, failed or cancelled: a stopped job's ``reason`` names each label the judge
         stopped, with its fix). ``progress``: a tqdm bar on stderr (``None``: where stderr is
-        a terminal). Raises ``TimeoutError`` naming the job and its state after ``timeout``
-        seconds (``None``: no limit); the job goes on in the service."""
-        watch = JobWatch(job_id, timeout=timeout, poll_s=poll_s, progress=progress)
-        try:
+        a terminal). ``on_update``: a plain function, called with the job after every poll,
+        the last included (a bar or a log of your own; pass ``progress=False`` to draw only
+        yours). Raises ``TimeoutError`` naming the job and its state after ``timeout`` seconds
+        (``None``: no limit); the job goes on in the service."""
+        watch = JobWatch(job_id, timeout=timeout, poll_s=poll_s, on_update=on_update)
+        with job_bar(watch, progress):
             while True:
                 job = await self.job(job_id)
                 if watch.seen(job):
                     return job
                 await asyncio.sleep(watch.delay())
-        finally:
-            watch.close()
 
     async def feedback(self, recipe: str, need: Mapping[str, float]) -> dict[str, Any]:
         """Tell the service what this client needs from ``recipe``'s pool: ``need`` maps
@@ -348,10 +340,11 @@ class AsyncFillJob(FillAnswer):
         return await self._client.job(self._job_id())
 
     async def wait(self, timeout: float | None = None, *, poll_s: float = JOB_POLL_S,
-                   progress: bool | None = None) -> dict[str, Any]:
+                   progress: bool | None = None, on_update: OnUpdate | None = None
+                   ) -> dict[str, Any]:
         """Poll until the job ended and return it (:meth:`AsyncClient.wait_job`)."""
         return await self._client.wait_job(self._job_id(), timeout, poll_s=poll_s,
-                                           progress=progress)
+                                           progress=progress, on_update=on_update)
 
     async def cancel(self) -> dict[str, Any]:
         """Cancel the job (:meth:`AsyncClient.cancel_job`); :class:`ConflictError` once it

@@ -32,6 +32,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from genaug.job_states import LIVE, STATES
+
 if TYPE_CHECKING:  # the client (httpx, numpy) is imported when the command runs
     from genaug.client import Client
 
@@ -39,8 +41,6 @@ __all__ = ["EXIT_STATUSES", "STATE_EXIT", "add_arguments", "format_job", "format
            "interrupted", "run"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: A job's states (the service's ``JOB_STATES``): ``--state`` takes one.
-STATES = ("queued", "running", "done", "stopped", "failed", "cancelled")
 #: ``genaug jobs wait``'s exit status per ended state; the same as ``genaug pregenerate``'s.
 STATE_EXIT = {"done": 0, "stopped": 3, "failed": 1, "cancelled": 1}
 MAX_LIMIT = 1000
@@ -227,14 +227,9 @@ def _say_stopped(client: Client, job: Mapping[str, Any]) -> None:
          "fill again")
 
 
-def _held(job: Mapping[str, Any]) -> tuple[int, int]:
-    asked = int(job.get("asked") or 0)
-    return max(0, asked - int(job.get("missing") or 0)), asked
-
-
 def _eta(job: Mapping[str, Any]) -> str:
     eta = job.get("eta_s")
-    if job.get("state") not in ("queued", "running") or eta is None:
+    if job.get("state") not in LIVE or eta is None:
         return "-"
     seconds = float(eta)
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
@@ -242,10 +237,12 @@ def _eta(job: Mapping[str, Any]) -> str:
 
 def _summary(job: Mapping[str, Any]) -> str:
     """One line: ``j_... (recipe 'shapes') running: 12 of 40 images, 0.80 images/s``."""
-    held, asked = _held(job)
+    from genaug.client._jobs import job_held
+
+    held, asked = job_held(job)
     line = (f"{job.get('id')} (recipe {job.get('recipe')!r}) {job.get('state')}: {held} of "
             f"{asked} images")
-    if job.get("state") in ("queued", "running"):
+    if job.get("state") in LIVE:
         line += f", {float(job.get('rate') or 0.0):.2f} images/s, about {_eta(job)} left"
     return line + (f" ({job['reason']})" if job.get("reason") else "")
 
@@ -257,12 +254,14 @@ def _time(stamp: Any) -> str:
 def format_jobs(jobs: Sequence[Mapping[str, Any]]) -> str:
     """``genaug jobs list``'s table. ``held/asked``: images the job's labels hold toward what
     it asked (a ``per_label`` job counts what they held before it began)."""
+    from genaug.client._jobs import job_held
+
     if not jobs:
         return "no jobs"
     header = ("id", "recipe", "state", "held/asked", "rate", "eta", "created")
     rows = [header] + [
         (str(j.get("id")), str(j.get("recipe")), str(j.get("state")),
-         "{}/{}".format(*_held(j)), f"{float(j.get('rate') or 0.0):.2f}/s", _eta(j),
+         "{}/{}".format(*job_held(j)), f"{float(j.get('rate') or 0.0):.2f}/s", _eta(j),
          _time(j.get("created")))
         for j in jobs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -307,11 +306,10 @@ def interrupted(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m genaug.jobs ACTION ...`` (the same as ``genaug jobs``)."""
-    parser = argparse.ArgumentParser(prog="genaug jobs",
-                                     description=(__doc__ or "").split("\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    """``python -m genaug.jobs ACTION ...``: ``genaug jobs`` itself (its Ctrl-C included)."""
+    from .cli import main as genaug
+
+    return genaug(["jobs", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def check_kill_during_fill(*, rounds: int = 1, workdir: Path | None = None) -> C
             store = open_pool(db, capacity_per_label=capacity)
             try:
                 integrity.append(store.integrity_check())
-                (pool,) = store.pools()
+                (pool,) = store.reads.pools()
                 stats = store.stats(pool)
                 for label, s in stats.items():
                     if s.fill != s.generated:
@@ -125,7 +125,7 @@ def check_kill_during_fill(*, rounds: int = 1, workdir: Path | None = None) -> C
                         consistent = False
                         problems.append(f"round {round_index}: {label} holds {s.fill} "
                                         "images, not whole batches of 4")
-                stored = {seed for _, seed, _ in store.iter_images(pool)}
+                stored = {seed for _, seed, _ in store.reads.iter_images(pool)}
                 fills = {label: s.fill for label, s in stats.items()}
             finally:
                 store.close()

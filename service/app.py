@@ -43,6 +43,7 @@ from .api.state import AppState, ModelLoader, Startup, WorkerWrapper
 from .batching.batcher import Batcher
 from .batching.items import Worker
 from .intake.schemas import build_api_models
+from .jobs.fill_jobs import FillJobs
 from .jobs.loop import JobLoop
 from .jobs.webhooks import WebhookSender
 from .metrics import Metrics
@@ -167,6 +168,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
             state.speed.close()
             state.speed = None
         state.pools = None
+        state.fill_jobs = None
         state.model = None
 
 
@@ -258,6 +260,7 @@ async def _load_and_warm(state: AppState) -> None:
                     adapter_hashes={a["name"]: a["hash"] for a in state.adapters_info},
                 ))
             )
+            state.fill_jobs = FillJobs(state.pools.planner)
             _sample_pending(state)
         batcher = Batcher(
             worker,
@@ -281,7 +284,8 @@ async def _load_and_warm(state: AppState) -> None:
             state.pools.attach(wake=batcher.poke)
             batcher.idle_source = state.pools.planner
             batcher.poke()
-            state.job_loop = _job_loop(state, state.pools.planner)
+            assert state.fill_jobs is not None  # made with the pools
+            state.job_loop = _job_loop(state, state.fill_jobs)
         state.ready = True
         log.info(
             "ready: %s model %s (weights %s) on %s as %s, %s torch threads",
@@ -325,13 +329,13 @@ def is_refusal(exc: BaseException) -> bool:
     return isinstance(exc, ModelLoadError | AdapterLoadError | SpeedError)
 
 
-def _job_loop(state: AppState, planner: PoolPlanner) -> JobLoop:
+def _job_loop(state: AppState, jobs: FillJobs) -> JobLoop:
     """Start following the pools' jobs; webhooks only where GENAUG_WEBHOOK_HOSTS allows some
     (the settings refused hosts without a secret)."""
     secret = state.settings.webhook_secret
     sender = (WebhookSender(secret.get_secret_value())
               if state.webhook_hosts and secret is not None else None)
-    loop = JobLoop(planner, sender)
+    loop = JobLoop(jobs, sender)
     loop.start()
     if sender is not None:
         def sample() -> None:

@@ -10,6 +10,7 @@ back up fails here, naming the file and the import.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -141,6 +142,25 @@ def test_packages_beside_the_service_keep_their_fences() -> None:
                        for a in allowed):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     assert wrong == [], "imports across a package fence:\n" + "\n".join(wrong)
+
+
+#: A query of the ``jobs`` table (the schema's DDL and upgrades, ``CREATE``/``ALTER TABLE``,
+#: are the store's and not queries).
+_JOBS_QUERY = re.compile(r"\b(FROM|INTO|UPDATE|JOIN)\s+jobs\b", re.IGNORECASE)
+
+
+def test_the_fill_job_lives_in_one_room() -> None:
+    """service/jobs/ holds the fill-job feature; pool/ is the database and the planning: no
+    module of pool/ is about jobs, none queries the jobs table, and none imports jobs/ (the
+    order above says so too)."""
+    pool = ROOT / "service" / "pool"
+    named = sorted(p.name for p in pool.rglob("*.py") if "job" in p.name)
+    assert named == [], f"job modules in service/pool/ (they belong in service/jobs/): {named}"
+    queries = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+               for path in sorted(pool.rglob("*.py"))
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if _JOBS_QUERY.search(line)]
+    assert queries == [], "queries of the jobs table in service/pool/:\n" + "\n".join(queries)
 
 
 def test_no_import_circles() -> None:

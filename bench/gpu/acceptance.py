@@ -4,7 +4,7 @@
 H100 with the install); ``python -m bench.gpu.acceptance --tiny`` runs the same code on the
 tiny model and the CPU (tests/bench/test_gpu_sdxl_bench.py does, so the GPU run is never its first).
 It checks that things work, not how fast: SDXL base 1.0 built from its configs with random
-weights (``gpu_sdxl.build_sdxl``), 1024x1024, :data:`STEPS` steps. In order:
+weights (:func:`bench.gpu._sdxl_model.build_sdxl`), 1024x1024, :data:`STEPS` steps. In order:
 
 1. ``http``: text-to-image and img2img variants through HTTP (``start_service``, the client):
    shapes, seeds, images that are not blank.
@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gpu._sdxl_model import build_sdxl, build_tiny, dynamo_counts
 from bench.harness import main
 
 PROMPT = "a photograph of an astronaut riding a horse on the moon, detailed, 8k"
@@ -86,8 +87,6 @@ class Run:
 
     def build(self) -> Any:
         """A fresh model (each check that changes a model in place gets its own)."""
-        from bench.gpu.gpu_sdxl import build_sdxl, build_tiny
-
         if self.args.tiny:
             return build_tiny(self.device, self.dtype)
         return build_sdxl(self.device, self.dtype)
@@ -279,12 +278,6 @@ def check_adapt(run: Run, found: dict[str, Any]) -> None:
     release(run)
 
 
-def dynamo_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def check_adapters(run: Run, found: dict[str, Any]) -> None:
     import numpy as np
     import torch
@@ -302,7 +295,7 @@ def check_adapters(run: Run, found: dict[str, Any]) -> None:
         with Client(live.url, timeout=900) as client:
             speed = client.info()["speed"]
             assert speed["adapter_swap"] == "hotswap", speed
-            graphs = dynamo_graphs()
+            graphs = dynamo_counts()[0]
             dynamo_config.error_on_recompile = True  # a recompile now fails its request
             try:
                 made: dict[str, Any] = {}
@@ -320,7 +313,7 @@ def check_adapters(run: Run, found: dict[str, Any]) -> None:
                 dynamo_config.error_on_recompile = False
             recompiles = live.metric("genaug_recompiles_total")
             found.update(requests=requests, recompiles=recompiles,
-                         graphs_after_warmup=dynamo_graphs() - graphs,
+                         graphs_after_warmup=dynamo_counts()[0] - graphs,
                          lora_max_rank=speed["lora_max_rank"])
     assert recompiles == 0 and found["graphs_after_warmup"] == 0, found
     assert np.abs(made["one@1.0"] - made["None@None"]).mean() > 0, "adapter one changed nothing"

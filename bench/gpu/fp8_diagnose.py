@@ -3,7 +3,7 @@ under each suspect, on one GPU in under 3 minutes.
 
 ``GENAUG_QUANTIZE=fp8`` drew every image NaN on an H100 (torch 2.11+cu130, torchao 0.18). This
 builds the full-size SDXL base 1.0 UNet with random weights (``bench/gpu/sdxl/unet.json``, as
-:mod:`bench.gpu.gpu_sdxl` builds it), quantizes copies of it with the product's own path
+:mod:`bench.gpu._sdxl_model` builds it), quantizes copies of it with the product's own path
 (:func:`genaug.service.pipeline.quantize.quantize_fp8`: its layer choice, its torchao
 configuration), hooks every module and runs one UNet forward per variant at 128x128 latents
 (1024x1024 images), the first denoising step of one image with guidance: the conditional row
@@ -282,7 +282,7 @@ def build_unet(tiny: bool, device: Any) -> tuple[Any, int]:
         return pipeline.unet.to(device=device, dtype=torch.bfloat16).eval(), 32
     from diffusers import UNet2DConditionModel
 
-    from bench.gpu.gpu_sdxl import load_config
+    from bench.gpu._sdxl_model import load_config
     from genaug.service.pipeline.quantize import FP8_MIN_FEATURES
 
     with torch.device(device):

@@ -1,7 +1,8 @@
 """SDXL at full size, random weights: images/s, MFU, memory and warm-up for each speed option.
 
 Builds Stable Diffusion XL base 1.0 from its published configs (``bench/gpu/sdxl/*.json``,
-transcribed: nothing is downloaded) with seeded random weights: the UNet (2,567,463,684
+transcribed: nothing is downloaded; :mod:`bench.gpu._sdxl_model`, which the other GPU scripts
+share) with seeded random weights: the UNet (2,567,463,684
 parameters), both text encoders (CLIP ViT-L/14 and OpenCLIP ViT-bigG/14 text towers), the
 VAE, the Euler scheduler; the repo's byte-level tiny tokenizer stands in for CLIP's BPE (random
 weights make every token equally meaningless). Then, per speed option (``GENAUG_COMPILE``,
@@ -28,9 +29,10 @@ the count. The peak is a dense 8192^3 bf16 matmul timed with CUDA events on the 
 Image drift: after its warm-up each config makes the same :data:`DRIFT_IMAGES` images (the
 same seeds, the bench's size and steps) and they are compared with the baseline's of the
 same run: PSNR of the decoded uint8 images, and the share of images *visibly changed*, i.e.
-with more than :data:`VISIBLE_SHARE` (1 %) of their pixels differing by more than
-:data:`VISIBLE_LEVELS` (8 of 255) in some channel (:func:`drift`). Numerically equivalent
-options (compile, fused projections) stay near-identical; FP8 is where a user decides.
+with more than ``VISIBLE_SHARE`` (1 %) of their pixels differing by more than
+``VISIBLE_LEVELS`` (8 of 255) in some channel (:func:`bench.gpu._sdxl_model.drift`).
+Numerically equivalent options (compile, fused projections) stay near-identical; FP8 is where
+a user decides.
 
 Plans (each fits a 10-minute slot of a GPU queue; the first measures what matters most, two
 more the rest)::
@@ -77,9 +79,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gpu._sdxl_model import (
+    VISIBLE_LEVELS,
+    VISIBLE_SHARE,
+    build_sdxl,
+    build_tiny,
+    count_unet_flops,
+    drift,
+    dynamo_counts,
+    load_config,
+    matmul_peak,
+    parameter_counts,
+    parameter_counts_sdxl,
+    versions,
+)
 from bench.harness import main, median, table
 
-CONFIG_DIR = Path(__file__).resolve().parent / "sdxl"
 PROMPT = "a photograph of an astronaut riding a horse on the moon, detailed, 8k"
 GUIDANCE = 5.0
 GOAL_IMAGES_S = 0.70
@@ -98,12 +113,9 @@ HOPPER_ADDED = (
     "compile=unet+compile_mode=max-autotune+fuse_qkv",
 )
 #: Image drift (docs/benchmarks.md): images per config, compared seed by seed with the
-#: baseline's; a pixel differs visibly when a channel differs by more than VISIBLE_LEVELS of
-#: 255, an image is visibly changed when more than VISIBLE_SHARE of its pixels do.
+#: baseline's (:func:`~bench.gpu._sdxl_model.drift`).
 DRIFT_IMAGES = 8  # one batch of 8: a size every plan but "sizes" has compiled
 DRIFT_SEED = 424_242
-VISIBLE_LEVELS = 8
-VISIBLE_SHARE = 0.01
 # Shortest warm-up first: a whole-UNet compile may not fit what is left of a command.
 SINGLES = (
     "channels_last",
@@ -218,176 +230,6 @@ def plan_cells(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
     return plans[args.plan]
 
 
-# -- the model ------------------------------------------------------------------------------
-
-
-def load_config(name: str) -> dict[str, Any]:
-    config: dict[str, Any] = json.loads((CONFIG_DIR / f"{name}.json").read_text())
-    return config
-
-
-def clip_config(name: str) -> Any:
-    """A text encoder's ``CLIPTextConfig`` (the file's bookkeeping keys left out: the model is
-    built in float32 and cast, whatever dtype the published weights were saved in)."""
-    from transformers import CLIPTextConfig
-
-    skip = ("architectures", "torch_dtype", "transformers_version")
-    return CLIPTextConfig(**{k: v for k, v in load_config(name).items() if k not in skip})
-
-
-def build_sdxl(device: Any, dtype: Any, seed: int = 0) -> Any:
-    """SDXL base 1.0 from ``bench/gpu/sdxl/*.json`` with random weights, on ``device``.
-
-    Modules are constructed directly on the device (``with torch.device(...)``: PyTorch's
-    default initialisation runs there, seconds on a GPU), in float32, then cast.
-    """
-    import torch
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
-    from genaug.service.pipeline.load import LoadedModel
-    from genaug.service.pipeline.tiny import assemble_sdxl
-
-    index = load_config("model_index")
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        with torch.device(device):
-            unet = UNet2DConditionModel.from_config(load_config("unet"))
-            vae = AutoencoderKL.from_config(load_config("vae"))
-            text_encoder = CLIPTextModel(clip_config("text_encoder"))
-            text_encoder_2 = CLIPTextModelWithProjection(clip_config("text_encoder_2"))
-    scheduler = EulerDiscreteScheduler.from_config(load_config("scheduler"))
-    pipeline = assemble_sdxl(
-        unet, vae, text_encoder, text_encoder_2, scheduler,
-        force_zeros_for_empty_prompt=index["force_zeros_for_empty_prompt"],
-    )
-    pipeline.to(device=device, dtype=dtype)
-    return LoadedModel(
-        pipeline=pipeline,
-        kind="sdxl-random",
-        source=str(CONFIG_DIR),
-        weights_hash=f"random-seed-{seed}",
-        device=device,
-        dtype=dtype,
-    )
-
-
-def build_tiny(device: Any, dtype: Any) -> Any:
-    """The tiny pipeline with true batching (as SDXL runs), as the service loads it."""
-    import dataclasses
-
-    from genaug.service.pipeline.tiny import build_tiny_pipeline
-    from genaug.service.testing import load_tiny
-
-    model = load_tiny(threads=None)
-    pipeline = build_tiny_pipeline(batch_invariant=False)
-    pipeline.to(device=device, dtype=dtype)
-    return dataclasses.replace(model, pipeline=pipeline, device=device, dtype=dtype)
-
-
-def parameter_counts(pipeline: Any) -> dict[str, int]:
-    return {
-        name: sum(p.numel() for p in getattr(pipeline, name).parameters())
-        for name in ("unet", "text_encoder", "text_encoder_2", "vae")
-    }
-
-
-def count_unet_flops(config: dict[str, Any], height: int, width: int) -> int:
-    """FLOPs of one UNet forward at batch 1 and ``height`` x ``width`` pixels, counted by
-    ``FlopCounterMode`` on the meta device (a multiply-add is 2 FLOPs)."""
-    import torch
-    from diffusers import UNet2DConditionModel
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.device("meta"):
-        unet = UNet2DConditionModel.from_config(config)
-        c = unet.config
-        pooled = c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim
-        sample = torch.randn(1, c.in_channels, height // 8, width // 8)
-        context = torch.randn(1, 77, c.cross_attention_dim)
-        added = {"text_embeds": torch.randn(1, pooled), "time_ids": torch.randn(1, 6)}
-        timestep = torch.tensor([500])
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        unet(sample, timestep, encoder_hidden_states=context, added_cond_kwargs=added)
-    return int(counter.get_total_flops())
-
-
-def matmul_peak(device: Any, dtype: Any, *, quick: bool = False) -> float:
-    """Dense matmul FLOP/s on ``device``: median of timed products of random matrices."""
-    import torch
-
-    n = 8192 if device.type == "cuda" else (256 if quick else 1024)
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    times: list[float] = []
-    reps = 5 if quick else 20
-    for i in range(3 + reps):
-        if device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.mm(a, b)
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1000
-        else:
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            seconds = time.perf_counter() - t0
-        if i >= 3:
-            times.append(seconds)
-    return 2 * n**3 / median(times)
-
-
-# -- image drift ----------------------------------------------------------------------------
-
-
-def psnr_db(a: Any, b: Any) -> float:
-    """PSNR in dB of two uint8 images (255 the peak); ``inf`` when they are identical."""
-    import numpy as np
-
-    diff = a.astype(np.float64) - b.astype(np.float64)
-    mse = float(np.mean(diff * diff))
-    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
-
-
-def visible_share(a: Any, b: Any, levels: int = VISIBLE_LEVELS) -> float:
-    """The share of pixels where some channel differs by more than ``levels`` of 255."""
-    import numpy as np
-
-    diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
-    return float(np.mean(diff.max(axis=-1) > levels))
-
-
-def visibly_changed(a: Any, b: Any) -> bool:
-    """More than :data:`VISIBLE_SHARE` of the pixels differ by more than
-    :data:`VISIBLE_LEVELS` of 255."""
-    return visible_share(a, b) > VISIBLE_SHARE
-
-
-def drift(reference: Sequence[Any], images: Sequence[Any]) -> dict[str, Any]:
-    """``images`` against ``reference`` seed by seed: PSNR (mean over the images of each
-    one's dB, and the lowest), the images visibly changed (:func:`visibly_changed`) and their
-    share, the largest difference in levels of 255."""
-    import numpy as np
-
-    if len(reference) != len(images) or not images:
-        raise ValueError(f"{len(images)} images against {len(reference)} references")
-    psnrs = [psnr_db(r, i) for r, i in zip(reference, images, strict=True)]
-    changed = sum(visibly_changed(r, i) for r, i in zip(reference, images, strict=True))
-    largest = max(int(np.abs(r.astype(np.int16) - i.astype(np.int16)).max())
-                  for r, i in zip(reference, images, strict=True))
-    return {
-        "images": len(images),
-        "psnr_db_mean": float(np.mean(psnrs)),
-        "psnr_db_min": min(psnrs),
-        "visibly_changed": changed,
-        "visibly_changed_share": changed / len(images),
-        "max_levels": largest,
-    }
-
-
 # -- measurement ----------------------------------------------------------------------------
 
 
@@ -465,14 +307,6 @@ class Bench:
             import torch
 
             torch.cuda.synchronize(self.device)
-
-
-def dynamo_counts() -> tuple[int, int]:
-    from torch._dynamo.utils import counters
-
-    graphs = int(counters["stats"]["unique_graphs"])
-    breaks = int(sum(counters["graph_break"].values()))
-    return graphs, breaks
 
 
 def release(device: Any) -> None:
@@ -701,37 +535,6 @@ def measure_drift(bench: Bench, worker: Any, *, is_baseline: bool) -> dict[str, 
     return drift(bench.reference, images)
 
 
-def versions(device: Any) -> dict[str, Any]:
-    """Python, torch, CUDA, cuDNN, diffusers, torchao (if installed); on CUDA the driver and
-    the compute capability: docs/benchmarks.md records them with the figures."""
-    import importlib.metadata as metadata
-
-    import diffusers
-    import torch
-
-    out: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "diffusers": diffusers.__version__,
-    }
-    try:
-        out["torchao"] = metadata.version("torchao")
-    except metadata.PackageNotFoundError:
-        out["torchao"] = None
-    if device.type == "cuda":
-        out["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
-        try:
-            out["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30, check=True,
-            ).stdout.strip().splitlines()[0]
-        except (OSError, subprocess.SubprocessError, IndexError):
-            out["driver"] = None
-    return out
-
-
 def warm_cache_check(bench: Bench, batches: list[int], cache_dir: Path) -> dict[str, Any]:
     """Warm-up of the best combination in a new process with this run's compile cache."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -933,21 +736,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report(results)
     return results
 
-
-def parameter_counts_sdxl() -> dict[str, int]:
-    """Parameter counts of the SDXL components, built on the meta device (no memory)."""
-    import torch
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
-    with torch.device("meta"):
-        modules = {
-            "unet": UNet2DConditionModel.from_config(load_config("unet")),
-            "text_encoder": CLIPTextModel(clip_config("text_encoder")),
-            "text_encoder_2": CLIPTextModelWithProjection(clip_config("text_encoder_2")),
-            "vae": AutoencoderKL.from_config(load_config("vae")),
-        }
-    return {k: sum(p.numel() for p in m.parameters()) for k, m in modules.items()}
 
 
 if __name__ == "__main__":

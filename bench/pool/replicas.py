@@ -71,7 +71,7 @@ def _duplicates(url: str, pool_id: str) -> tuple[int, int]:
     from genaug.service.pool.open import open_pool
 
     with open_pool(url, capacity_per_label=10**6) as store:
-        seeds = [seed for _, seed, _ in store.iter_images(pool_id)]
+        seeds = [seed for _, seed, _ in store.reads.iter_images(pool_id)]
     return len(seeds), len(seeds) - len(set(seeds))
 
 

@@ -3,7 +3,7 @@
 
 Each route reads its body (:mod:`~genaug.service.intake.parse`,
 :mod:`~genaug.service.intake.uploads`) and plans the work
-(:mod:`~genaug.service.intake.plan`); from there both take one way, :func:`serve_job`: submit
+(:mod:`~genaug.service.intake.plan`); from there both take one way, :func:`serve_request`: submit
 to the batcher, wait (499 if the client leaves, 504 past the deadline), encode a PNG or a
 safetensors batch with its metadata, and answer with the seeds in ``X-Genaug-Seeds``.
 
@@ -26,8 +26,9 @@ from fastapi.responses import Response
 from genaug import __version__
 from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, encode_png_grid
 
-from ..batching.batcher import Batcher, Job
+from ..batching.batcher import Batcher
 from ..batching.items import GroupKey, Item
+from ..batching.request import QueuedRequest
 from ..errors import DeadlineExceededError
 from ..intake.parse import read_body
 from ..intake.plan import plan_items, plan_variants
@@ -70,7 +71,7 @@ async def generate(request: Request) -> Response:
         "output_width": items[0].output_width,
         "scheduler": key.scheduler,
     }
-    return await serve_job(request, "generate", body, key, items, started=started,
+    return await serve_request(request, "generate", body, key, items, started=started,
                            resolved=resolved)
 
 
@@ -106,11 +107,11 @@ async def variants(request: Request) -> Response:
                 "scheduler": key.scheduler}
     # Items are source-major, n_per_image each: the first of each names its source's hash.
     hashes = [item.source_hash for item in items[:: upload.params.n_per_image]]
-    return await serve_job(request, "variants", upload.params, key, items, started=started,
+    return await serve_request(request, "variants", upload.params, key, items, started=started,
                            resolved=resolved, sources=sources, source_hashes=hashes)
 
 
-async def serve_job(
+async def serve_request(
     request: Request,
     route: str,
     body: GenerationFields,
@@ -132,8 +133,8 @@ async def serve_job(
     client = client_identity(request)
     batcher = state.require_batcher()
     timeout = body.timeout_s or state.settings.request_timeout_s
-    job = batcher.submit(key, items, client=client, priority=body.priority, timeout_s=timeout)
-    images = await wait_for_job(job, batcher, request)
+    queued = batcher.submit(key, items, client=client, priority=body.priority, timeout_s=timeout)
+    images = await wait_for_images(queued, batcher, request)
     if images is None:
         return Response(status_code=499)  # client closed the connection; nobody reads this
     seeds = np.array([item.seed for item in items], dtype=np.int64)
@@ -162,12 +163,13 @@ async def _until_disconnect(request: Request) -> None:
             return
 
 
-async def wait_for_job(job: Job, batcher: Batcher, request: Request) -> np.ndarray | None:
-    """The job's images; ``None`` if the client went away; 504 past the deadline."""
-    result = asyncio.ensure_future(job.result())
+async def wait_for_images(queued: QueuedRequest, batcher: Batcher,
+                          request: Request) -> np.ndarray | None:
+    """The queued request's images; ``None`` if the client went away; 504 past the deadline."""
+    result = asyncio.ensure_future(queued.result())
     gone = asyncio.ensure_future(_until_disconnect(request))
     try:
-        timeout = max(0.0, job.deadline - time.monotonic())
+        timeout = max(0.0, queued.deadline - time.monotonic())
         done, _ = await asyncio.wait(
             {result, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
         )
@@ -175,17 +177,17 @@ async def wait_for_job(job: Job, batcher: Batcher, request: Request) -> np.ndarr
         gone.cancel()
     if result in done:
         return result.result()
-    if job.finished and job.cancel_reason is None:
-        # The worker completed the job in the loop turn the deadline fell in: the images
+    if queued.finished and queued.cancel_reason is None:
+        # The worker completed the request in the loop turn the deadline fell in: the images
         # exist, only the waiter on them had not woken yet. Answer them, not a 504.
         return await result
     result.cancel()
     if gone in done:
-        batcher.forget(job, "disconnected")
+        batcher.forget(queued, "disconnected")
         return None
-    batcher.forget(job, "expired")
+    batcher.forget(queued, "expired")
     raise DeadlineExceededError(
-        f"request {job.id} did not finish within its timeout_s; raise timeout_s, ask for "
+        f"request {queued.id} did not finish within its timeout_s; raise timeout_s, ask for "
         "fewer images, or retry when the queue is shorter"
     )
 

@@ -2,7 +2,8 @@
 
 ``POST /v1/recipes/{name}/fill`` (:mod:`~genaug.service.api.recipes`) answers the job it
 started; these routes read it back from the pool database (so every replica answers for every
-job, and a restart forgets none) with its progress now:
+job, and a restart forgets none) with its progress now, through the one object of the fill
+jobs (:class:`~genaug.service.jobs.fill_jobs.FillJobs`, ``AppState.fill_jobs``):
 
 - ``GET /v1/jobs/{id}``: state, asked and made per label, rate and ETA, times, webhook;
 - ``GET /v1/jobs``: the recent ones, newest first (``recipe``, ``state``, ``limit``);
@@ -23,10 +24,10 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from genaug.job_states import JobState
 
-from ..errors import InvalidRequestError, NotFoundError
-from ..jobs.view import job_view
+from ..errors import NotFoundError
+from ..jobs.view import JobList, JobView
 from .requests import known_query, state_of
-from .responses import JobList, JobView, error_responses
+from .responses import error_responses
 from .state import AppState
 
 router = APIRouter()
@@ -34,10 +35,11 @@ router = APIRouter()
 JOB_ERRORS = error_responses(404, 422, 503)
 
 
-def _no_recipe(recipe: str, app: AppState) -> InvalidRequestError:
+def _no_recipe(recipe: str, app: AppState) -> NotFoundError:
+    """A 404, as a fill of an unknown recipe is (the value fits the schema: any name)."""
     known = ", ".join(sorted(app.recipes)) or "none (set GENAUG_RECIPES)"
-    return InvalidRequestError(f"recipe = {recipe[:80]!r}: no such recipe, and no job of one; "
-                               f"this service has: {known}", field="recipe")
+    return NotFoundError(f"recipe = {recipe[:80]!r}: no such recipe, and no job of one; "
+                         f"this service has: {known}", field="recipe")
 
 
 def _unknown(job_id: str) -> NotFoundError:
@@ -46,7 +48,7 @@ def _unknown(job_id: str) -> NotFoundError:
 
 
 @router.get("/v1/jobs", response_model=JobList, tags=["jobs"],
-            responses=error_responses(422, 503), dependencies=[Depends(known_query)])
+            responses=error_responses(404, 422, 503), dependencies=[Depends(known_query)])
 async def list_jobs(
     request: Request,
     recipe: Annotated[str | None, Query(max_length=200, description="Only this recipe's.")]
@@ -55,22 +57,20 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many.")] = 50,
 ) -> JobList:
     """The most recent fill jobs, newest first, each with its progress. A ``recipe`` this
-    service does not serve and no stored job names is a 422 naming the recipes it serves
+    service does not serve and no stored job names is a 404 naming the recipes it serves
     (a job of a recipe served before, or by another replica, is still listed)."""
     app = state_of(request)
     if not app.recipes:
         if recipe is not None:
             raise _no_recipe(recipe, app)
         return JobList(jobs=[])
-    runner = app.require_pools().planner.jobs
+    jobs = app.require_fill_jobs()
 
     def read() -> JobList:
-        store = runner.planner.store
-        jobs = store.list_jobs(recipe, limit=limit, states=None if state is None else [state])
-        if (recipe is not None and not jobs and recipe not in app.recipes
-                and not store.list_jobs(recipe, limit=1)):
+        listed = jobs.recent(recipe, limit=limit, state=state)
+        if recipe is not None and not listed and not jobs.known(recipe):
             raise _no_recipe(recipe, app)
-        return JobList(jobs=[JobView(**job_view(*runner.view(job))) for job in jobs])
+        return JobList(jobs=listed)
 
     return await asyncio.to_thread(read)
 
@@ -81,11 +81,10 @@ async def get_job(job_id: str, request: Request) -> JobView:
     app = state_of(request)
     if not app.recipes:
         raise _unknown(job_id)
-    runner = app.require_pools().planner.jobs
-    found = await asyncio.to_thread(runner.status, job_id)
+    found = await asyncio.to_thread(app.require_fill_jobs().view, job_id)
     if found is None:
         raise _unknown(job_id)
-    return JobView(**job_view(*found))
+    return found
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, tags=["jobs"],
@@ -97,8 +96,7 @@ async def cancel_job(job_id: str, request: Request) -> JobView:
     app = state_of(request)
     if not app.recipes:
         raise _unknown(job_id)
-    runner = app.require_pools().planner.jobs
-    return JobView(**job_view(*await asyncio.to_thread(runner.cancel, job_id)))
+    return await asyncio.to_thread(app.require_fill_jobs().cancel, job_id)
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"],
@@ -110,5 +108,4 @@ async def forget_job(job_id: str, request: Request) -> JobView:
     app = state_of(request)
     if not app.recipes:
         raise _unknown(job_id)
-    runner = app.require_pools().planner.jobs
-    return JobView(**job_view(*await asyncio.to_thread(runner.forget, job_id)))
+    return await asyncio.to_thread(app.require_fill_jobs().forget, job_id)

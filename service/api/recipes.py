@@ -23,7 +23,8 @@ from genaug import __version__
 from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, encode_png_grid
 
 from ..intake.parse import read_body
-from ..jobs.view import job_url, job_view
+from ..jobs.fill_jobs import FillJobs
+from ..jobs.view import JobRef, job_url
 from ..pool.serving import PoolServing, empty_images, unknown_recipe
 from .requests import binary_media, client_identity, state_of, wants_png
 from .responses import (
@@ -32,8 +33,6 @@ from .responses import (
     FeedbackResponse,
     FillBudget,
     FillResponse,
-    JobRef,
-    JobView,
     RecipeDetail,
     RecipeList,
     RecipeSummary,
@@ -65,16 +64,15 @@ def summary_of(pools: PoolServing, name: str) -> RecipeSummary:
     return RecipeSummary(**pools.summary(name), stopped=pools.planner.stopped(name))
 
 
-def detail_of(pools: PoolServing, name: str, *, model: type[RecipeDetail] = RecipeDetail,
-              **extra: Any) -> RecipeDetail:
+def detail_of(pools: PoolServing, fill_jobs: FillJobs, name: str, *,
+              model: type[RecipeDetail] = RecipeDetail, **extra: Any) -> RecipeDetail:
     """The recipe's detail with its judge, the labels it stopped and its live jobs
     (blocking)."""
     planner = pools.planner
     judge = planner.judges.get(name)
-    jobs = [JobView(**job_view(*planner.jobs.view(job)))
-            for job in planner.store.live_jobs(planner.pool_ids[name])]
     return model(**pools.detail(name), stopped=planner.stopped(name),
-                 judge=judge.describe() if judge is not None else None, jobs=jobs, **extra)
+                 judge=judge.describe() if judge is not None else None,
+                 jobs=fill_jobs.live(name), **extra)
 
 
 def _hints(state: AppState, route: str, name: str) -> dict[str, str]:
@@ -95,8 +93,9 @@ def _pools_for(state: AppState, name: str) -> PoolServing:
 )
 async def recipe_detail(name: str, request: Request) -> RecipeDetail:
     """Spec, pool identity, per-label fill, generated and served totals, generation rate."""
-    pools = _pools_for(state_of(request), name)
-    return await asyncio.to_thread(detail_of, pools, name)
+    state = state_of(request)
+    pools = _pools_for(state, name)
+    return await asyncio.to_thread(detail_of, pools, state.require_fill_jobs(), name)
 
 
 @router.post(
@@ -204,20 +203,19 @@ async def fill(name: str, request: Request) -> RecipeDetail:
     body = await read_body(request, state.api.fill[name],
                            _hints(state, "fill", name))
     notify_url = body.notify_url  # checked and normalised by the model, once
+    fill_jobs = state.require_fill_jobs()
     budget = None
     if body.images is not None:
-        answer, job = await asyncio.to_thread(pools.spend, name, body.images,
+        answer, job = await asyncio.to_thread(fill_jobs.budget, name, body.images,
                                               notify_url=notify_url)
         budget = FillBudget(**answer)
     else:
         assert body.per_label is not None  # the model requires one of the two
-        made = await asyncio.to_thread(pools.raise_target, name, body.per_label,
-                                       notify_url=notify_url)
-        assert made is not None  # a shared target is a job
-        job = made
+        job = await asyncio.to_thread(fill_jobs.fill, name, body.per_label,
+                                      notify_url=notify_url)
     state.wake_jobs()
     return await asyncio.to_thread(lambda: detail_of(
-        pools, name, model=FillResponse, budget=budget,
+        pools, fill_jobs, name, model=FillResponse, budget=budget,
         job=JobRef(id=job.id, url=job_url(job.id))))
 
 

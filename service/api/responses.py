@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from ..batching.batcher import MAX_PAUSED
+from ..jobs.view import JobRef, JobView
 
 # Encode in the event loop below this many bytes of pixels (a thread hop costs more).
 _INLINE_ENCODE_BYTES = 1 << 20
@@ -248,59 +249,6 @@ class FillBudget(BaseModel):
     asked: int
     per_label: dict[str, int]
     note: str
-
-
-class JobLabel(BaseModel):
-    """One label of a job: what it asked, what was made since it began, and the fill now."""
-
-    asked: int = Field(description="per_label: the fill to hold; images: the images to gain.")
-    made: int = Field(description="Images made since the job began (accepted + rejected).")
-    accepted: int
-    rejected: int = Field(description="Made and rejected by the recipe's judge.")
-    fill: int = Field(description="The label's accepted images now.")
-    missing: int = Field(description="What keeps the label from met.")
-    met: bool
-    stopped: bool = Field(description="The judge stopped the label: no more are made.")
-
-
-class JobWebhook(BaseModel):
-    state: str = Field(description="pending, delivered or failed.")
-    attempts: int
-
-
-class JobView(BaseModel):
-    """A fill handed off (``GET /v1/jobs/{id}``; a webhook's body is the same object)."""
-
-    id: str
-    url: str
-    recipe: str
-    pool_id: str
-    kind: str = Field(description="per_label or images.")
-    state: str = Field(description="queued, running, done, stopped (the judge stopped a "
-                       "label it needs), failed or cancelled.")
-    reason: str | None = Field(description="Why it stopped, failed or was cancelled.")
-    labels: dict[str, JobLabel]
-    asked: int
-    accepted: int
-    missing: int
-    rate: float = Field(description="Accepted images per second since it was created.")
-    eta_s: float | None = Field(description="Seconds to done at that rate; null before the "
-                                "first image.")
-    created: str
-    updated: str
-    ended: str | None
-    notify_url: str | None
-    webhook: JobWebhook | None
-
-
-class JobList(BaseModel):
-    jobs: list[JobView]
-
-
-class JobRef(BaseModel):
-    id: str
-    url: str = Field(description="GET it for the job's progress; POST {url}/cancel to "
-                                 "cancel it; DELETE it to forget it.")
 
 
 class RecipeDetail(RecipeSummary):

@@ -21,6 +21,7 @@ from ..settings import Settings
 if TYPE_CHECKING:
     from ..batching.batcher import Batcher
     from ..batching.items import Worker
+    from ..jobs.fill_jobs import FillJobs
     from ..jobs.loop import JobLoop
     from ..pipeline.load import LoadedModel
     from ..pipeline.speed import Speed
@@ -72,6 +73,8 @@ class AppState:
     started_at: float = field(default_factory=time.time)
     #: GENAUG_WEBHOOK_HOSTS, parsed: the hosts a fill's notify_url may name.
     webhook_hosts: tuple[str, ...] = ()
+    #: The pools' fill jobs: started, followed, cancelled (the routes) and moved on (the loop).
+    fill_jobs: FillJobs | None = None
     #: Follows the pools' jobs and delivers their webhooks, once the pools are open.
     job_loop: JobLoop | None = None
 
@@ -110,3 +113,10 @@ class AppState:
                 "the recipe pools are not open yet; retry shortly", headers={"Retry-After": "2"}
             )
         return self.pools
+
+    def require_fill_jobs(self) -> FillJobs:
+        """The fill jobs of the pools (:class:`~genaug.service.jobs.fill_jobs.FillJobs`), once
+        the pools are open (503 until then)."""
+        self.require_pools()
+        assert self.fill_jobs is not None  # made with the pools
+        return self.fill_jobs

@@ -1,4 +1,4 @@
-"""What a batch's end means for its callers and the books: one job, apart from scheduling.
+"""What a batch's end means for its callers and the books: one request, apart from scheduling.
 
 The :class:`~genaug.service.batching.batcher.Batcher` decides what runs and when; when a
 segment of a batch ends (the batch finished, paused at a step boundary, or failed) it calls
@@ -56,7 +56,7 @@ def charge(batch: Batch, seconds: float, *, queue: FairQueue, activity: Activity
         return
     queue.settle(batch.parts, seconds)
     for part, share in zip(batch.parts, shares(batch.parts, len(batch.items)), strict=True):
-        activity.used(part.job.client, seconds * share)
+        activity.used(part.request.client, seconds * share)
 
 
 def answer(batch: Batch, outcome: Outcome, *, queue: FairQueue, activity: Activity,
@@ -78,13 +78,13 @@ def answer(batch: Batch, outcome: Outcome, *, queue: FairQueue, activity: Activi
     for part in batch.parts:
         rows = range(offset, offset + part.count)
         offset += part.count
-        stats = activity.client(part.job.client)
+        stats = activity.client(part.request.client)
         dropped = [i for i in rows if i in outcome.dropped]
         if dropped:
-            reason = part.job.cancel_reason or "shutting_down"
+            reason = part.request.cancel_reason or "shutting_down"
             metrics.dropped_in_pipeline.labels(reason).inc(len(dropped))
             metrics.steps_saved.labels(reason).inc(sum(outcome.dropped[i] for i in dropped))
-            part.job.fail(ShuttingDownError(SHUTTING_DOWN))  # (already answered: a no-op)
+            part.request.fail(ShuttingDownError(SHUTTING_DOWN))  # (already answered: a no-op)
             continue
         failed = [i for i in rows if i in outcome.errors]
         if failed:
@@ -92,12 +92,12 @@ def answer(batch: Batch, outcome: Outcome, *, queue: FairQueue, activity: Activi
             error_id = new_id()
             log.error(
                 "request %s: %d images failed (error id %s): %s",
-                part.job.id,
+                part.request.id,
                 len(failed),
                 error_id,
                 outcome.errors[failed[0]],
             )
-            part.job.fail(
+            part.request.fail(
                 GenerationFailedError(
                     f"{len(failed)} of this request's images could not be generated: "
                     f"{outcome.errors[failed[0]]} (error id {error_id})",
@@ -106,7 +106,7 @@ def answer(batch: Batch, outcome: Outcome, *, queue: FairQueue, activity: Activi
             )
         else:
             stats.images += part.count
-            part.job.deliver(part.start, outcome.images[rows.start : rows.stop])
+            part.request.deliver(part.start, outcome.images[rows.start : rows.stop])
 
 
 def answer_failure(batch: Batch, exc: Exception, *, queue: FairQueue, activity: Activity,
@@ -131,8 +131,8 @@ def answer_failure(batch: Batch, exc: Exception, *, queue: FairQueue, activity: 
     )
     metrics.batch_failures.labels(type(exc).__name__).inc()
     for part in batch.parts:
-        activity.client(part.job.client).failed += 1
-        part.job.fail(
+        activity.client(part.request.client).failed += 1
+        part.request.fail(
             GenerationFailedError(
                 f"generation failed for this request's batch ({type(exc).__name__}); "
                 f"error id {error_id} is in the service log; retrying may succeed",

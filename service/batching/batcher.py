@@ -1,7 +1,7 @@
 """Runs the queue on the pipeline: admission, batch timing, the worker and store threads.
 
 What a batch's end means for its callers and the books (images delivered, failures answered
-with an error id, generator time charged) is :mod:`~genaug.service.batching.answers`'s job.
+with an error id, generator time charged) is :mod:`~genaug.service.batching.answers`'s request.
 
 Where things run:
 
@@ -10,7 +10,7 @@ Where things run:
   batches from it, and the bookkeeping in :class:`~genaug.service.batching.usage.Activity`.
 - In the one **worker thread**: :meth:`Worker.run <genaug.service.batching.items.Worker.run>`, i.e.
   every pipeline call (diffusers pipelines and schedulers are not thread-safe), plus
-  :meth:`run_in_worker` jobs such as the warm-up.
+  :meth:`run_in_worker` calls such as the warm-up.
 - In the default executor: asking the :class:`IdleSource` for the next
   pre-generation batch (it reads the pool store).
 - In the one **store thread**: :attr:`IdleWork.on_done <genaug.service.batching.items.IdleWork>`,
@@ -53,9 +53,9 @@ Example::
     batcher = Batcher(worker, max_batch_images=8, max_wait_ms=10, max_queue_images=512,
                       metrics=Metrics(), slice_ms=1000)
     await batcher.start()
-    job = batcher.submit(key, items, client="trainer-a", priority="interactive",
+    request = batcher.submit(key, items, client="trainer-a", priority="interactive",
                          timeout_s=60)
-    images = await job.result()
+    images = await request.result()
     await batcher.stop()
 """
 
@@ -72,7 +72,8 @@ from ..errors import DeadlineExceededError, QueueFullError, ShuttingDownError
 from ..metrics import Metrics
 from .answers import SHUTTING_DOWN, answer, answer_failure, charge
 from .items import Flight, GroupKey, IdleSource, Item, Outcome, Paused, Worker
-from .queue import Batch, FairQueue, Job, Priority, group_of
+from .queue import Batch, FairQueue, group_of
+from .request import Priority, QueuedRequest
 from .slices import pick, yield_at
 from .usage import POOL_CLIENT, Activity
 
@@ -83,7 +84,7 @@ log = logging.getLogger(__name__)
 #: about the count of clients switched between, not memory.
 MAX_PAUSED = 8
 
-__all__ = ["POOL_CLIENT", "Batcher", "Job", "Priority"]
+__all__ = ["POOL_CLIENT", "Batcher"]
 
 
 def _log_store_failure(future: asyncio.Future[None]) -> None:
@@ -144,8 +145,8 @@ class Batcher:
 
     async def stop(self) -> None:
         self._stopping = True
-        for job in self.queue.drain():
-            job.fail(ShuttingDownError(SHUTTING_DOWN))
+        for request in self.queue.drain():
+            request.fail(ShuttingDownError(SHUTTING_DOWN))
         self._update_gauges()
         for batch in (self._running, *self._paused):
             if batch is None:
@@ -153,7 +154,7 @@ class Batcher:
             batch.flight.go_on()
             if batch.idle is None:  # its callers hear now; the worker stops at the next step
                 for part in batch.parts:
-                    part.job.fail(ShuttingDownError(SHUTTING_DOWN))
+                    part.request.fail(ShuttingDownError(SHUTTING_DOWN))
                 batch.flight.drop(range(len(batch.items)))
         self._wakeup.set()
         if self._task is not None:
@@ -200,7 +201,7 @@ class Batcher:
         client: str,
         priority: Priority,
         timeout_s: float,
-    ) -> Job:
+    ) -> QueuedRequest:
         """Admit a request or raise :class:`QueueFullError`. Never blocks.
 
         An interactive request pauses the bulk batch in the pipeline at its next step; a
@@ -219,7 +220,7 @@ class Batcher:
                 "fewer images, or set GENAUG_MAX_QUEUE_IMAGES",
                 headers={"Retry-After": str(retry)},
             )
-        job = Job(
+        request = QueuedRequest(
             key=key,
             items=items,
             client=client,
@@ -227,51 +228,51 @@ class Batcher:
             deadline=time.monotonic() + timeout_s,
             loop=asyncio.get_running_loop(),
         )
-        self.queue.push(job)
+        self.queue.push(request)
         stats.requests += 1
         self._update_gauges()
         self._wakeup.set()
-        return job
+        return request
 
     def poke(self) -> None:
         """Something changed for the idle source (a pool ran short): ask it again."""
         self._wakeup.set()
 
-    def forget(self, job: Job, reason: str) -> None:
-        """The caller gave up on ``job`` (deadline, disconnect): drop what is still queued,
+    def forget(self, request: QueuedRequest, reason: str) -> None:
+        """The caller gave up on ``request`` (deadline, disconnect): drop what is still queued,
         and cut its images from the batch in the pipeline (or paused) at the next step."""
-        self._given_up(job)
-        job.cancel(reason)
-        self._cut(job)
+        self._given_up(request)
+        request.cancel(reason)
+        self._cut(request)
         self._prune(time.monotonic())  # free its queue slots now, not when the worker is next free
         self._wakeup.set()
 
-    def _expire(self, job: Job) -> None:
-        """``job``'s deadline passed while its images were in the pipeline: 504 now."""
-        if job.finished:
+    def _expire(self, request: QueuedRequest) -> None:
+        """``request``'s deadline passed while its images were in the pipeline: 504 now."""
+        if request.finished:
             return
-        self._given_up(job)
-        job.fail(
+        self._given_up(request)
+        request.fail(
             DeadlineExceededError(
-                f"request {job.id} passed its deadline during generation; raise timeout_s or "
+                f"request {request.id} passed its deadline during generation; raise timeout_s or "
                 "send fewer images at once"
             )
         )
-        self.forget(job, "expired")
+        self.forget(request, "expired")
 
-    def _given_up(self, job: Job) -> None:
-        """Count ``job`` as dropped for its client, once: called just before every path that
+    def _given_up(self, request: QueuedRequest) -> None:
+        """Count ``request`` as dropped for its client, once: called just before every path that
         answers it 504 or 499 (queue pruned, deadline in the pipeline, caller gone), and only
         the first, still unanswered, counts. Wherever its images were: counting only those
         pruned from the queue missed the request in the pipeline (7 dropped for 8 answers
         of 504)."""
-        if not job.finished:
-            self.activity.client(job.client).dropped += 1
+        if not request.finished:
+            self.activity.client(request.client).dropped += 1
 
-    def _cut(self, job: Job) -> None:
+    def _cut(self, request: QueuedRequest) -> None:
         for batch in (self._running, *self._paused):
             if batch is not None and batch.idle is None:
-                rows = batch.rows_of(job)
+                rows = batch.rows_of(request)
                 if rows:
                     batch.flight.drop(rows)
 
@@ -293,20 +294,20 @@ class Batcher:
         return yield_at(batch, self.queue, self._paused, slice_s=self.slice_s)
 
     def _prune(self, now: float) -> None:
-        """Drop jobs that no longer need the pipeline, failing expired ones with 504."""
-        for job in self.queue.prune(now):
-            reason = job.cancel_reason or "expired"
-            if job.next_index == 0:
+        """Drop requests that no longer need the pipeline, failing expired ones with 504."""
+        for request in self.queue.prune(now):
+            reason = request.cancel_reason or "expired"
+            if request.next_index == 0:
                 self.metrics.dropped.labels(reason).inc()
-            self._given_up(job)
-            job.next_index = job.n
-            job.fail(
+            self._given_up(request)
+            request.next_index = request.n
+            request.fail(
                 DeadlineExceededError(
-                    f"request {job.id} waited past its deadline; raise timeout_s or send "
+                    f"request {request.id} waited past its deadline; raise timeout_s or send "
                     "fewer images at once"
                 )
             )
-            self._cut(job)
+            self._cut(request)
         self._update_gauges()
 
     def _form(self, key: GroupKey, opened_by: tuple[Priority, str]) -> Batch:
@@ -316,7 +317,7 @@ class Batcher:
         )
         for part in parts:
             if part.start == 0:
-                self.metrics.queue_wait.observe(now - part.job.admitted)
+                self.metrics.queue_wait.observe(now - part.request.admitted)
         self.queue.hold(parts)
         self._update_gauges()
         return Batch(key, parts, priority=opened_by[0], opener=group_of(opened_by[1]),
@@ -344,11 +345,11 @@ class Batcher:
                                      flight=Flight(self.clock))
                 await self._wakeup.wait()
                 continue
-            priority, client, job = head
-            oldest, waiting = self.queue.waiting(job.key)
+            priority, client, request = head
+            oldest, waiting = self.queue.waiting(request.key)
             close_at = oldest + self.max_wait_s
             if waiting >= self.max_batch_images or now >= close_at:
-                return self._form(job.key, (priority, client))
+                return self._form(request.key, (priority, client))
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=close_at - now)
             except TimeoutError:
@@ -368,9 +369,9 @@ class Batcher:
         flight = batch.flight
         if batch.idle is None and not batch.timers:
             now = time.monotonic()
-            for job in {id(p.job): p.job for p in batch.parts}.values():
+            for request in {id(p.request): p.request for p in batch.parts}.values():
                 batch.timers.append(
-                    loop.call_later(max(0.0, job.deadline - now), self._expire, job)
+                    loop.call_later(max(0.0, request.deadline - now), self._expire, request)
                 )
         if batch.paused is not None:
             call = functools.partial(batch.paused.resume, flight)
@@ -386,7 +387,7 @@ class Batcher:
         except asyncio.CancelledError:
             # The loop is going away during this batch: its callers hear now.
             for part in batch.parts:
-                part.job.fail(ShuttingDownError(SHUTTING_DOWN))
+                part.request.fail(ShuttingDownError(SHUTTING_DOWN))
             raise
         except Exception as exc:
             self._segment_ended(batch)

@@ -7,7 +7,7 @@ A synchronous data structure with no I/O, no threads and no clock of its own (ca
 Order of service:
 
 1. **Priority.** ``interactive`` images go before ``bulk`` ones.
-2. **Round-robin between clients, hierarchically.** Each priority keeps one FIFO of jobs per
+2. **Round-robin between clients, hierarchically.** Each priority keeps one FIFO of requests per
    client identity; a batch is filled one image per identity *group* per turn, and the group
    that opened a batch goes to the back for the next one. A group is an API key (identities
    ``key-XXXXXXXX/<client id>`` share their key's turn, the key's client ids taking it in
@@ -31,18 +31,18 @@ Order of service:
    between an answer and its next request, and waiting saves up at most one slice of
    credit, with which it goes first at the next step boundary.
 5. **Grouping.** A batch holds only images of one :class:`~genaug.service.batching.items.GroupKey`;
-   jobs of other keys keep their place.
+   requests of other keys keep their place.
 
-Why one file, over the house's 450 lines: :class:`FairQueue` is one class with one job, the
+Why one file, over the house's 450 lines: :class:`FairQueue` is one class with one request, the
 order of service above, and each of its methods reads the same state (the FIFOs per priority
 and client, the rotation, the ledger of time served, the images held by a batch). The rest is
-what it queues and hands out (:class:`Job`, :class:`Part`, the :class:`Batch` parts make) and
+what it hands out (:class:`Part`, the :class:`Batch` parts make) and
 the two measures its ledger keeps (:func:`image_cost`, :func:`group_of`).
 
 Example::
 
     queue = FairQueue()
-    queue.push(job)                        # a Job made by Batcher.submit
+    queue.push(request)                    # a QueuedRequest made by Batcher.submit
     priority, client, head = queue.head()
     parts = queue.take(head.key, capacity=8, now=time.monotonic(),
                        opened_by=(priority, client))
@@ -54,114 +54,31 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
 
-import numpy as np
-
-from ..errors import new_id
 from .items import Flight, GroupKey, IdleWork, Item, Paused
+from .request import PRIORITIES, Priority, QueuedRequest
 
-Priority = Literal["interactive", "bulk"]
-PRIORITIES: tuple[Priority, ...] = ("interactive", "bulk")
 _KEY_ID = re.compile(r"key-[0-9a-f]{8}")
 _LEDGER_SIZE = 1024  # groups kept on the ledger before those not competing are forgotten
 
 
-class Job:
-    """One admitted request: its images, where they stand, and the future its caller awaits.
-
-    ``next_index`` is the first item not yet handed to the worker; ``pending`` the images
-    still waiting in the queue.
-    """
-
-    def __init__(
-        self,
-        *,
-        key: GroupKey,
-        items: list[Item],
-        client: str,
-        priority: Priority,
-        deadline: float,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        self.id = new_id()
-        self.key = key
-        self.items = items
-        self.client = client
-        self.priority = priority
-        self.deadline = deadline
-        self.admitted = time.monotonic()
-        self.started: float | None = None
-        self.next_index = 0
-        self.done_count = 0
-        self.images: np.ndarray | None = None
-        self.cancel_reason: str | None = None
-        self._future: asyncio.Future[np.ndarray] = loop.create_future()
-
-    @property
-    def n(self) -> int:
-        return len(self.items)
-
-    @property
-    def pending(self) -> int:
-        """Images not yet handed to the worker."""
-        return self.n - self.next_index
-
-    @property
-    def finished(self) -> bool:
-        return self._future.done()
-
-    def alive(self, now: float) -> bool:
-        return self.cancel_reason is None and not self._future.done() and now < self.deadline
-
-    def cancel(self, reason: str) -> None:
-        """Give up on this job (client gone, deadline passed); queued images are dropped."""
-        if self.cancel_reason is None:
-            self.cancel_reason = reason
-        if not self._future.done():
-            self._future.cancel()
-
-    async def result(self) -> np.ndarray:
-        """The images, ``uint8 [n, h, w, c]``, once every part has been generated."""
-        return await asyncio.shield(self._future)
-
-    def fail(self, error: BaseException) -> None:
-        if not self._future.done():
-            self._future.set_exception(error)
-            # The exception is delivered through result(); don't warn if nobody awaits it.
-            self._future.exception()
-
-    def deliver(self, start: int, images: list[np.ndarray]) -> None:
-        """Images ``start .. start+len(images)-1`` are made; complete the job with the last."""
-        if self._future.done():
-            return
-        if self.images is None:
-            self.images = np.empty((self.n, *images[0].shape), dtype=np.uint8)
-        for offset, image in enumerate(images):
-            self.images[start + offset] = image
-        self.done_count += len(images)
-        if self.done_count == self.n:
-            self._future.set_result(self.images)
-
-
 @dataclass
 class Part:
-    """``count`` consecutive images of ``job``, from item ``start``, inside one batch;
+    """``count`` consecutive images of ``request``, from item ``start``, inside one batch;
     ``cost`` is their :func:`image_cost` summed (what their share of the batch's time is
     split by)."""
 
-    job: Job
+    request: QueuedRequest
     start: int
     count: int
     cost: float = 0.0
 
     @property
     def items(self) -> list[Item]:
-        return self.job.items[self.start : self.start + self.count]
+        return self.request.items[self.start : self.start + self.count]
 
 
 @dataclass
@@ -172,7 +89,7 @@ class Batch:
     ``priority`` is its opener's (pool work counts as ``bulk``), ``opener`` the group that
     opened it. The batcher speaks to it in the pipeline through ``flight``; ``paused`` holds
     it between segments, ``segment_start`` is when its current segment began, ``seconds``
-    sums its generator time, ``timers`` are its jobs' deadlines."""
+    sums its generator time, ``timers`` are its requests' deadlines."""
 
     key: GroupKey
     parts: list[Part]
@@ -188,12 +105,12 @@ class Batch:
     @property
     def groups(self) -> set[str]:
         """The identity groups with images in this batch."""
-        return {group_of(part.job.client) for part in self.parts}
+        return {group_of(part.request.client) for part in self.parts}
 
     def share_of(self, group: str) -> float:
         """``group``'s share of this batch's cost, 0 to 1 (how its time is split)."""
         total = sum(part.cost for part in self.parts)
-        mine = sum(part.cost for part in self.parts if group_of(part.job.client) == group)
+        mine = sum(part.cost for part in self.parts if group_of(part.request.client) == group)
         return mine / total if total > 0 else 0.0
 
     @property
@@ -202,28 +119,28 @@ class Batch:
             return self.idle.items
         return [item for part in self.parts for item in part.items]
 
-    def rows_of(self, job: Job) -> list[int]:
-        """The rows of ``job``'s images in this batch."""
+    def rows_of(self, request: QueuedRequest) -> list[int]:
+        """The rows of ``request``'s images in this batch."""
         rows: list[int] = []
         offset = 0
         for part in self.parts:
-            if part.job is job:
+            if part.request is request:
                 rows.extend(range(offset, offset + part.count))
             offset += part.count
         return rows
 
 
 class FairQueue:
-    """Jobs by priority, then by client FIFO; OrderedDict order is the round-robin order.
+    """Requests by priority, then by client FIFO; OrderedDict order is the round-robin order.
 
     ``slice_s`` is the time slice (``GENAUG_SLICE_MS``): the most credit a group joining gets
     over the least-served competitor (module docstring, 4)."""
 
     def __init__(self, *, slice_s: float = 0.0) -> None:
-        self._queues: dict[Priority, OrderedDict[str, deque[Job]]] = {
+        self._queues: dict[Priority, OrderedDict[str, deque[QueuedRequest]]] = {
             p: OrderedDict() for p in PRIORITIES
         }
-        self.images = 0  # images waiting, over all jobs
+        self.images = 0  # images waiting, over all requests
         self.slice_s = slice_s
         self._rotation: dict[str, int] = {}  # group -> turns taken, to rotate its clients
         self._served: dict[str, float] = {}  # group -> generator seconds served (measured)
@@ -231,8 +148,8 @@ class FairQueue:
 
     # -- adding and removing -------------------------------------------------------------
 
-    def push(self, job: Job) -> None:
-        group = group_of(job.client)
+    def push(self, request: QueuedRequest) -> None:
+        group = group_of(request.client)
         active = self._active()
         if not active:
             self._served.clear()  # nobody competing: everyone starts even
@@ -247,18 +164,18 @@ class FairQueue:
             if len(self._served) > _LEDGER_SIZE:  # many identities come and go: forget them
                 for g in [g for g in self._served if g not in active and g != group]:
                     del self._served[g]
-        self._queues[job.priority].setdefault(job.client, deque()).append(job)
-        self.images += job.pending
+        self._queues[request.priority].setdefault(request.client, deque()).append(request)
+        self.images += request.pending
 
     def hold(self, parts: list[Part]) -> None:
         """The batch of ``parts`` is in the pipeline (or paused) until :meth:`release`: its
         groups keep their ledger while they have nothing queued."""
-        for group in {group_of(p.job.client) for p in parts}:
+        for group in {group_of(p.request.client) for p in parts}:
             self._holding[group] = self._holding.get(group, 0) + 1
 
     def release(self, parts: list[Part]) -> None:
         """The batch of ``parts`` has ended (or failed)."""
-        for group in {group_of(p.job.client) for p in parts}:
+        for group in {group_of(p.request.client) for p in parts}:
             left = self._holding.get(group, 0) - 1
             if left > 0:
                 self._holding[group] = left
@@ -283,61 +200,61 @@ class FairQueue:
             return None
         return min(self.served(g) for g in groups)
 
-    def jobs(self) -> Iterator[Job]:
+    def queued(self) -> Iterator[QueuedRequest]:
         for queues in self._queues.values():
             for fifo in queues.values():
                 yield from fifo
 
     @property
     def requests(self) -> int:
-        """Jobs with images waiting."""
+        """Requests with images waiting."""
         return sum(len(fifo) for queues in self._queues.values() for fifo in queues.values())
 
     def has(self, priority: Priority) -> bool:
-        """Whether any job of ``priority`` has images waiting."""
+        """Whether any request of ``priority`` has images waiting."""
         return any(
-            job.pending for fifo in self._queues[priority].values() for job in fifo
+            request.pending for fifo in self._queues[priority].values() for request in fifo
         )
 
     def by_client(self) -> dict[str, int]:
-        """Images waiting per client identity (cancelled jobs not counted)."""
+        """Images waiting per client identity (cancelled requests not counted)."""
         out: dict[str, int] = {}
-        for job in self.jobs():
-            if job.pending and job.cancel_reason is None:
-                out[job.client] = out.get(job.client, 0) + job.pending
+        for request in self.queued():
+            if request.pending and request.cancel_reason is None:
+                out[request.client] = out.get(request.client, 0) + request.pending
         return out
 
-    def prune(self, now: float) -> list[Job]:
-        """Remove jobs that no longer need the pipeline (cancelled, expired); return those
+    def prune(self, now: float) -> list[QueuedRequest]:
+        """Remove requests that no longer need the pipeline (cancelled, expired); return those
         that still had images waiting, with their ``pending`` images given up."""
-        removed: list[Job] = []
+        removed: list[QueuedRequest] = []
         for queues in self._queues.values():
             for client in list(queues):
-                kept: deque[Job] = deque()
-                for job in queues[client]:
-                    if job.pending and job.alive(now):
-                        kept.append(job)
-                    elif job.pending:
-                        self.images -= job.pending
-                        removed.append(job)
+                kept: deque[QueuedRequest] = deque()
+                for request in queues[client]:
+                    if request.pending and request.alive(now):
+                        kept.append(request)
+                    elif request.pending:
+                        self.images -= request.pending
+                        removed.append(request)
                 if kept:
                     queues[client] = kept
                 else:
                     del queues[client]
         return removed
 
-    def drain(self) -> list[Job]:
-        """Remove and return every job (shutdown)."""
-        jobs = list(self.jobs())
+    def drain(self) -> list[QueuedRequest]:
+        """Remove and return every request (shutdown)."""
+        requests = list(self.queued())
         for queues in self._queues.values():
             queues.clear()
         self.images = 0
-        return jobs
+        return requests
 
     # -- choosing the next batch ---------------------------------------------------------
 
-    def head(self) -> tuple[Priority, str, Job] | None:
-        """The job that opens the next batch: in the highest priority with work, the group
+    def head(self) -> tuple[Priority, str, QueuedRequest] | None:
+        """The request that opens the next batch: in the highest priority with work, the group
         that has been served the least generator cost (ties: round-robin order), and within
         it the client whose turn it is."""
         for priority in PRIORITIES:
@@ -352,13 +269,13 @@ class FairQueue:
         return None
 
     def waiting(self, key: GroupKey) -> tuple[float, int]:
-        """(earliest admission time, images waiting) over the jobs of ``key``."""
+        """(earliest admission time, images waiting) over the requests of ``key``."""
         oldest = math.inf
         count = 0
-        for job in self.jobs():
-            if job.key == key:
-                oldest = min(oldest, job.admitted)
-                count += job.pending
+        for request in self.queued():
+            if request.key == key:
+                oldest = min(oldest, request.admitted)
+                count += request.pending
         return oldest, count
 
     def take(
@@ -368,7 +285,7 @@ class FairQueue:
         identity group per turn, and within a group (an API key's client ids) the clients in
         rotation. The group that opened the batch goes to the back of its priority.
 
-        Jobs handed their first image get ``started = now``.
+        Requests handed their first image get ``started = now``.
         """
         parts: dict[str, Part] = {}
         for priority in PRIORITIES:
@@ -380,25 +297,25 @@ class FairQueue:
                 if opener in groups:  # the group that opened the batch takes the first image
                     groups = {opener: groups.pop(opener), **groups}
                 for group, clients in groups.items():
-                    job = self._next_job(queues, group, clients, key)
-                    if job is None:
+                    request = self._next_request(queues, group, clients, key)
+                    if request is None:
                         continue
-                    part = parts.get(job.id)
+                    part = parts.get(request.id)
                     if part is None:
-                        part = parts[job.id] = Part(job, job.next_index, 0)
-                        if job.started is None:
-                            job.started = now
+                        part = parts[request.id] = Part(request, request.next_index, 0)
+                        if request.started is None:
+                            request.started = now
                     part.count += 1
-                    part.cost += image_cost(key, job.items[job.next_index])
-                    job.next_index += 1
+                    part.cost += image_cost(key, request.items[request.next_index])
+                    request.next_index += 1
                     self.images -= 1
                     capacity -= 1
                     took = True
-                    if not job.pending:
-                        fifo = queues[job.client]
-                        fifo.remove(job)
+                    if not request.pending:
+                        fifo = queues[request.client]
+                        fifo.remove(request)
                         if not fifo:
-                            del queues[job.client]
+                            del queues[request.client]
                     if not capacity:
                         break
                 if not took:
@@ -421,20 +338,22 @@ class FairQueue:
         if total <= 0 or seconds <= 0:
             return
         for part in parts:
-            group = group_of(part.job.client)
+            group = group_of(part.request.client)
             self._served[group] = self._served.get(group, 0.0) + seconds * part.cost / total
 
-    def _next_job(
-        self, queues: OrderedDict[str, deque[Job]], group: str, clients: list[str], key: GroupKey
-    ) -> Job | None:
-        """The job of ``key`` that gives ``group`` its image this turn: its clients take turns."""
+    def _next_request(
+        self, queues: OrderedDict[str, deque[QueuedRequest]], group: str, clients: list[str],
+        key: GroupKey,
+    ) -> QueuedRequest | None:
+        """The request of ``key`` that gives ``group`` its image this turn: its clients take
+        turns."""
         start = self._rotation.get(group, 0)
         for step in range(len(clients)):
             client = clients[(start + step) % len(clients)]
-            job = next((j for j in queues[client] if j.key == key and j.pending), None)
-            if job is not None:
+            request = next((j for j in queues[client] if j.key == key and j.pending), None)
+            if request is not None:
                 self._rotation[group] = start + step + 1
-                return job
+                return request
         return None
 
 
@@ -455,7 +374,7 @@ def group_of(client: str) -> str:
     return client
 
 
-def _groups(queues: OrderedDict[str, deque[Job]]) -> dict[str, list[str]]:
+def _groups(queues: OrderedDict[str, deque[QueuedRequest]]) -> dict[str, list[str]]:
     """Clients by group, groups in the order their first client stands in ``queues``."""
     out: dict[str, list[str]] = {}
     for client in queues:

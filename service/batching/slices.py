@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .queue import PRIORITIES, Batch, FairQueue, Job, Priority, group_of
+from .queue import Batch, FairQueue, group_of
+from .request import PRIORITIES, Priority, QueuedRequest
 
 _RANK = {p: i for i, p in enumerate(PRIORITIES)}
 
@@ -62,7 +63,7 @@ def yield_at(batch: Batch, queue: FairQueue, paused: Sequence[Batch], *,
 
 
 def pick(paused: Sequence[Batch], queue: FairQueue
-         ) -> Batch | tuple[Priority, str, Job] | None:
+         ) -> Batch | tuple[Priority, str, QueuedRequest] | None:
     """What runs next: a paused batch to resume, or the queue's head to open a batch.
 
     Highest priority first (a paused pool batch counts as bulk, ahead of every bulk
@@ -73,7 +74,7 @@ def pick(paused: Sequence[Batch], queue: FairQueue
     best: Batch | None = None
     best_rank: tuple[int, float] | None = None
     for batch in paused:  # oldest first: ties keep the oldest
-        if batch.idle is None and all(part.job.finished for part in batch.parts):
+        if batch.idle is None and all(part.request.finished for part in batch.parts):
             return batch  # nobody waits for it: it ends at its first step boundary
         served = -math.inf if batch.idle is not None else queue.served(batch.opener)
         rank = (_RANK[batch.priority], served)

@@ -162,7 +162,8 @@ def configured_model(settings: Settings) -> tuple[str, str] | None:
     read here. The hash is ``load_model``'s ``weights_hash``: a built-in is built on the CPU
     (small), a folder or file is hashed without loading it (``files_weights_hash``, which
     ``load_model`` hashes with too)."""
-    from ..pipeline.load import ModelLoadError, files_weights_hash, load_model
+    from ..pipeline.load import ModelLoadError, load_model
+    from ..pipeline.weights import files_weights_hash
 
     try:
         builtin = settings.builtin_model
@@ -208,7 +209,7 @@ def _unknown_prompts(store: PoolStore, pool: str, known: _Known, args: argparse.
                      settings: Settings) -> str:
     """Why the prompts of ``pool`` (which stores no recipe: written before pool schema 5)
     cannot be written, in one line naming the fix; "" when the recipe file given made it."""
-    first = next(iter(store.iter_records(pool)), None)
+    first = next(iter(store.reads.iter_records(pool)), None)
     if first is None or known.recipe_of(first.model_hash) is not None:
         return ""  # one model per pool id: the first image's hash is every image's
     path = args.recipes or settings.recipes
@@ -255,12 +256,12 @@ def run(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     try:
-        candidates = [p for p in store.pools() if p.startswith(args.recipe + "-")]
+        candidates = [p for p in store.reads.pools() if p.startswith(args.recipe + "-")]
         if args.pool:
             candidates = [p for p in candidates if p == args.pool]
         if not candidates:
             print(f"genaug export: {store.location} holds no pool of recipe "
-                  f"{args.recipe!r} (pools: {store.pools()})", file=sys.stderr)
+                  f"{args.recipe!r} (pools: {store.reads.pools()})", file=sys.stderr)
             return 1
         sizes = {p: sum(store.fill(p).values()) for p in candidates}
         chosen = max(candidates, key=lambda p: sizes[p])
@@ -268,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{len(candidates)} pools of {args.recipe!r} (other prompts or models): "
                   f"{sizes}; exporting the largest, {chosen} (choose with --pool)")
         settings = pool_settings(args)
-        stored = store.stored_recipe(chosen)
+        stored = store.recipe_specs.read(chosen)
         if stored is not None:  # what made the pool, from the pool: no file can disagree
             known = _Known(chosen, stored, None, None, matches=True)
         else:
@@ -286,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
         rows: list[str] = []
         written: set[str] = set()
         model_hashes: dict[str, str | None] = {}
-        for record in store.iter_records(chosen):
+        for record in store.reads.iter_records(chosen):
             file = f"{record.label}/{record.seed}.png"
             folder = out / record.label
             folder.mkdir(parents=True, exist_ok=True)

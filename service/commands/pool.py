@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..jobs.queries import JobQueries
 from ._pool_args import open_store, pool_location
 
 
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     try:
-        pools = store.pools()
+        pools = store.reads.pools()
         if args.pool_command == "list":
             for pid in pools:
                 stats = store.stats(pid)
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
                   f"it has: {', '.join(pools) or 'none'} (exact ids, see `genaug pool list`)",
                   file=sys.stderr)
             return 1
-        gone = store.drop_pool(args.pool_id)
+        # its live fill jobs fail in the same transaction
+        gone = store.drop_pool(args.pool_id, also=JobQueries(store).fail_live)
         print(f"dropped pool {args.pool_id}: {gone} images deleted")
         return 0
     finally:

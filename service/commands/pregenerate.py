@@ -174,27 +174,31 @@ def _pregenerate_remote(args: argparse.Namespace) -> int:
             return 1
 
 
-#: A job's states once it ended (the service's); the follower stops at them.
-_ENDED = ("done", "stopped", "failed", "cancelled")
+#: Seconds between the follower's polls (of the job, then of the recipe's fill).
+_POLL_S = 0.5
 
 
 def _follow(client: Any, args: argparse.Namespace, job_id: str) -> int:
     """Follow the fill's job until it ends, a bar per label it asked (images held toward the
-    fill asked, or gained toward the budget); its state is the exit status."""
+    fill asked, or gained toward the budget); its state is the exit status. The client's
+    ``wait_job`` polls and decides when the job ended; the bars follow its polls."""
     from genaug.client import GenaugError
 
-    job = client.job(job_id)
-    labels = job["labels"]
-    targets = {label: int(c["asked"]) for label, c in labels.items() if int(c["asked"]) > 0}
-    bars = _bars(targets or {label: 0 for label in labels}, _held_and_stopped(job)[0])
+    bars: dict[str, Any] = {}
+    targets: dict[str, int] = {}
+
+    def draw(job: dict[str, Any]) -> None:
+        held, stopped = _held_and_stopped(job)
+        if not bars:  # the first poll: a bar per label, each from what the label held then
+            labels = job["labels"]
+            targets.update((label, int(c["asked"])) for label, c in labels.items()
+                           if int(c["asked"]) > 0)
+            bars.update(_bars(targets or {label: 0 for label in labels}, held))
+        _update(bars, held, stopped)
+
     try:
-        while True:
-            held, stopped = _held_and_stopped(job)
-            _update(bars, held, stopped)
-            if job["state"] in _ENDED:
-                break
-            time.sleep(0.5)
-            job = client.job(job_id)
+        job = client.wait_job(job_id, poll_s=_POLL_S, progress=False, on_update=draw)
+        held, stopped = _held_and_stopped(job)
         if job["state"] == "stopped" and job["kind"] == "per_label":
             # The job ends at the first label it needs that the judge stopped; the service
             # goes on filling the others to their targets, and this command waits for them
@@ -232,7 +236,7 @@ def _fill_the_rest(client: Any, recipe: str, bars: dict[str, Any], held: dict[st
     ``stopped`` are updated in place (a label may stop meanwhile)."""
     while any(label not in stopped and held.get(label, 0) < target
               for label, target in targets.items()):
-        time.sleep(0.5)
+        time.sleep(_POLL_S)
         detail = client.recipe(recipe)
         for label, target in targets.items():
             held[label] = max(held.get(label, 0), min(int(detail["fill"].get(label, 0)), target))
@@ -364,7 +368,7 @@ def _fill_in_process(args: argparse.Namespace, settings: Settings, recipe: Any,
     planner = PoolPlanner(recipes, store, model_hash=pool_model_hash(model),
                           pregenerate=False, data_root=settings.data_root,
                           judges=build_judges(recipes, settings.data_root, model.device))
-    planner.raise_target(args.recipe, args.per_label, shared=False)
+    planner.raise_target(args.recipe, args.per_label)
     pid = planner.pool_ids[args.recipe]
     targets = dict.fromkeys(recipe.label_names, args.per_label)
     bars = _bars(targets, _fill_or_empty(store, pid))

@@ -436,15 +436,6 @@ def build_api_models(
             VerdictRequest, limits, name=f"VerdictRequest{suffix}",
             doc=f"``POST /v1/recipes/{name}/verdicts``: a person rejects (keep false) or "
                 f"restores (keep true) images of one label of {name!r}, by seed.")
-    return ApiModels(
-        generate=generate,
-        variants=variants,
-        sample=sample,
-        fill=fill,
-        feedback=feedback,
-        verdicts=verdicts,
-        hints=hints(s),
-        defaults=defaults,
-        adapters=tuple(adapters),
-        max_side=s.max_side,
-    )
+    return ApiModels(generate=generate, variants=variants, sample=sample, fill=fill,
+                     feedback=feedback, verdicts=verdicts, hints=hints(s), defaults=defaults,
+                     adapters=tuple(adapters), max_side=s.max_side)

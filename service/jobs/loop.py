@@ -1,10 +1,10 @@
 """The service's job loop: move live jobs on and deliver the webhooks of those that ended.
 
-Every :data:`JOB_POLL_S` seconds, and soon after images are stored, the loop asks the
-planner's :class:`~genaug.service.pool.job_runner.JobRunner` to move every live job of this
-replica's pools (a job ends ``done`` or ``stopped`` on exactly one replica: the store's
-conditional update), then claims the pool's pending webhooks with a lease
-(:meth:`~genaug.service.pool.jobs.JobQueries.claim_webhook`) and hands each to the
+Every :data:`JOB_POLL_S` seconds, and soon after images are stored, the loop asks
+:class:`~genaug.service.jobs.fill_jobs.FillJobs` to move every live job of this replica's
+pools (a job ends ``done`` or ``stopped`` on exactly one replica: the store's conditional
+update), then to claim the pool's pending webhooks with a lease
+(:meth:`~genaug.service.jobs.fill_jobs.FillJobs.deliveries`) and hands each to the
 :class:`~genaug.service.jobs.webhooks.WebhookSender`. A delivery's end is recorded in the pool
 (delivered or failed); a replica that stops mid-delivery leaves its claim to expire, and another
 replica (or this one after a restart) delivers it. So each ended job's webhook is sent by one
@@ -18,7 +18,7 @@ which generates on its own threads.
 
 Example::
 
-    loop = JobLoop(planner, sender)   # sender None: webhooks off (GENAUG_WEBHOOK_HOSTS empty)
+    loop = JobLoop(fill_jobs, sender)  # sender None: webhooks off (GENAUG_WEBHOOK_HOSTS empty)
     loop.start()                      # on the event loop
     ...
     await loop.stop()
@@ -31,12 +31,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..pool.types import Job, PoolError
-from .view import job_view
+from ..pool.types import PoolError
+from .types import Job
+from .view import JobView
 from .webhooks import WebhookSender
 
 if TYPE_CHECKING:
-    from ..pool.planner import PoolPlanner
+    from .fill_jobs import FillJobs
 
 __all__ = ["JOB_POLL_S", "JobLoop"]
 
@@ -47,12 +48,12 @@ JOB_POLL_S = 1.0
 
 
 class JobLoop:
-    """Follows ``planner``'s jobs and delivers their webhooks through ``sender`` (None:
+    """Follows ``jobs``' fill jobs and delivers their webhooks through ``sender`` (None:
     webhooks off; jobs still end)."""
 
-    def __init__(self, planner: PoolPlanner, sender: WebhookSender | None,
+    def __init__(self, jobs: FillJobs, sender: WebhookSender | None,
                  *, poll_s: float = JOB_POLL_S) -> None:
-        self.planner = planner
+        self.jobs = jobs
         self.sender = sender
         self.poll_s = poll_s
         self._task: asyncio.Task[None] | None = None
@@ -98,22 +99,18 @@ class JobLoop:
     async def once(self) -> list[Job]:
         """One round: move live jobs on, hand pending webhooks to the sender; the jobs this
         round ended."""
-        ended = await asyncio.to_thread(self.planner.jobs.advance)
+        ended = await asyncio.to_thread(self.jobs.advance)
         if self.sender is not None:
-            store = self.planner.store
             # The claim is the store's lease, renewed by its heartbeat while this replica
             # lives and handed back when it stops: a restart delivers at once, and a replica
             # that died leaves it to the others after one lease (GENAUG_POOL_LEASE_S).
-            claimed = await asyncio.to_thread(store.claim_webhook, store.owner, store.lease_s)
-            for job in claimed:
-                self._deliver(job)
+            for job, view in await asyncio.to_thread(self.jobs.deliveries):
+                self._deliver(job, view)
         return ended
 
-    def _deliver(self, job: Job) -> None:
+    def _deliver(self, job: Job, view: JobView) -> None:
         assert self.sender is not None and job.notify_url is not None
-        runner = self.planner.jobs
-        store = self.planner.store
-        progress = runner.progress_of(job)
+        jobs = self.jobs
         loop = asyncio.get_running_loop()
 
         def record(write: Callable[[], object]) -> None:
@@ -123,14 +120,14 @@ class JobLoop:
             task.add_done_callback(self._recording.discard)
 
         def attempted(at: float) -> None:
-            record(lambda: store.webhook_attempted(job.id, at))
+            record(lambda: jobs.attempted(job.id, at))
 
         def done(delivered: bool) -> None:
-            record(lambda: store.finish_webhook(job.id, delivered, owner=store.owner))
+            record(lambda: jobs.delivered(job.id, delivered))
 
         # The job's id is the delivery's: the same on a retry, after a restart, from any
         # replica, so a receiver drops what it already handled. Its window runs from the
         # first attempt any replica made (stored with the job), restarts included.
-        self.sender.submit(job.notify_url, job_view(job, progress), on_result=done,
+        self.sender.submit(job.notify_url, view.model_dump(mode="json"), on_result=done,
                            delivery=job.id, first_attempt_at=job.webhook_first,
                            on_attempt=attempted)

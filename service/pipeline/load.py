@@ -56,10 +56,10 @@ from .weights import (
     PickleRefused,
     compare_shapes,
     find_unet_state,
-    hash_files,
     hash_pipeline_state,
+    hash_source_files,
+    hash_unet_override,
     read_checkpoint,
-    weight_files,
 )
 
 if TYPE_CHECKING:
@@ -224,31 +224,6 @@ def load_model(
         dtype=torch_dtype,
         trained_on=trained_on,
     )
-
-
-def hash_source_files(hasher: Any, source: Path) -> None:
-    """Feed a folder's weight files (diffusers layout) or a single checkpoint file to
-    ``hasher``: the part of ``weights_hash`` a model path contributes."""
-    if source.is_dir():
-        hash_files(weight_files(source), root=source, hasher=hasher)
-    else:
-        hash_files([source], hasher=hasher)
-
-
-def hash_unet_override(hasher: Any, unet_weights: Path) -> None:
-    """Feed a fine-tuned UNet (GENAUG_UNET_WEIGHTS) to ``hasher``, after the model's files."""
-    hasher.update(b"\0unet-override\0")
-    hash_files([unet_weights], hasher=hasher)
-
-
-def files_weights_hash(source: Path, unet_weights: Path | None = None) -> str:
-    """:func:`load_model`'s ``weights_hash`` of a model folder or file (and a UNet override),
-    read from the files without loading them (``genaug export`` names a pool's model by it)."""
-    hasher = hashlib.blake2b(digest_size=8)
-    hash_source_files(hasher, source)
-    if unet_weights is not None:
-        hash_unet_override(hasher, unet_weights.expanduser())
-    return hasher.hexdigest()
 
 
 def _read_trained_on(folder: Path) -> dict[str, Any] | None:

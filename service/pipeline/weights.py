@@ -22,8 +22,10 @@ its settings, the command its flags).
 
 Hashing: :func:`hash_files` streams files into a blake2b hash (16 hex chars), for the model's
 ``weights_hash`` and each LoRA adapter's hash; :func:`hash_pipeline_state` feeds it the tensors
-of a pipeline built in memory (the built-in tiny models). torch is imported only when a
-function needs it.
+of a pipeline built in memory (the built-in tiny models); :func:`hash_source_files` and
+:func:`hash_unet_override` feed it a model path and a UNet override, and
+:func:`files_weights_hash` gives ``load_model``'s ``weights_hash`` of a model path without
+loading it (``genaug export``). torch is imported only when a function needs it.
 
 Example::
 
@@ -60,9 +62,12 @@ __all__ = [
     "PickleRefused",
     "ShapeDiff",
     "compare_shapes",
+    "files_weights_hash",
     "find_unet_state",
     "hash_files",
     "hash_pipeline_state",
+    "hash_source_files",
+    "hash_unet_override",
     "read_checkpoint",
     "strip_prefixes",
     "weight_files",
@@ -398,3 +403,29 @@ def hash_pipeline_state(hasher: Any, pipeline: Any) -> None:
             header = f"{name}.{key}|{tensor.dtype}|{tuple(tensor.shape)}\0"
             hasher.update(header.encode())
             hasher.update(tensor.view(torch.uint8).numpy().tobytes())
+
+
+def hash_source_files(hasher: Any, source: Path) -> None:
+    """Feed a folder's weight files (diffusers layout) or a single checkpoint file to
+    ``hasher``: the part of ``weights_hash`` a model path contributes."""
+    if source.is_dir():
+        hash_files(weight_files(source), root=source, hasher=hasher)
+    else:
+        hash_files([source], hasher=hasher)
+
+
+def hash_unet_override(hasher: Any, unet_weights: Path) -> None:
+    """Feed a fine-tuned UNet (GENAUG_UNET_WEIGHTS) to ``hasher``, after the model's files."""
+    hasher.update(b"\0unet-override\0")
+    hash_files([unet_weights], hasher=hasher)
+
+
+def files_weights_hash(source: Path, unet_weights: Path | None = None) -> str:
+    """:func:`~genaug.service.pipeline.load.load_model`'s ``weights_hash`` of a model folder or
+    file (and a UNet override), read from the files without loading them (``genaug export``
+    names a pool's model by it)."""
+    hasher = hashlib.blake2b(digest_size=8)
+    hash_source_files(hasher, source)
+    if unet_weights is not None:
+        hash_unet_override(hasher, unet_weights.expanduser())
+    return hasher.hexdigest()

@@ -5,7 +5,7 @@ Each image has the judge's ``score`` (NULL: not judged), the judge's keep flag `
 ``verdict`` (NULL: none; ``reject``; ``restore``, which overrides the judge's reject). An image
 is *accepted* (sampleable) iff a person restored it, or no person rejected it and the judge
 kept it; the column ``accepted`` holds that, kept up to date by
-:meth:`~genaug.service.pool.store.PoolStore.add` and :meth:`CurationQueries.verdict` under the
+:meth:`~genaug.service.pool.store.PoolStore.add` and :meth:`Curation.verdict` under the
 label's lock. Everything that counts a label's fill counts accepted images only (the store's
 ``reserve``, ``fill``, ``stats`` and the capacity), and ``sample`` never returns a rejected
 image. Rejected images (by the judge or a person) keep no room of the accepted ones; they are
@@ -14,10 +14,10 @@ so a label whose judge rejects most images cannot grow the pool without limit.
 ``counters.judged_total`` and ``counters.accepted_total`` count what the judge ever scored and
 kept (lifetime: eviction does not lower them).
 
-:class:`CurationQueries` is a mixin of :class:`~genaug.service.pool.store.PoolStore` (its
-methods are the store's: ``store.verdict(...)``); it declares the hooks it uses, which the
-store defines. A verdict is a writer and keeps the store's lock protocol: the label's counter
-row lock first (``_lock_label``), then the change and the eviction in one transaction.
+:class:`Curation` composes over the store (``store.curation.verdict(...)``) through its units
+of work (:mod:`~genaug.service.pool.unit_of_work`). A verdict is a writer and keeps the
+store's lock protocol: the label's counter lock first (the unit of work's ``locks``), then the
+change and the eviction in one transaction.
 """
 
 from __future__ import annotations
@@ -25,34 +25,31 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from .types import BrowsePage, PoolImage, VerdictResult
 
-__all__ = ["BROWSE_MAX", "CurationQueries"]
+if TYPE_CHECKING:
+    from .unit_of_work import Units
+
+__all__ = ["BROWSE_MAX", "Curation"]
 
 log = logging.getLogger("genaug.service.pool.store")  # the store's messages, one logger
 
-#: Most images one :meth:`CurationQueries.browse` page returns.
+#: Most images one :meth:`Curation.browse` page returns.
 BROWSE_MAX = 500
 
 
-class CurationQueries:
+class Curation:
     """``verdict``, ``browse`` and ``image``: the queries behind the pool page and
-    ``POST /v1/recipes/{name}/verdicts``; mixed into
-    :class:`~genaug.service.pool.store.PoolStore`."""
+    ``POST /v1/recipes/{name}/verdicts``, over the store's units of work
+    (``store.curation``)."""
 
-    if TYPE_CHECKING:  # hooks: PoolStore defines them
-        _CHUNK: ClassVar[int]
-
-        def _tx(self, *, write: bool) -> AbstractContextManager[Any]: ...
-        def _exec(self, conn: Any, sql: str, params: Sequence[Any] = ()) -> Any: ...
-        def _lock_label(self, conn: Any, pool_id: str, label: str) -> int: ...
-        def _evict(self, conn: Any, pool_id: str, label: str) -> int: ...
+    def __init__(self, store: Units) -> None:
+        self.store = store
 
     def verdict(
         self, pool_id: str, label: str, seeds: Sequence[int], *, keep: bool
@@ -68,13 +65,11 @@ class CurationQueries:
         """
         wanted = list(dict.fromkeys(int(s) for s in seeds))
         now = time.time()
-        with self._tx(write=True) as conn:
-            self._lock_label(conn, pool_id, label)
+        with self.store.unit_of_work(write=True, locks={pool_id: [label]}) as uow:
             found: dict[int, list[tuple[int, bool, str | None]]] = {}
-            for lo in range(0, len(wanted), self._CHUNK):
-                part = wanted[lo : lo + self._CHUNK]
-                for image_id, seed, judge_keep, verdict in self._exec(
-                    conn,
+            for lo in range(0, len(wanted), uow.chunk):
+                part = wanted[lo : lo + uow.chunk]
+                for image_id, seed, judge_keep, verdict in uow.execute(
                     "SELECT id, seed, judge_keep, verdict FROM images WHERE pool_id = ?"
                     f" AND label = ? AND seed IN ({','.join('?' * len(part))})",
                     [pool_id, label, *part],
@@ -96,16 +91,15 @@ class CurationQueries:
                         updates.setdefault((new, int(keep)), []).append(image_id)
                 (changed if moved else unchanged).append(seed)
             for (new, accepted), ids in updates.items():
-                for lo in range(0, len(ids), self._CHUNK):
-                    part = ids[lo : lo + self._CHUNK]
-                    self._exec(
-                        conn,
+                for lo in range(0, len(ids), uow.chunk):
+                    part = ids[lo : lo + uow.chunk]
+                    uow.execute(
                         "UPDATE images SET verdict = ?, accepted = ?, verdict_at = ?"
                         f" WHERE id IN ({','.join('?' * len(part))})",
                         [new, accepted, now, *part],
                     )
             if updates:
-                self._evict(conn, pool_id, label)
+                uow.evict(pool_id, label)
         if changed:
             log.info("pool %s label %s: a person %s %d image(s)", pool_id, label,
                      "restored" if keep else "rejected", len(changed))
@@ -122,11 +116,10 @@ class CurationQueries:
                              f"{limit}")
         where = "pool_id = ? AND label = ? AND accepted = ?"
         params = (pool_id, label, 0 if rejected else 1)
-        with self._tx(write=False) as conn:
-            (total,) = self._exec(
-                conn, f"SELECT COUNT(*) FROM images WHERE {where}", params).fetchone()
-            rows = self._exec(
-                conn,
+        with self.store.unit_of_work(write=False) as uow:
+            (total,) = uow.execute(
+                f"SELECT COUNT(*) FROM images WHERE {where}", params).fetchone()
+            rows = uow.execute(
                 "SELECT seed, score, created, served, judge_keep, verdict FROM images"
                 f" WHERE {where} ORDER BY score IS NULL, score, id LIMIT ? OFFSET ?",
                 (*params, limit, offset),
@@ -140,9 +133,8 @@ class CurationQueries:
     def image(self, pool_id: str, label: str, seed: int) -> npt.NDArray[np.uint8] | None:
         """The pixels (uint8 [h, w, c]) of ``label``'s image with ``seed``, accepted or not,
         without counting it served; None when there is none (the oldest when several)."""
-        with self._tx(write=False) as conn:
-            row = self._exec(
-                conn,
+        with self.store.unit_of_work(write=False) as uow:
+            row = uow.execute(
                 "SELECT i.height, i.width, i.channels, d.data FROM images AS i JOIN image_data"
                 " AS d ON d.id = i.id WHERE i.pool_id = ? AND i.label = ? AND i.seed = ?"
                 " ORDER BY i.id LIMIT 1",
@@ -152,21 +144,3 @@ class CurationQueries:
             return None
         h, w, c, data = row
         return np.frombuffer(bytes(data), np.uint8).reshape(int(h), int(w), int(c)).copy()
-
-
-def _judged(
-    n: int, scores: Sequence[float] | None, keep: Sequence[bool] | None
-) -> tuple[list[float | None], list[bool]]:
-    """The judge's scores and keep flags of ``n`` images, checked (None: not judged, kept)."""
-    if scores is None:
-        if keep is not None:
-            raise ValueError("keep flags need the judge's scores (scores=...)")
-        return [None] * n, [True] * n
-    score_list: list[float | None] = [float(x) for x in np.asarray(scores).reshape(-1)]
-    keep_list = [True] * n if keep is None else [bool(k) for k in np.asarray(keep).reshape(-1)]
-    if len(score_list) != n or len(keep_list) != n:
-        raise ValueError(f"{len(score_list)} scores and {len(keep_list)} keep flags for {n} "
-                         "images")
-    if not all(np.isfinite(x) for x in score_list if x is not None):
-        raise ValueError(f"scores must be finite numbers, got {score_list}")
-    return score_list, keep_list

@@ -31,11 +31,11 @@ planned or given a fill budget; :meth:`PoolPlanner.stopped` is this replica's st
 replica's in the pool: :mod:`~genaug.service.pool.stops`). The planner keeps the planning and
 wires them.
 
-Jobs. A shared fill (``raise_target``, ``spend``) is a job
-(:mod:`~genaug.service.pool.jobs`), stored with its targets in one transaction;
-:attr:`PoolPlanner.jobs` (:mod:`~genaug.service.pool.job_runner`) reads a job's progress
-(:mod:`~genaug.service.pool.job_progress`), moves it on (done, stopped) and cancels it.
-Each stored image keeps what made it (:class:`~genaug.service.pool.types.Provenance`: steps,
+Fills. A shared fill is a job of the jobs room (:mod:`genaug.service.jobs`), which stores it
+with the shared targets the planner works out for it (:meth:`PoolPlanner.plan_fill`,
+:meth:`PoolPlanner.plan_budget`) in one transaction; in-process ``genaug pregenerate`` raises
+this planner's own targets (:meth:`PoolPlanner.raise_target`). Each stored image keeps what
+made it (:class:`~genaug.service.pool.types.Provenance`: steps,
 guidance, strength, the adapter's and the judge's hashes).
 
 Variants. A label with ``images: <folder>`` is filled with img2img variants of the folder's
@@ -74,13 +74,12 @@ from ..recipes.sources import SourceImage, load_label_sources, sources_digest
 from ..recipes.spec import Recipe, pool_id
 from .acceptance import AcceptanceStop
 from .choice import allocate, choose_label, label_score, label_weight
-from .job_runner import JobRunner
 from .need import NeedBoard
 from .outcomes import BatchOutcomes
 from .stops import SharedStops, judge_keys
 from .store import PoolStore
 from .targets import DemandBoard, asked_fill, fill_target, label_limit
-from .types import Job, LabelStats, PoolConnectionError, PoolError, Provenance, Reservation
+from .types import LabelStats, PoolConnectionError, PoolError, Provenance, Reservation
 
 if TYPE_CHECKING:
     from ..judge import Judge
@@ -163,8 +162,6 @@ class PoolPlanner:
             recipes, self.judges, data_root, self._adapter_hash)
         self.stops = SharedStops(store, self.pool_ids, self._stop_keys)
         self._acceptance = AcceptanceStop(recipes, record=self.stops.record)
-        #: Follows the jobs of these pools (:mod:`~genaug.service.pool.job_runner`).
-        self.jobs = JobRunner(self)
         # The wake callback is read when called: connect() may replace it later.
         self._outcomes = BatchOutcomes(
             store, model_hash=model_hash, judges=self.judges, added=self._images_added,
@@ -178,7 +175,7 @@ class PoolPlanner:
         ``--recipes``), never the start itself."""
         try:
             for name, pid in self.pool_ids.items():
-                self.store.record_recipe(pid, self.recipes[name])
+                self.store.recipe_specs.record(pid, self.recipes[name])
         except PoolError as exc:
             log.warning("pool %s: could not record its recipes' specs now (%s); the next "
                         "start does", self.store.location, exc)
@@ -208,21 +205,26 @@ class PoolPlanner:
                            sources=len(self.sources[name][label]),
                            variants_per_image=spec.variants_per_image)
 
-    def add_demand(self, name: str, labels: Sequence[str], per_label: float) -> None:
-        """Note that ``per_label`` images of each label were asked for (by a sample)."""
-        self._demand.add(name, labels, per_label, now=time.monotonic())
+    def add_demand(self, name: str, labels: Sequence[str], each: float) -> None:
+        """Note that ``each`` images of each label were asked for (by a sample)."""
+        self._demand.add(name, labels, each, now=time.monotonic())
 
     def report_need(self, name: str, client: str, need: Mapping[str, float]) -> None:
         """Replace ``client``'s need for ``name``'s labels (see :class:`NeedBoard`)."""
         self.need.report(name, client, need)
         self._wake(0.0)
 
-    def raise_target(self, name: str, per_label: int, *, shared: bool = True,
-                     notify_url: str | None = None) -> Job | None:
-        """Fill ``name``'s labels to at least ``per_label`` images. ``shared`` records the
-        target in the pool for every replica (``/fill``) with its job (returned; each label
-        asked at most its limit); in-process ``genaug pregenerate`` keeps it to itself (None).
-        Blocking with ``shared``: call it from a thread."""
+    def raise_target(self, name: str, per_label: int) -> None:
+        """Fill ``name``'s labels to at least ``per_label`` images, for this planner alone
+        (in-process ``genaug pregenerate``; a shared fill is a job:
+        :class:`~genaug.service.jobs.fill_jobs.FillJobs`)."""
+        self._check_per_label(per_label)
+        targets = self._targets[name]
+        for label in targets:
+            targets[label] = max(targets[label], per_label)
+        self._wake(0.0)
+
+    def _check_per_label(self, per_label: int) -> None:
         capacity = self.store.capacity_per_label
         if per_label > capacity:
             raise InvalidRequestError(
@@ -230,25 +232,18 @@ class PoolPlanner:
                 "for fewer or set GENAUG_POOL_CAPACITY_PER_LABEL",
                 field="per_label",
             )
-        targets = self._targets[name]
-        job = None
-        if shared:
-            job = self.store.create_job(
-                self.pool_ids[name], name, "per_label",
-                {label: min(per_label, self._limit(name, label)) for label in targets},
-                targets=dict.fromkeys(targets, per_label), notify_url=notify_url)
-        else:
-            for label in targets:
-                targets[label] = max(targets[label], per_label)
-        self._wake(0.0)
-        return job
 
-    def spend(self, name: str, images: int) -> dict[str, int]:
-        """:meth:`spend_job`'s shares (the job is listed with the others)."""
-        return self.spend_job(name, images)[1]
+    def plan_fill(self, name: str, per_label: int) -> tuple[dict[str, int], dict[str, int]]:
+        """A shared fill of every label of ``name`` to ``per_label``: ``(asked, targets)``,
+        what each label is asked to hold (at most its limit: its capacity, or for real images
+        images x variants) and the shared target it is raised to."""
+        self._check_per_label(per_label)
+        labels = self._targets[name]
+        return ({label: min(per_label, self._limit(name, label)) for label in labels},
+                dict.fromkeys(labels, per_label))
 
-    def spend_job(self, name: str, images: int, *,
-                  notify_url: str | None = None) -> tuple[Job, dict[str, int]]:
+    def plan_budget(self, name: str, images: int
+                    ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
         """Ask for ``images`` more images of ``name`` than are asked for now, split over its
         labels by their weights (:func:`label_weight`: recent demand and the trainers'
         combined need) with :func:`allocate`, each within its room: its limit (see
@@ -257,8 +252,9 @@ class PoolPlanner:
         before background pre-generation: on a pre-generating service, whose every label is
         already headed for the capacity, the budget moves that many images of the remaining
         work forward, by need. When the room is less than ``images``, the room is asked for
-        (the answer says how many). Returns the job (an ``images`` job over the labels given
-        a share, stored with their targets in one transaction) and the shares. Raises
+        (the answer says how many). Returns ``(shares, targets, allocation)``: the labels
+        given a share, the shared target each is raised to (the job's, stored with it in one
+        transaction) and every label's share. Raises
         :class:`~genaug.service.errors.PoolFullError` (409: it depends on the pool, not on the
         body) only when no label has room left. Blocking: call it from a thread."""
         recipe = self.recipes[name]
@@ -293,12 +289,7 @@ class PoolPlanner:
                    for label in stats}
         alloc = allocate(images, room, weights)
         shares = {label: count for label, count in alloc.items() if count > 0}
-        job = self.store.create_job(
-            pid, name, "images", shares,
-            targets={label: base[label] + count for label, count in shares.items()},
-            notify_url=notify_url)
-        self._wake(0.0)
-        return job, alloc
+        return shares, {label: base[label] + count for label, count in shares.items()}, alloc
 
     def _demand_now(self, name: str, labels: Sequence[str], now: float) -> dict[str, float]:
         return self._demand.current(name, labels, now=now)

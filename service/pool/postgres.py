@@ -36,9 +36,8 @@ from typing import Any
 import numpy as np
 
 from .draw import decode_rows, empty_sample
-from .jobs import job_tables
-from .recipe_specs import recipe_table
 from .store import PoolStore
+from .tables import schema_tables
 from .types import (
     DEFAULT_LEASE_S,
     SCHEMA_VERSION,
@@ -122,10 +121,9 @@ _SCHEMA = [
         expires     DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS reservations_pool_label ON reservations (pool_id, label)",
     "CREATE INDEX IF NOT EXISTS reservations_owner ON reservations (owner)",
-    # Version 4: fills handed off as jobs, and the judge's stops, shared by every replica.
-    *job_tables(real="DOUBLE PRECISION"),
-    # Version 5: the recipe spec that made each pool.
-    recipe_table(real="DOUBLE PRECISION"),
+    # Version 4: fills handed off as jobs, and the judge's stops, shared by every replica;
+    # version 5: the recipe spec that made each pool.
+    *schema_tables(real="DOUBLE PRECISION"),
 ]
 
 #: Upgrades, by the version they start from. PostgreSQL pools start at version 2 (the first
@@ -348,13 +346,8 @@ class PostgresPoolStore(PoolStore):
                 (str(SCHEMA_VERSION),),
             )
 
-    def sample(
-        self,
-        pool_id: str,
-        labels: Sequence[str],
-        n: int,
-        rng: np.random.Generator | None = None,
-    ) -> PoolSample:
+    def sample(self, pool_id: str, labels: Sequence[str], n: int,
+               rng: np.random.Generator | None = None) -> PoolSample:
         """As :meth:`PoolStore.sample` (accepted images only), in four round trips whatever the
         pool's size: the database ranks and draws (its ``random()``, so ``rng`` is not used),
         pixels come back in binary (``bytea`` as text would be hex, twice the bytes), and the

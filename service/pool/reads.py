@@ -1,21 +1,24 @@
 """Whole-database reads of the pool store: listing, export, plan checks, integrity.
 
-:class:`PoolReads` is a mixin of :class:`~genaug.service.pool.store.PoolStore` (its methods are
-the store's: ``store.pools()``). These queries take no lock and count nothing served: each
-reads one snapshot (``iter_images`` and ``iter_records`` one per chunk), so they sit apart
-from the store's lock protocol. ``genaug pool list``, ``genaug export`` and the tests use them.
+:class:`PoolReads` composes over :class:`~genaug.service.pool.store.PoolStore`
+(``store.reads.pools()``) through its units of work. These queries take no lock and count
+nothing served: each reads one snapshot (``iter_images`` and ``iter_records`` one per
+chunk), so they sit apart from the store's lock protocol. ``genaug pool list``, ``genaug
+export`` and the tests use them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .types import PoolRecord, Provenance
+
+if TYPE_CHECKING:
+    from .unit_of_work import Units
 
 __all__ = ["PoolReads"]
 
@@ -37,19 +40,16 @@ def _pixels(data: Any, h: int, w: int, c: int) -> npt.NDArray[np.uint8]:
 
 
 class PoolReads:
-    """``pools``, ``iter_images``, ``iter_records``, ``plan_indices`` and
-    ``integrity_check``; mixed into
-    :class:`~genaug.service.pool.store.PoolStore`."""
+    """``pools``, ``iter_images``, ``iter_records`` and ``plan_indices`` over the store's
+    units of work (``store.reads``)."""
 
-    if TYPE_CHECKING:  # hooks: PoolStore defines them
-        def _tx(self, *, write: bool) -> AbstractContextManager[Any]: ...
-        def _exec(self, conn: Any, sql: str, params: Sequence[Any] = ()) -> Any: ...
+    def __init__(self, store: Units) -> None:
+        self.store = store
 
     def pools(self) -> list[str]:
         """Every pool id in the database, sorted."""
-        with self._tx(write=False) as conn:
-            rows = self._exec(
-                conn,
+        with self.store.unit_of_work(write=False) as uow:
+            rows = uow.execute(
                 "SELECT pool_id FROM counters UNION SELECT pool_id FROM images ORDER BY 1",
             ).fetchall()
         return [str(r[0]) for r in rows]
@@ -62,9 +62,8 @@ class PoolReads:
         last = 0
         only = "" if include_rejected else " AND i.accepted = 1"
         while True:
-            with self._tx(write=False) as conn:
-                rows = self._exec(
-                    conn,
+            with self.store.unit_of_work(write=False) as uow:
+                rows = uow.execute(
                     f"SELECT {columns} FROM images AS i JOIN image_data AS d ON d.id = i.id"
                     f" WHERE i.pool_id = ? AND i.id > ?{only} ORDER BY i.id LIMIT ?",
                     (pool_id, last, chunk),
@@ -111,9 +110,8 @@ class PoolReads:
 
     def plan_indices(self, pool_id: str) -> dict[str, list[int]]:
         """Stored plan indices per label, sorted (images added without one are left out)."""
-        with self._tx(write=False) as conn:
-            rows = self._exec(
-                conn,
+        with self.store.unit_of_work(write=False) as uow:
+            rows = uow.execute(
                 "SELECT label, plan_index FROM images WHERE pool_id = ? AND plan_index IS NOT"
                 " NULL ORDER BY label, plan_index",
                 (pool_id,),
@@ -122,14 +120,3 @@ class PoolReads:
         for label, index in rows:
             out.setdefault(str(label), []).append(int(index))
         return out
-
-    def integrity_check(self) -> str:
-        """``"ok"`` for a sound database, else what is wrong (orphan pixels or rows)."""
-        with self._tx(write=False) as conn:
-            (orphans,) = self._exec(
-                conn,
-                "SELECT (SELECT COUNT(*) FROM image_data WHERE id NOT IN (SELECT id FROM"
-                " images)) + (SELECT COUNT(*) FROM images WHERE id NOT IN (SELECT id FROM"
-                " image_data))",
-            ).fetchone()
-        return "ok" if int(orphans) == 0 else f"{int(orphans)} images without pixels or rows"

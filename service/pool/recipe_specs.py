@@ -10,8 +10,8 @@ row until a genaug of schema 5 plans for it again.
 
 Example::
 
-    store.record_recipe(pid, recipe)         # once per start; a second call changes nothing
-    store.stored_recipe(pid).plan("3", 17)   # the prompt, negative prompt and seed of image 17
+    store.recipe_specs.record(pid, recipe)   # once per start; a second call changes nothing
+    store.recipe_specs.read(pid).plan("3", 17)   # the prompt, negative prompt and seed of 17
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -27,56 +26,37 @@ from pydantic import ValidationError
 from ..recipes.spec import SPEC_VERSION, Recipe
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from .unit_of_work import Units
 
-__all__ = ["RecipeQueries", "recipe_table"]
+__all__ = ["RecipeSpecs"]
 
 log = logging.getLogger("genaug.service.pool.store")  # the store's messages, one logger
 
-_TABLE = """
-CREATE TABLE IF NOT EXISTS recipes (
-    pool_id   TEXT    PRIMARY KEY,
-    recipe    TEXT    NOT NULL,
-    spec      TEXT    NOT NULL,
-    spec_hash TEXT    NOT NULL,
-    recorded  {real}  NOT NULL
-){options}
-"""
+class RecipeSpecs:
+    """``record`` and ``read`` over the store's units of work (``store.recipe_specs``; the
+    module doc explains them)."""
 
+    def __init__(self, store: Units) -> None:
+        self.store = store
 
-def recipe_table(*, real: str, options: str = "") -> str:
-    """Schema 5's ``recipes`` table in one backend's dialect (``real`` its float type,
-    ``options`` what follows the definition: see :func:`~genaug.service.pool.jobs.job_tables`)."""
-    return _TABLE.format(real=real, options=options).strip()
-
-
-class RecipeQueries:
-    """``record_recipe`` and ``stored_recipe``; mixed into
-    :class:`~genaug.service.pool.store.PoolStore` (the module doc explains them)."""
-
-    if TYPE_CHECKING:  # hooks: PoolStore defines them
-        def _tx(self, *, write: bool) -> AbstractContextManager[Any]: ...
-        def _exec(self, conn: Any, sql: str, params: Sequence[Any] = ()) -> Any: ...
-
-    def record_recipe(self, pool_id: str, recipe: Recipe) -> None:
+    def record(self, pool_id: str, recipe: Recipe) -> None:
         """Store ``recipe``'s name and spec as what made ``pool_id``, unless stored already."""
         spec = json.dumps(recipe.spec(), sort_keys=True, separators=(",", ":"),
                           ensure_ascii=False)
-        with self._tx(write=True) as conn:
-            self._exec(
-                conn,
+        with self.store.unit_of_work(write=True) as uow:
+            uow.execute(
                 "INSERT INTO recipes (pool_id, recipe, spec, spec_hash, recorded)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (pool_id) DO NOTHING",
                 (pool_id, recipe.name, spec, recipe.spec_hash(), time.time()),
             )
 
-    def stored_recipe(self, pool_id: str) -> Recipe | None:
+    def read(self, pool_id: str) -> Recipe | None:
         """The recipe that made ``pool_id`` as stored (its name and spec; no description), or
         None: not recorded (a pool older than schema 5), or written by a genaug whose spec
         version differs (its seeds would not be this genaug's)."""
-        with self._tx(write=False) as conn:
-            row = self._exec(conn, "SELECT recipe, spec, spec_hash FROM recipes"
-                                   " WHERE pool_id = ?", (pool_id,)).fetchone()
+        with self.store.unit_of_work(write=False) as uow:
+            row = uow.execute("SELECT recipe, spec, spec_hash FROM recipes WHERE pool_id = ?",
+                              (pool_id,)).fetchone()
         if row is None:
             return None
         name, spec_text, spec_hash = (str(v) for v in row)

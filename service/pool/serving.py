@@ -12,8 +12,8 @@ needs:
   returns as soon as every label it still waits for is stopped or holds its share;
   ``stopped`` names those labels with the judge's reason and fix, for the answer. Each sample
   is demand the planner weighs labels by.
-- ``raise_target`` and ``spend`` (``/fill``), ``report_need`` (``/feedback``), ``summary``
-  (the list and the status page, with the trainers' combined need) and ``detail``.
+- ``report_need`` (``/feedback``), ``summary`` (the list and the status page, with the
+  trainers' combined need) and ``detail``. A fill is a job: :mod:`genaug.service.jobs`.
 - Curation: ``verdict`` (a person's reject or restore, ``/verdicts``), ``browse`` and
   ``image`` (what the pool page shows, ``/images``).
 - :meth:`PoolServing.attach`, once the batcher runs, on the event loop: the app passes the
@@ -21,7 +21,7 @@ needs:
   delay) for the planner, and wakes waiting samples when the planner stores images. Neither
   the planner nor this module holds the batcher.
 
-Outages. While the pool database is unreachable, samples, ``fill`` and ``detail`` answer 503
+Outages. While the pool database is unreachable, samples, fills and ``detail`` answer 503
 with ``Retry-After`` (:class:`~genaug.service.errors.PoolUnavailableError`), the summary
 shows the last known counts, and generation requests are unaffected.
 
@@ -47,9 +47,9 @@ import numpy as np
 from ..errors import InvalidRequestError, NotFoundError, PoolUnavailableError
 from ..recipes.spec import Recipe
 from .planner import PoolPlanner
-from .types import BrowsePage, Job, LabelStats, PoolConnectionError, PoolSample
+from .types import BrowsePage, LabelStats, PoolConnectionError, PoolSample
 
-__all__ = ["PoolServing", "empty_images", "unknown_recipe"]
+__all__ = ["PoolServing", "empty_images", "unavailable", "unknown_recipe"]
 
 _RETRY_AFTER_S = 2
 # Pixels a sample may read on the event loop: 64 images of 64x64 RGB, about 2 ms; larger
@@ -145,31 +145,6 @@ class PoolServing:
             "need_clients": board.clients(name),
         }
 
-    def raise_target(self, name: str, per_label: int, *, shared: bool = True,
-                     notify_url: str | None = None) -> Job | None:
-        """:meth:`PoolPlanner.raise_target` for a known recipe (its job with ``shared``), 503
-        during an outage. Blocking with ``shared``: call it from a thread."""
-        self.recipe(name)
-        with _unavailable():
-            return self.planner.raise_target(name, per_label, shared=shared,
-                                             notify_url=notify_url)
-
-    def spend(self, name: str, images: int, *,
-              notify_url: str | None = None) -> tuple[dict[str, Any], Job]:
-        """:meth:`PoolPlanner.spend_job` for a known recipe (``images`` more, split by need),
-        503 during an outage; answers what happens (``requested``, ``asked``, ``per_label``
-        and a sentence) and the job. Blocking: call it from a thread."""
-        self.recipe(name)
-        with _unavailable():
-            job, alloc = self.planner.spend_job(name, images, notify_url=notify_url)
-        asked = sum(alloc.values())
-        note = (f"{asked} images asked for, split by need and demand; they are generated "
-                "before background pre-generation")
-        if asked < images:
-            note += (f" ({images - asked} fewer than requested: that is all the room left "
-                     f"below the capacity of {self.store.capacity_per_label} per label)")
-        return {"requested": images, "asked": asked, "per_label": alloc, "note": note}, job
-
     async def sample(
         self, name: str, labels: list[str], n: int, wait_s: float
     ) -> tuple[PoolSample, Recipe]:
@@ -183,7 +158,7 @@ class PoolServing:
         now = time.monotonic()
         share = math.ceil(n / len(labels)) if labels else 0
         self.planner.add_demand(name, labels, share)
-        with _unavailable():
+        with unavailable():
             if wait_s > 0 and n > 0:
                 await self._wait_for(name, pid, labels, share, now + wait_s)
             # Small samples from a local pool are answered on the loop when no writer holds
@@ -247,8 +222,8 @@ class PoolServing:
         recipe = self.recipe(name)
         self.label_of(recipe, label)
         pid = self.pool_ids[name]
-        with _unavailable():
-            result = self.store.verdict(pid, label, seeds, keep=keep)
+        with unavailable():
+            result = self.store.curation.verdict(pid, label, seeds, keep=keep)
             if result.unknown:
                 shown = ", ".join(map(str, result.unknown[:20]))
                 more = f" and {len(result.unknown) - 20} more" if len(result.unknown) > 20 else ""
@@ -278,8 +253,9 @@ class PoolServing:
         recipe = self.recipe(name)
         self.label_of(recipe, label)
         pid = self.pool_ids[name]
-        with _unavailable():
-            page = self.store.browse(pid, label, rejected=rejected, offset=offset, limit=limit)
+        with unavailable():
+            page = self.store.curation.browse(pid, label, rejected=rejected, offset=offset,
+                                              limit=limit)
             stats = self.store.stats(pid, [label])[label]
         return page, stats
 
@@ -288,8 +264,8 @@ class PoolServing:
         call it from a thread; 503 during an outage."""
         recipe = self.recipe(name)
         self.label_of(recipe, label)
-        with _unavailable():
-            image = self.store.image(self.pool_ids[name], label, seed)
+        with unavailable():
+            image = self.store.curation.image(self.pool_ids[name], label, seed)
         if image is None:
             raise NotFoundError(
                 f"label {label!r} of recipe {name!r} has no image with seed {seed} (an "
@@ -330,7 +306,7 @@ class PoolServing:
     def detail(self, name: str) -> dict[str, Any]:
         """:meth:`summary` plus spec, counts per label and rate; 503 during an outage."""
         recipe = self.recipe(name)
-        with _unavailable():
+        with unavailable():
             stats = self._stats(name, stale_ok=False)
         return {
             **self.summary(name, stats=stats),
@@ -357,7 +333,7 @@ def _counts(asked: int, stats: LabelStats) -> dict[str, int]:
     return counts
 
 
-class _unavailable:  # lower case: it reads as `with _unavailable():`
+class unavailable:
     """Turn a pool outage into the API's 503 with Retry-After."""
 
     def __enter__(self) -> None:

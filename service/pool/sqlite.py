@@ -30,16 +30,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .jobs import job_tables
-from .recipe_specs import recipe_table
 from .store import PoolStore
+from .tables import schema_tables
 from .types import DEFAULT_LEASE_S, SCHEMA_VERSION, PoolError, PoolSample, PoolSchemaError
 
 __all__ = ["SqlitePoolStore"]
 
 log = logging.getLogger(__name__)
 
-# Version 5, the layout a new file gets (its jobs and stops tables: _V4, its recipes: _V5).
+# Version 5, the layout a new file gets (its jobs, stops and recipes tables: _V4).
 # (No semicolons in comments: the text is split on them.)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -135,13 +134,12 @@ _V3_COLUMNS = {
     },
 }
 
-# Version 3 -> 4 (jobs, stops shared by every replica, provenance): the tables and indexes
-# (their text is the jobs module's, shared with PostgreSQL).
+# Version 3 -> 4 (jobs, stops shared by every replica, provenance) and 5 (recipes): the
+# tables and indexes (their text is pool/tables.py's, shared with PostgreSQL).
 # An image stored before keeps NULL provenance: not recorded.
-_V4 = job_tables(real="REAL", options=" WITHOUT ROWID")
+_V4 = schema_tables(real="REAL", options=" WITHOUT ROWID")
 
-# Version 4 -> 5: the recipe spec that made each pool, and the first attempt of a webhook.
-_V5 = [recipe_table(real="REAL", options=" WITHOUT ROWID")]
+# Version 4 -> 5: the first attempt of a webhook (the recipes table is in _V4's text).
 _V5_JOB_COLUMNS = {"webhook_first": "REAL"}
 
 _V4_COLUMNS = {
@@ -346,7 +344,7 @@ class SqlitePoolStore(PoolStore):
             if version < SCHEMA_VERSION:
                 log.warning("pool %s: upgrading schema version %d to %d in place",
                             self.path, version, SCHEMA_VERSION)
-            for statement in [*_statements(_V2 + _V3), *_V4, *_V5]:
+            for statement in [*_statements(_V2 + _V3), *_V4]:
                 conn.execute(statement)
             if version < 5:  # after _V4: a version-3 file gets its jobs table just above
                 have = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}

@@ -63,8 +63,8 @@ class SharedStops:
             pid = self.pool_ids[name]
             try:
                 if name not in self._read:  # once: stops of other settings go
-                    self.store.forget_stops(pid, keys)
-                last = (time.monotonic(), self.store.stops(pid, keys))
+                    self.store.stops.forget(pid, keys)
+                last = (time.monotonic(), self.store.stops.read(pid, keys))
                 self._read[name] = last
             except PoolError as exc:
                 log.debug("could not read the pool's stops: %s", exc)
@@ -72,7 +72,7 @@ class SharedStops:
 
     def record(self, name: str, label: str, reason: str) -> None:
         """Store a stop this replica decided; read again at once, with it."""
-        self.store.record_stop(self.pool_ids[name], label, reason, self.keys[name][label])
+        self.store.stops.record(self.pool_ids[name], label, reason, self.keys[name][label])
         self._read.pop(name, None)
 
 

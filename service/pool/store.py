@@ -7,19 +7,22 @@ hash, size, channels, scheduler, adapter, img2img source hash, served count and 
 columns; its pixels (raw uint8 HWC bytes) sit in ``image_data`` under the same id, so that a
 serve, which updates the served count, does not rewrite them.
 
-Backends. :class:`PoolStore` holds every query; a backend supplies the connection, the
-transaction, the schema and its upgrades, and this module imports none:
+Backends. :class:`PoolStore` is the database: connections, transactions, the schema's
+version and the counting protocol below. A backend supplies the connection, the transaction,
+the tables and their upgrades, and this module imports none:
 :class:`~genaug.service.pool.sqlite.SqlitePoolStore` (one file, one machine:
 ``GENAUG_POOL_PATH``) and :class:`~genaug.service.pool.postgres.PostgresPoolStore` (one
 database for any number of replicas: ``GENAUG_POOL_URL``), opened by
 :func:`~genaug.service.pool.open.open_pool`. Shared values and errors:
-:mod:`genaug.service.pool.types`. Four mixins add queries outside the counting protocol
-below: :class:`~genaug.service.pool.curation.CurationQueries` (``verdict``, ``browse``,
-``image``: a person's curation, explained in :mod:`genaug.service.pool.curation`),
-:class:`~genaug.service.pool.jobs.JobQueries` (fill jobs),
-:class:`~genaug.service.pool.stop_queries.StopQueries` (the judge's stops) and
-:class:`~genaug.service.pool.reads.PoolReads` (``pools``, ``iter_images``, ``iter_records``,
-``plan_indices``, ``integrity_check``).
+:mod:`genaug.service.pool.types`.
+
+Features compose over it through :meth:`PoolStore.unit_of_work` (one transaction holding the
+labels' counter locks: :mod:`~genaug.service.pool.unit_of_work`), each an attribute:
+``store.curation`` (a person's verdicts, browsing, an image's pixels:
+:mod:`~genaug.service.pool.curation`), ``store.stops`` (the judge's stops),
+``store.reads`` (listing, export, plan checks) and ``store.recipe_specs``. The fill jobs
+compose the same way from outside the pool (:mod:`genaug.service.jobs.queries`); a feature
+that holds leases hooks the heartbeat and close (``on_renew``, ``on_close``).
 
 Lock order. Every writer (``reserve``, ``add``, ``verdict``, ``sample``'s served counts) first
 takes the label's counter row lock (:meth:`PoolStore._lock_label`), several labels in sorted
@@ -50,21 +53,19 @@ place (every image kept) and refuses a newer one
 reservations, source, channels, adapter or scheduler); 2 adds them; 3 adds curation
 (``score``, ``judge_keep``, ``verdict``, ``verdict_at``, ``accepted``, the lifetime counters
 ``judged_total`` and ``accepted_total``; an upgraded image is unjudged and accepted); 4 adds
-``jobs`` and ``stops`` (:mod:`~genaug.service.pool.jobs`) and each image's provenance
+``jobs`` and ``stops`` (:mod:`~genaug.service.pool.tables`) and each image's provenance
 (``steps``, ``guidance``, ``strength``, ``adapter_hash``, ``judge_key``, ``judge_settings``:
-NULL, "not recorded", for an image stored before).
+NULL, "not recorded", for an image stored before); 5 adds ``recipes`` (each pool's recipe
+spec) and a webhook's first attempt.
 
 Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: 1,000 1024² RGB images per
 label for 10 labels is about 30 GiB (docs/deploy.md has the table). Beyond a few hundred GiB,
 or with many replicas far from the database, pixels belong in object storage.
 
-Why one file, over the house's 450 lines: it is the pool database's one counting protocol,
-written once for SQLite and PostgreSQL. Every query here that reserves, adds, evicts, samples
-or counts takes the label's lock in the same order and counts accepted images the same way in
-one transaction: that is what stops planners (threads, processes, replicas) exactly at the
-target, no plan index repeated. The rest lives apart: tables and upgrades in each backend,
-the queries outside the protocol in the mixins above (a verdict keeps the same lock through
-``_lock_label``), sample decoding in :mod:`~genaug.service.pool.draw`.
+Why one file, over the house's 450 lines: it is the one counting protocol, written once for
+SQLite and PostgreSQL. Every query here that reserves, adds, evicts, samples or counts takes
+the label's lock in the same order and counts accepted images the same way in one
+transaction: that is what stops planners exactly at the target, no plan index repeated.
 """
 
 from __future__ import annotations
@@ -76,21 +77,23 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from .curation import CurationQueries, _judged
+from .batch import batch_rows
+from .curation import Curation
 from .draw import decode_rows, empty_sample, spread
-from .jobs import JobQueries
 from .reads import PoolReads
-from .recipe_specs import RecipeQueries
-from .stop_queries import StopQueries
+from .recipe_specs import RecipeSpecs
+from .shared_targets import raise_targets
+from .stop_queries import Stops
 from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Provenance, Reservation
+from .unit_of_work import UnitOfWork
 
 __all__ = ["PoolStore"]
 
@@ -101,7 +104,7 @@ def _new_owner() -> str:
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolReads, ABC):
+class PoolStore(ABC):
     """An image pool in a database; safe to use from several threads and processes.
 
     Abstract: :func:`~genaug.service.pool.open.open_pool` opens a PostgreSQL pool for a
@@ -151,6 +154,20 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
         self._closed = False
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        #: Called on every heartbeat (a feature's leases: the fill jobs' webhook claims) and
+        #: at close, before the connections go (a feature hands back what it holds), each in
+        #: a write unit of work; their failures are the store's outage, logged.
+        self.on_renew: list[Callable[[UnitOfWork], object]] = []
+        self.on_close: list[Callable[[UnitOfWork], object]] = []
+        # The features that compose over the store, each through unit_of_work():
+        #: A person's verdicts, browsing and an image's pixels (the pool page).
+        self.curation = Curation(self)
+        #: The judge's stops, every replica's.
+        self.stops = Stops(self)
+        #: Whole-pool reads: listing, export, plan checks.
+        self.reads = PoolReads(self)
+        #: The recipe spec that made each pool.
+        self.recipe_specs = RecipeSpecs(self)
 
     # -- what a backend supplies ---------------------------------------------------------
 
@@ -173,6 +190,25 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
     def _exec(self, conn: Any, sql: str, params: Sequence[Any] = ()) -> Any:
         return conn.execute(self._q(sql), tuple(params))
 
+    @contextmanager
+    def unit_of_work(
+        self, *, write: bool, locks: Mapping[str, Sequence[str]] | None = None
+    ) -> Iterator[UnitOfWork]:
+        """One transaction for a feature that composes over the store
+        (:mod:`~genaug.service.pool.unit_of_work`): ``write`` may change rows (a read sees one
+        snapshot); ``locks`` (pool id -> labels) are the counter locks taken first, every
+        label sorted, as every writer of the store takes them."""
+        with self._tx(write=write) as conn:
+            uow = self._unit(conn)
+            for pool_id, labels in sorted((locks or {}).items()):
+                for label in sorted(set(labels)):
+                    uow.lock(pool_id, label)
+            yield uow
+
+    def _unit(self, conn: Any) -> UnitOfWork:
+        return UnitOfWork(conn, self._exec, self._lock_label, self._evict, now=self._NOW,
+                          greatest=self._GREATEST, chunk=self._CHUNK)
+
     def _executemany(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         for row in rows:
             conn.execute(self._q(sql), tuple(row))
@@ -187,6 +223,17 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
             (pool_id, label),
         ).fetchone()
         return int(row[0])
+
+    def integrity_check(self) -> str:
+        """``"ok"`` for a sound database, else what is wrong (orphan pixels or rows)."""
+        with self._tx(write=False) as conn:
+            (orphans,) = self._exec(
+                conn,
+                "SELECT (SELECT COUNT(*) FROM image_data WHERE id NOT IN (SELECT id FROM"
+                " images)) + (SELECT COUNT(*) FROM images WHERE id NOT IN (SELECT id FROM"
+                " image_data))",
+            ).fetchone()
+        return "ok" if int(orphans) == 0 else f"{int(orphans)} images without pixels or rows"
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -204,21 +251,18 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
                 log.debug("pool lease renewal failed: %s", exc)
 
     def close(self) -> None:
-        """Give back this store's reservations and webhook claims and close every
-        connection; idempotent."""
+        """Give back this store's reservations (and what its features hold: ``on_close``) and
+        close every connection; idempotent."""
         if self._closed:
             return
         self._stop_heartbeat.set()
         if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
             self._heartbeat.join(timeout=10)
         try:
-            with self._tx(write=True) as conn:
-                self._exec(conn, "DELETE FROM reservations WHERE owner = ?", (self.owner,))
-                # A delivery this store claimed and did not finish: the next start (or
-                # another replica) takes it up at once, within what is left of its window.
-                self._exec(conn, "UPDATE jobs SET webhook_claim = NULL, webhook_until = NULL"
-                                 " WHERE webhook_claim = ? AND webhook_state = 'pending'",
-                           (self.owner,))
+            with self.unit_of_work(write=True) as uow:
+                uow.execute("DELETE FROM reservations WHERE owner = ?", (self.owner,))
+                for hand_back in self.on_close:
+                    hand_back(uow)
         except Exception as exc:  # best effort: unreleased reservations expire by themselves
             log.info("pool %s: could not release reservations at close: %s", self.location, exc)
         self._closed = True
@@ -293,30 +337,24 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
             self._exec(conn, "DELETE FROM reservations WHERE id = ?", (reservation.id,))
 
     def renew(self) -> int:
-        """Extend the lease of every reservation and webhook claim this store holds; return
-        how many reservations."""
+        """Extend the lease of every reservation this store holds (and its features' leases:
+        ``on_renew``); return how many reservations."""
         with self._tx(write=True) as conn:
             cur = self._exec(
                 conn,
                 f"UPDATE reservations SET expires = {self._NOW} + ? WHERE owner = ?",
                 (self.lease_s, self.owner),
             )
-            self._exec(conn, f"UPDATE jobs SET webhook_until = {self._NOW} + ?"
-                             " WHERE webhook_claim = ? AND webhook_state = 'pending'",
-                       (self.lease_s, self.owner))
-            return int(cur.rowcount)
+            renewed = int(cur.rowcount)
+        for renew in self.on_renew:
+            with self.unit_of_work(write=True) as uow:
+                renew(uow)
+        return renewed
 
-    def set_target(self, pool_id: str, labels: Sequence[str], per_label: int) -> None:
-        """Raise the labels' shared fill target to at least ``per_label`` (never lowers it)."""
-        with self._tx(write=True) as conn:
-            for label in sorted(set(labels)):
-                self._exec(
-                    conn,
-                    "INSERT INTO targets (pool_id, label, target) VALUES (?, ?, ?)"
-                    " ON CONFLICT (pool_id, label) DO UPDATE SET"
-                    f" target = {self._GREATEST}(targets.target, excluded.target)",
-                    (pool_id, label, int(per_label)),
-                )
+    def set_target(self, pool_id: str, labels: Sequence[str], target: int) -> None:
+        """Raise the labels' shared fill target to at least ``target`` (never lowers it)."""
+        with self.unit_of_work(write=True) as uow:
+            raise_targets(uow, pool_id, dict.fromkeys(labels, target))
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -355,33 +393,16 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
         and counted (``rejected``, ``judged_total``) but never sampled. ``provenance``: what
         made the batch (steps, guidance, ...), stored with each image (None: not recorded).
         """
-        images = np.asarray(images)
-        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] not in (1, 3):
-            raise ValueError(
-                f"images must be uint8 [n, h, w, c] with c 1 or 3, got {images.dtype} "
-                f"{list(images.shape)}"
-            )
-        seed_list = [int(s) for s in np.asarray(seeds).reshape(-1)]
-        n, h, w, c = (int(x) for x in images.shape)
-        if len(seed_list) != n:
-            raise ValueError(f"{len(seed_list)} seeds for {n} images")
-        if plan_indices is None and reservation is not None and n == reservation.count:
-            plan_indices = reservation.indices
-        index_list: list[int | None] = (
-            [int(i) for i in plan_indices] if plan_indices is not None else [None] * n
-        )
-        source_list = list(sources) if sources is not None else [None] * n
-        if len(index_list) != n or len(source_list) != n:
-            raise ValueError(f"{len(index_list)} plan indices and {len(source_list)} sources "
-                             f"for {n} images")
-        score_list, keep_list = _judged(n, scores, keep)
+        batch = batch_rows(images, seeds, plan_indices=plan_indices, sources=sources,
+                           reservation=reservation, scores=scores, keep=keep)
+        h, w, c = batch.shape
         made = provenance or Provenance()
-        images = np.ascontiguousarray(images)
         now = time.time()
         with self._tx(write=True) as conn:
             self._lock_label(conn, pool_id, label)  # writers of a label queue here, in order
             stored = judged = kept = 0
-            for i in range(n):
+            for pixels, (seed, index, source, score, keeps) in zip(
+                    batch.images, batch.columns, strict=True):
                 row = self._exec(
                     conn,
                     "INSERT INTO images (pool_id, label, seed, plan_index, created, model_hash,"
@@ -390,21 +411,21 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
                     " judge_key, judge_settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
                     " ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (pool_id, label, plan_index) DO NOTHING RETURNING id",
-                    (pool_id, label, seed_list[i], index_list[i], now, model_hash, h, w, c,
-                     source_list[i], scheduler, adapter, adapter_scale, score_list[i],
-                     int(keep_list[i]), int(keep_list[i]), made.steps, made.guidance,
-                     made.strength, made.adapter_hash, made.judge_key, made.judge_settings),
+                    (pool_id, label, seed, index, now, model_hash, h, w, c, source, scheduler,
+                     adapter, adapter_scale, score, int(keeps), int(keeps), made.steps,
+                     made.guidance, made.strength, made.adapter_hash, made.judge_key,
+                     made.judge_settings),
                 ).fetchone()
                 if row is None:
                     log.info("pool %s label %s: plan index %s already stored; skipped",
-                             pool_id, label, index_list[i])
+                             pool_id, label, index)
                     continue
                 self._exec(conn, "INSERT INTO image_data (id, data) VALUES (?, ?)",
-                           (int(row[0]), images[i].tobytes()))
+                           (int(row[0]), pixels.tobytes()))
                 stored += 1
-                if score_list[i] is not None:
+                if score is not None:
                     judged += 1
-                    kept += int(keep_list[i])
+                    kept += int(keeps)
             self._exec(
                 conn,
                 "UPDATE counters SET generated_total = generated_total + ?,"
@@ -452,28 +473,25 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
             self._exec(conn, f"DELETE FROM image_data WHERE id IN ({marks})", part)
             self._exec(conn, f"DELETE FROM images WHERE id IN ({marks})", part)
 
-    def drop_pool(self, pool_id: str) -> int:
-        """Delete a pool's images, counters, targets, reservations and stops, and fail its live
-        jobs; return images gone. ``genaug pool drop POOL_ID`` runs this (e.g. for pools of
-        an old spec or model)."""
+    def drop_pool(self, pool_id: str,
+                  also: Callable[[UnitOfWork, str], object] | None = None) -> int:
+        """Delete a pool's images, counters, targets, reservations and stops; return images
+        gone. ``also(uow, pool_id)`` runs in the same transaction (``genaug pool drop POOL_ID``
+        fails the pool's live fill jobs there: ``JobQueries.fail_live``)."""
         with self._tx(write=True) as conn:
             ids = [int(r[0]) for r in self._exec(
                 conn, "SELECT id FROM images WHERE pool_id = ?", (pool_id,)).fetchall()]
             self._delete_ids(conn, ids)
             for table in ("counters", "targets", "reservations", "stops"):
                 self._exec(conn, f"DELETE FROM {table} WHERE pool_id = ?", (pool_id,))
-            self._fail_live_jobs(conn, pool_id, "its pool was dropped (genaug pool drop)")
+            if also is not None:
+                also(self._unit(conn), pool_id)
         return len(ids)
 
     # -- sampling --------------------------------------------------------------------------
 
-    def sample(
-        self,
-        pool_id: str,
-        labels: Sequence[str],
-        n: int,
-        rng: np.random.Generator | None = None,
-    ) -> PoolSample:
+    def sample(self, pool_id: str, labels: Sequence[str], n: int,
+               rng: np.random.Generator | None = None) -> PoolSample:
         """Draw up to ``n`` distinct images spread evenly over ``labels``; count them served.
 
         Only accepted images (see the module docstring: never one a judge or a person
@@ -620,13 +638,3 @@ class PoolStore(CurationQueries, JobQueries, StopQueries, RecipeQueries, PoolRea
                 judged_total=judged, accepted_total=kept, newest=newest.get(label),
             )
         return out
-
-    def next_index(self, pool_id: str, label: str) -> int:
-        """Plan indices handed out so far for the label (0 for a new pool)."""
-        with self._tx(write=False) as conn:
-            row = self._exec(
-                conn,
-                "SELECT next_index FROM counters WHERE pool_id = ? AND label = ?",
-                (pool_id, label),
-            ).fetchone()
-        return int(row[0]) if row else 0

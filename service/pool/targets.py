@@ -81,11 +81,11 @@ class DemandBoard:
         self._demand: dict[tuple[str, str], Demand] = {}
         self._lock = threading.Lock()
 
-    def add(self, name: str, labels: Sequence[str], per_label: float, *, now: float) -> None:
-        """Note that ``per_label`` images of each label were asked for at ``now``."""
+    def add(self, name: str, labels: Sequence[str], each: float, *, now: float) -> None:
+        """Note that ``each`` images of each label were asked for at ``now``."""
         with self._lock:
             for label in labels:
-                self._demand.setdefault((name, label), Demand()).add(per_label, now)
+                self._demand.setdefault((name, label), Demand()).add(each, now)
 
     def current(self, name: str, labels: Sequence[str], *, now: float) -> dict[str, float]:
         """Each label's demand at ``now``."""

@@ -6,9 +6,10 @@
 - Values: :class:`LabelStats` (one label's counts), :class:`Reservation` (plan indices handed
   to one planner), :class:`PoolSample` (images drawn from a pool), and for curation
   :class:`PoolImage` / :class:`BrowsePage` (a label's images as a person looks through them)
-  and :class:`VerdictResult` (what a person's reject or restore changed); for jobs and the
-  manifest :class:`Job` (a fill handed off, :data:`JOB_STATES`), :class:`Provenance` (what
-  made a batch beyond the recipe) and :class:`PoolRecord` (one stored image as exported).
+  and :class:`VerdictResult` (what a person's reject or restore changed); for the manifest
+  :class:`Provenance` (what made a batch beyond the recipe) and :class:`PoolRecord` (one
+  stored image as exported). A fill job's type is the jobs room's
+  (:mod:`genaug.service.jobs.types`).
 - :func:`parse_partition` (``GENAUG_REPLICA=i/N``) and the constants every backend agrees on
   (:data:`SCHEMA_VERSION`, :data:`PG_SCHEMES`, :data:`DEFAULT_LEASE_S`).
 
@@ -30,15 +31,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from genaug.job_states import LIVE, STATES
-
 __all__ = [
     "DEFAULT_LEASE_S",
     "BrowsePage",
-    "JOB_KINDS",
-    "JOB_STATES",
-    "Job",
-    "LIVE_JOB_STATES",
     "LabelStats",
     "PG_SCHEMES",
     "PoolConfigError",
@@ -61,12 +56,6 @@ SCHEMA_VERSION = 5
 PG_SCHEMES = ("postgresql://", "postgres://")
 #: Seconds a reservation lives without its owner's heartbeat.
 DEFAULT_LEASE_S = 60.0
-#: A job's states (genaug's ground: the clients and commands use the same words).
-JOB_STATES: tuple[str, ...] = STATES
-#: States a job can still leave (it holds its targets while in one of them).
-LIVE_JOB_STATES = LIVE
-#: ``per_label``: every label holds ``asked``; ``images``: every label gains ``asked``.
-JOB_KINDS = ("per_label", "images")
 
 
 class PoolError(RuntimeError):
@@ -285,50 +274,6 @@ class PoolRecord:
     verdict_at: float | None
     accepted: bool
     provenance: Provenance
-
-
-@dataclass(frozen=True)
-class Job:
-    """A fill handed off: stored with the pool, so it survives a restart and every replica
-    answers for it (:mod:`~genaug.service.pool.jobs`).
-
-    ``kind`` ``per_label`` asks each label of ``asked`` to hold that many accepted images;
-    ``images`` asks each to gain that many since the job began. ``start`` holds, per label,
-    the counts when the job began (``generated``, ``judged_total``, ``accepted_total``,
-    ``fill``) and the shared ``target`` the job raised the label to. ``state`` is one of
-    :data:`JOB_STATES`; ``reason`` says why it stopped, failed or was cancelled; times are
-    seconds since the epoch (``ended`` None while live). ``webhook_state`` is None without
-    ``notify_url``, else ``pending`` once the job ended, then ``delivered`` or ``failed``;
-    ``webhook_attempts`` counts the POSTs made (every replica's, restarts included).
-    """
-
-    id: str
-    pool_id: str
-    recipe: str
-    kind: str
-    state: str
-    asked: dict[str, int]
-    start: dict[str, dict[str, int]]
-    created: float
-    updated: float
-    notify_url: str | None = None
-    reason: str | None = None
-    ended: float | None = None
-    webhook_state: str | None = None
-    webhook_attempts: int = 0
-    #: When the first delivery attempt started (seconds since the epoch), on any replica:
-    #: no attempt starts more than ``MAX_ELAPSED_S`` after it, restarts included.
-    webhook_first: float | None = None
-    #: The progress as the job ended (:meth:`JobProgress.as_dict`); None while live.
-    result: dict[str, Any] | None = None
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_JOB_STATES
-
-    def target(self, label: str) -> int:
-        """The shared target this job raised ``label`` to (0 for a label it did not ask)."""
-        return int(self.start.get(label, {}).get("target", 0))
 
 
 def parse_partition(text: str | None) -> tuple[int, int] | None:

@@ -86,3 +86,18 @@ def test_the_harness_lists_every_benchmark_by_family() -> None:
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )
     assert unknown.returncode == 2 and "no benchmark 'no_such_bench'" in unknown.stderr
+
+
+def test_no_gpu_script_imports_another_script() -> None:
+    # What the GPU scripts share (the SDXL model, its FLOPs, the drift measures) lives in a
+    # library module of bench/gpu/ (a name starting with "_", which the catalogue skips).
+    scripts = {e.module for e in catalogue() if e.family == "gpu"}
+    offenders = []
+    for path in sorted((BENCH / "gpu").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "bench.gpu":
+                names = [f"bench.gpu.{a.name}" for a in node.names]
+            offenders += [f"{path.name}: {name}" for name in names if name in scripts]
+    assert not offenders, offenders

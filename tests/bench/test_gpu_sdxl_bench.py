@@ -1,5 +1,6 @@
 """bench.gpu.gpu_sdxl stays ready for a GPU: its SDXL configs build the published model, its
-FLOP count is the model's, and ``--tiny`` runs the whole measurement on the CPU."""
+FLOP count is the model's (both in :mod:`bench.gpu._sdxl_model`, which the GPU scripts share),
+and ``--tiny`` runs the whole measurement on the CPU."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from bench.gpu import _sdxl_model as sdxl
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "bench.gpu.gpu_sdxl"  # run from the repository root, as the benchmarks are
@@ -32,13 +35,13 @@ def bench() -> ModuleType:
     return importlib.import_module(MODULE)
 
 
-def test_configs_build_sdxl_base_at_full_size_on_meta(bench: Any) -> None:
+def test_configs_build_sdxl_base_at_full_size_on_meta() -> None:
     import torch
 
-    assert bench.parameter_counts_sdxl() == SDXL_PARAMETERS
+    assert sdxl.parameter_counts_sdxl() == SDXL_PARAMETERS
     # The GPU path itself (construction on the device, cast, pipeline assembly), on meta.
-    model = bench.build_sdxl(torch.device("meta"), torch.bfloat16)
-    assert bench.parameter_counts(model.pipeline) == SDXL_PARAMETERS
+    model = sdxl.build_sdxl(torch.device("meta"), torch.bfloat16)
+    assert sdxl.parameter_counts(model.pipeline) == SDXL_PARAMETERS
     pipe = model.pipeline
     assert pipe.unet.dtype == torch.bfloat16 and pipe.unet.device.type == "meta"
     assert pipe.unet.config.cross_attention_dim == 768 + 1280
@@ -46,12 +49,12 @@ def test_configs_build_sdxl_base_at_full_size_on_meta(bench: Any) -> None:
     assert pipe.vae.config.scaling_factor == 0.13025
 
 
-def test_unet_flops_are_counted_from_the_model(bench: Any) -> None:
-    flops = bench.count_unet_flops(bench.load_config("unet"), 1024, 1024)
+def test_unet_flops_are_counted_from_the_model() -> None:
+    flops = sdxl.count_unet_flops(sdxl.load_config("unet"), 1024, 1024)
     assert flops == SDXL_UNET_FLOPS_1024  # ~6.76 TFLOP per pass
     # Convolutions and projections scale with the latent pixels, self-attention with their
     # square: a quarter of the pixels costs a little less than a quarter of the FLOPs.
-    quarter = bench.count_unet_flops(bench.load_config("unet"), 512, 512)
+    quarter = sdxl.count_unet_flops(sdxl.load_config("unet"), 512, 512)
     assert SDXL_UNET_FLOPS_1024 / 5 < quarter < SDXL_UNET_FLOPS_1024 / 4
 
 
@@ -90,34 +93,34 @@ def test_the_hopper_plan_adds_each_new_option_to_todays_best_then_all(bench: Any
     assert bench.options_of("baseline", bench.BEST).attention == "default"
 
 
-def test_drift_metrics_psnr_and_visible_change(bench: Any) -> None:
+def test_drift_metrics_psnr_and_visible_change() -> None:
     import numpy as np
 
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
-    assert bench.psnr_db(a, a) == float("inf")
+    assert sdxl.psnr_db(a, a) == float("inf")
     b = a.astype(np.int16)
     b[..., 0] += np.where(b[..., 0] < 128, 1, -1)  # every pixel off by 1 level in one channel
     b = b.astype(np.uint8)
     # MSE = 1/3 (one channel of three): 10 log10(255^2 * 3) = 52.9 dB.
-    assert bench.psnr_db(a, b) == pytest.approx(10 * np.log10(255**2 * 3), abs=1e-9)
-    assert bench.visible_share(a, b) == 0.0 and not bench.visibly_changed(a, b)
+    assert sdxl.psnr_db(a, b) == pytest.approx(10 * np.log10(255**2 * 3), abs=1e-9)
+    assert sdxl.visible_share(a, b) == 0.0 and not sdxl.visibly_changed(a, b)
     c = a.copy()
     c[:1, :40] = np.where(a[:1, :40] < 128, 255, 0)  # 40 pixels set far off
-    share = bench.visible_share(a, c)
+    share = sdxl.visible_share(a, c)
     assert share == pytest.approx(40 / 4096)  # 0.98 %: at the threshold, not over it
-    assert not bench.visibly_changed(a, c)
+    assert not sdxl.visibly_changed(a, c)
     c[1:2, :10] = np.where(a[1:2, :10] < 128, 255, 0)  # 50 pixels: 1.2 %
-    assert bench.visibly_changed(a, c)
+    assert sdxl.visibly_changed(a, c)
     nine = a.astype(np.int16)
     nine[:8, :8, 2] = np.where(nine[:8, :8, 2] < 128, nine[:8, :8, 2] + 8, nine[:8, :8, 2] - 8)
-    assert bench.visible_share(a, nine.astype(np.uint8)) == 0.0  # 8 levels: not over 8
-    report = bench.drift([a, a], [b, c])
+    assert sdxl.visible_share(a, nine.astype(np.uint8)) == 0.0  # 8 levels: not over 8
+    report = sdxl.drift([a, a], [b, c])
     assert report["images"] == 2 and report["visibly_changed"] == 1
     assert report["visibly_changed_share"] == 0.5 and report["max_levels"] >= 128
-    assert report["psnr_db_min"] == bench.psnr_db(a, c) < report["psnr_db_mean"]
+    assert report["psnr_db_min"] == sdxl.psnr_db(a, c) < report["psnr_db_mean"]
     with pytest.raises(ValueError):
-        bench.drift([a], [a, a])
+        sdxl.drift([a], [a, a])
 
 
 def run_tiny(tmp_path: Path, *extra: str, timeout: float) -> tuple[dict[str, Any], str]:

@@ -1,7 +1,7 @@
 """Client and AsyncClient against real uvicorn services running the tiny pipeline.
 
 Retries, failover and error translation are exercised end to end; replica choice and backoff
-bounds are unit-tested on ``_base`` (no I/O, no sleeping).
+bounds are unit-tested on ``_retry`` and ``_base`` (no I/O, no sleeping).
 """
 
 from __future__ import annotations
@@ -29,14 +29,9 @@ from genaug.client import (
     TransportError,
     UnavailableError,
 )
-from genaug.client._base import (
-    BaseClient,
-    Endpoint,
-    Endpoints,
-    RetryState,
-    decode_generate,
-    decode_sample,
-)
+from genaug.client._base import BaseClient
+from genaug.client._results import decode_generate, decode_sample
+from genaug.client._retry import Endpoint, Endpoints, RetryState
 from genaug.local_service import free_port
 from genaug.wire import encode_batch
 

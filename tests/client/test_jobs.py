@@ -4,7 +4,8 @@
 answer; ``wait()`` polls ``GET /v1/jobs/{id}`` until it ended; ``cancel()`` ends a live one
 and a second cancel is the service's 409. The service holds a job live by holding its
 pipeline (``live.worker.gate``), never by a stand-in. ``JobWatch`` (the I/O-free part of a
-wait: deadline and progress bar) is unit-tested at the end.
+wait: deadline, delay, the end, ``on_update``) and the progress bar the clients attach to it
+(``_progress``) are unit-tested at the end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from genaug.client import (
     InvalidRequestError,
     NotFoundError,
 )
-from genaug.client._base import FillAnswer, JobWatch, job_path
+from genaug.client._jobs import FillAnswer, JobWatch, job_path
+from genaug.client._progress import job_bar
 
 KINDS = ["sync", "async"]
 JOB_ID = re.compile(r"j_[0-9a-f]{16}")
@@ -50,11 +52,12 @@ def live(make_service: Any, tmp_path: Path, shapes_recipes_file: Path) -> Iterat
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_fill_answers_a_job_that_reads_as_the_answer_and_wait_returns_it_done(
         live: Any, kind: str) -> None:
+    polls: list[dict[str, Any]] = []  # what wait() handed on_update, poll after poll
     if kind == "sync":
         with Client(live.url) as client:
             job = client.fill("shapes", per_label=4)
             assert isinstance(job, FillJob)
-            final = job.wait(timeout=60, poll_s=0.05)
+            final = job.wait(timeout=60, poll_s=0.05, on_update=polls.append)
             listed = client.jobs("shapes")
             again = client.job(job.id or "")
     else:
@@ -62,7 +65,7 @@ def test_a_fill_answers_a_job_that_reads_as_the_answer_and_wait_returns_it_done(
             async with AsyncClient(live.url) as client:
                 job = await client.fill("shapes", per_label=4)
                 assert isinstance(job, AsyncFillJob)
-                final = await job.wait(timeout=60, poll_s=0.05)
+                final = await job.wait(timeout=60, poll_s=0.05, on_update=polls.append)
                 return job, final, await client.jobs("shapes"), await client.job(job.id or "")
         job, final, listed, again = asyncio.run(main())
     # the fill's answer, as before: the recipe's counts and targets, read as a mapping
@@ -75,6 +78,9 @@ def test_a_fill_answers_a_job_that_reads_as_the_answer_and_wait_returns_it_done(
     assert final["accepted"] >= final["asked"] == 12 and final["missing"] == 0, final
     assert all(c["met"] and c["fill"] >= 4 for c in final["labels"].values()), final
     assert final["ended"] is not None and final["eta_s"] in (0, 0.0, None)
+    # on_update saw every poll, the last one the job as it ended (what wait returned)
+    assert polls and polls[-1] is final, polls
+    assert all(p["id"] == job.id and p["state"] in ("queued", "running") for p in polls[:-1])
     # and the service answers for it as it ended, alone and in the list
     assert again["state"] == "done" and again["accepted"] == final["accepted"]
     assert [j["id"] for j in listed] == [job.id] and listed[0]["state"] == "done"
@@ -178,7 +184,7 @@ def test_wait_with_a_bad_poll_is_refused_before_any_request() -> None:
             client.job("")
 
 
-# -- JobWatch and FillAnswer, without I/O -------------------------------------------------------
+# -- JobWatch, the progress bar and FillAnswer, without I/O ------------------------------------
 
 
 def _job(state: str, *, asked: int = 12, missing: int = 12) -> dict[str, Any]:
@@ -202,18 +208,47 @@ def test_the_progress_bar_is_drawn_where_a_terminal_is_attached(
         drawn: bool) -> None:
     stderr = _Terminal() if terminal else io.StringIO()
     monkeypatch.setattr("sys.stderr", stderr)
-    watch = JobWatch("j_0123456789abcdef", timeout=None, poll_s=1.0, progress=progress)
-    assert not watch.seen(_job("running", missing=7))
-    assert watch.seen(_job("done", missing=0))
-    watch.close()
+    seen: list[str] = []
+    watch = JobWatch("j_0123456789abcdef", timeout=None, poll_s=1.0,
+                     on_update=lambda job: seen.append(job["state"]))
+    with job_bar(watch, progress) as bar:
+        assert (bar is not None) is drawn
+        assert not watch.seen(_job("running", missing=7))
+        assert watch.seen(_job("done", missing=0))
+    assert seen == ["running", "done"]  # the watch's own callback, with or without the bar
+    assert watch.on_update is not None and watch.seen(_job("done", missing=0))
+    assert seen == ["running", "done", "done"]  # the bar is detached once the wait ended
     text = stderr.getvalue()
     assert ("j_0123456789abcdef" in text and "12/12" in text and "done" in text) is drawn, text
 
 
+def test_the_bar_starts_at_what_the_job_held_at_the_first_poll(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """tqdm's ``initial``: the bar's rate and time left are the job's own work, never what its
+    labels held before it began."""
+    stderr = _Terminal()
+    monkeypatch.setattr("sys.stderr", stderr)
+    watch = JobWatch("j_0123456789abcdef", timeout=None, poll_s=1.0)
+    with job_bar(watch, None) as bar:
+        assert bar is not None
+        watch.seen(_job("running", missing=5))
+        assert (bar._bar.initial, bar._bar.n, bar._bar.total) == (7, 7, 12)
+        watch.seen(_job("running", missing=2))
+        assert (bar._bar.initial, bar._bar.n) == (7, 10)
+    assert "running" in stderr.getvalue()
+
+
+def test_a_watch_hands_every_answer_to_on_update_and_decides_the_end() -> None:
+    seen: list[dict[str, Any]] = []
+    watch = JobWatch("j_0123456789abcdef", timeout=None, poll_s=1.0, on_update=seen.append)
+    answers = [_job("queued"), _job("running", missing=4), _job("stopped", missing=4)]
+    assert [watch.seen(job) for job in answers] == [False, False, True]
+    assert seen == answers and watch.last is answers[-1]
+
+
 def test_a_watch_times_out_at_its_deadline_and_not_before() -> None:
     now = [100.0]
-    watch = JobWatch("j_0123456789abcdef", timeout=2.0, poll_s=1.5, progress=False,
-                     clock=lambda: now[0])
+    watch = JobWatch("j_0123456789abcdef", timeout=2.0, poll_s=1.5, clock=lambda: now[0])
     watch.seen(_job("queued"))
     assert watch.delay() == 1.5
     now[0] = 101.0

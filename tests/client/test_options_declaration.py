@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from genaug.client import AsyncClient, Client
-from genaug.client._base import (
+from genaug.client._base import BaseClient
+from genaug.client._options import (
     OPTIONS,
-    BaseClient,
     GenerateOptions,
     GenerationOptions,
     VariantOptions,

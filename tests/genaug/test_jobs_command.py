@@ -93,7 +93,7 @@ def test_list_show_wait_and_cancel_and_their_exit_statuses(live: Any) -> None:
     assert f"genaug jobs: job {live_id} cancelled: cancelled by a client" in after.stderr
     typo = jobs("list", "--url", url, "--recipe", "shapez")
     assert typo.returncode == 1 and one_line(typo) == (
-        f"genaug jobs: 422 from {url}: recipe = 'shapez': no such recipe, and no job of one; "
+        f"genaug jobs: 404 from {url}: recipe = 'shapez': no such recipe, and no job of one; "
         "this service has: shapes")
     forgot = jobs("forget", live_id, "--url", url)
     assert forgot.returncode == 0, forgot.stderr

@@ -209,7 +209,7 @@ def test_a_few_steps_on_the_sdxl_size_random_model(tmp_path: Path) -> None:
 
     from genaug.service.adapt.train import AdaptConfig, AdaptData, adapt
 
-    bench: Any = importlib.import_module("bench.gpu.gpu_sdxl")  # from the repository root
+    bench: Any = importlib.import_module("bench.gpu._sdxl_model")  # from the repository root
     device = torch.device("cuda:0")
     model = bench.build_sdxl(device, torch.bfloat16)
     images = np.random.default_rng(0).integers(0, 256, (2, 1024, 1024, 3), dtype=np.uint8)

@@ -72,8 +72,8 @@ def test_a_person_goes_first_within_one_step_while_a_pool_fills(
         time.sleep(0.1)
     live.stop()
     with open_pool(tmp_path / "pool.db", capacity_per_label=12) as store:
-        (pool_id,) = store.pools()
-        for label, indices in store.plan_indices(pool_id).items():
+        (pool_id,) = store.reads.pools()
+        for label, indices in store.reads.plan_indices(pool_id).items():
             assert sorted(indices) == list(range(12)), label  # none repeated, none skipped
 
 

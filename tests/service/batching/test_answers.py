@@ -11,7 +11,8 @@ import pytest
 
 from genaug.service.batching.answers import charge, shares
 from genaug.service.batching.items import GroupKey, Item
-from genaug.service.batching.queue import Batch, FairQueue, Job, Part
+from genaug.service.batching.queue import Batch, FairQueue, Part
+from genaug.service.batching.request import QueuedRequest
 from genaug.service.batching.usage import Activity
 from genaug.service.metrics import Metrics
 
@@ -26,22 +27,24 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-def job(loop: asyncio.AbstractEventLoop, client: str, n: int, *, guidance: float) -> Job:
+def request(loop: asyncio.AbstractEventLoop, client: str, n: int, *,
+            guidance: float) -> QueuedRequest:
     items = [Item(f"a handwritten digit {i}, {client}", seed=SEEDS.getrandbits(63),
                   guidance=guidance, output_height=64, output_width=64) for i in range(n)]
-    return Job(key=KEY, items=items, client=client, priority="bulk", deadline=1e12, loop=loop)
+    return QueuedRequest(key=KEY, items=items, client=client, priority="bulk", deadline=1e12,
+                         loop=loop)
 
 
 def test_a_segment_is_split_by_cost_with_guidance_counting_twice(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue()
-    queue.push(job(loop, "trainer-a", 3, guidance=5.0))  # two UNet rows per image
-    queue.push(job(loop, "notebook", 1, guidance=1.0))   # one row: no unconditional half
+    queue.push(request(loop, "trainer-a", 3, guidance=5.0))  # two UNet rows per image
+    queue.push(request(loop, "notebook", 1, guidance=1.0))   # one row: no unconditional half
     head = queue.head()
     assert head is not None
     parts = queue.take(KEY, capacity=8, now=0.0, opened_by=head[:2])
-    by_client = dict(zip((p.job.client for p in parts), shares(parts, 4), strict=True))
+    by_client = dict(zip((p.request.client for p in parts), shares(parts, 4), strict=True))
     assert by_client == pytest.approx({"trainer-a": 6 / 7, "notebook": 1 / 7})
 
     activity = Activity(Metrics())
@@ -55,7 +58,7 @@ def test_a_segment_is_split_by_cost_with_guidance_counting_twice(
 
 
 def test_parts_without_a_cost_split_by_image_count(loop: asyncio.AbstractEventLoop) -> None:
-    parts = [Part(job(loop, "a", 3, guidance=5.0), start=0, count=3),
-             Part(job(loop, "b", 1, guidance=5.0), start=0, count=1)]
+    parts = [Part(request(loop, "a", 3, guidance=5.0), start=0, count=3),
+             Part(request(loop, "b", 1, guidance=5.0), start=0, count=1)]
     assert shares(parts, 4) == [0.75, 0.25]
     assert shares([], 0) == []

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from genaug.service.batching.batcher import Batcher, Job
+from genaug.service.batching.batcher import Batcher
 from genaug.service.batching.items import Flight, GroupKey, IdleWork, Item, Outcome, Paused
+from genaug.service.batching.request import QueuedRequest
 from genaug.service.errors import (
     DeadlineExceededError,
     GenerationFailedError,
@@ -117,9 +118,9 @@ def items(prompt: str, n: int, first_seed: int = 0, key: GroupKey = KEY) -> list
 
 async def assert_serves_a_request(batcher: Batcher) -> None:
     """A person's one-image request is answered with its image, whatever else ran."""
-    job = batcher.submit(KEY, items("request", 1, 5), client="a", priority="interactive",
+    request = batcher.submit(KEY, items("request", 1, 5), client="a", priority="interactive",
                          timeout_s=10)
-    assert_painted(await job.result(), [5])
+    assert_painted(await request.result(), [5])
 
 
 def drive(
@@ -152,14 +153,15 @@ def drive(
     return holder["batcher"]
 
 
-async def hold_worker(batcher: Batcher, worker: StandInWorker, client: str = "blocker") -> Job:
+async def hold_worker(batcher: Batcher, worker: StandInWorker,
+                      client: str = "blocker") -> QueuedRequest:
     """Put one image into the worker and keep it there until ``worker.gate.set()``."""
     worker.gate.clear()
     worker.entered.clear()
-    job = batcher.submit(KEY, items("blocker", 1, 9000), client=client,
+    request = batcher.submit(KEY, items("blocker", 1, 9000), client=client,
                          priority="interactive", timeout_s=30)
     assert await asyncio.to_thread(worker.entered.wait, 5), "worker never started the blocker"
-    return job
+    return request
 
 
 def sample(batcher: Batcher, name: str, **labels: str) -> float:
@@ -181,9 +183,9 @@ def assert_painted(
 
 def test_request_larger_than_a_batch_is_split_and_reassembled_in_order() -> None:
     async def test(batcher: Batcher, worker: StandInWorker) -> None:
-        job = batcher.submit(KEY, items("big", 10, 100), client="a", priority="bulk",
+        request = batcher.submit(KEY, items("big", 10, 100), client="a", priority="bulk",
                              timeout_s=10)
-        images = await job.result()
+        images = await request.result()
         assert_painted(images, range(100, 110))
         assert [len(b) for b in worker.batch_prompts()] == [4, 4, 2]
         assert batcher.queued_images == 0
@@ -194,9 +196,9 @@ def test_request_larger_than_a_batch_is_split_and_reassembled_in_order() -> None
 def test_full_batch_closes_without_waiting_for_max_wait() -> None:
     async def test(batcher: Batcher, worker: StandInWorker) -> None:
         started = time.monotonic()
-        job = batcher.submit(KEY, items("full", 4), client="a", priority="interactive",
+        request = batcher.submit(KEY, items("full", 4), client="a", priority="interactive",
                              timeout_s=30)
-        await job.result()
+        await request.result()
         # max_wait_ms is 10 s: a full batch must not sit out the wait.
         assert time.monotonic() - started < 5.0
         assert worker.batch_prompts() == [["full"] * 4]
@@ -207,9 +209,9 @@ def test_full_batch_closes_without_waiting_for_max_wait() -> None:
 def test_partial_batch_closes_after_max_wait() -> None:
     async def test(batcher: Batcher, worker: StandInWorker) -> None:
         started = time.monotonic()
-        job = batcher.submit(KEY, items("alone", 1), client="a", priority="interactive",
+        request = batcher.submit(KEY, items("alone", 1), client="a", priority="interactive",
                              timeout_s=30)
-        await job.result()
+        await request.result()
         assert time.monotonic() - started >= 0.15  # waited for mates up to max_wait_ms
         assert len(worker.calls) == 1
 
@@ -232,20 +234,20 @@ def test_requests_arriving_within_max_wait_share_a_batch() -> None:
 def test_batches_never_mix_group_keys() -> None:
     async def test(batcher: Batcher, worker: StandInWorker) -> None:
         blocker = await hold_worker(batcher, worker)
-        jobs = []
+        requests = []
         for i, key in enumerate([KEY, OTHER_KEY, KEY, OTHER_KEY]):
             name = "main" if key == KEY else "other"
-            jobs.append(batcher.submit(key, items(name, 2, 10 * i, key), client=f"c{i}",
+            requests.append(batcher.submit(key, items(name, 2, 10 * i, key), client=f"c{i}",
                                        priority="interactive", timeout_s=30))
         worker.gate.set()
-        results = await asyncio.gather(blocker.result(), *(j.result() for j in jobs))
+        results = await asyncio.gather(blocker.result(), *(j.result() for j in requests))
         for key, prompts in [(k, [it.prompt for it in its]) for k, its in worker.calls[1:]]:
             expected = "main" if key == KEY else "other"
             assert set(prompts) == {expected}, (key, prompts)
-        # Equal keys were grouped: the two jobs of each key went in one call of 4.
+        # Equal keys were grouped: the two requests of each key went in one call of 4.
         assert sorted(len(its) for _, its in worker.calls[1:]) == [4, 4]
-        for job, images in zip(jobs, results[1:], strict=True):
-            assert images.shape[1:3] == OUTPUT[job.key]
+        for request, images in zip(requests, results[1:], strict=True):
+            assert images.shape[1:3] == OUTPUT[request.key]
 
     drive(test, max_batch_images=4)
 
@@ -365,7 +367,7 @@ def test_forget_drops_queued_images_at_once() -> None:
 def test_every_request_answered_504_counts_as_dropped_once() -> None:
     # 8 requests of one trainer pass their deadline: one while its image is in the pipeline,
     # seven queued behind it. All 8 answers are 504, so the client's dropped count is 8 (it
-    # was 7: only jobs pruned from the queue were counted). The caller's own timer then
+    # was 7: only requests pruned from the queue were counted). The caller's own timer then
     # forgets the one expired in the pipeline, as the route does: still counted once.
     async def test(batcher: Batcher, worker: StandInWorker) -> None:
         worker.gate.clear()
@@ -377,9 +379,9 @@ def test_every_request_answered_504_counts_as_dropped_once() -> None:
                                  priority="interactive", timeout_s=0.2) for i in range(7)]
         await asyncio.sleep(0.4)
         worker.gate.set()
-        for job in [first, *queued]:
+        for request in [first, *queued]:
             with pytest.raises(DeadlineExceededError):
-                await job.result()
+                await request.result()
         batcher.forget(first, "expired")  # the route's timer, after the batch's own
         assert batcher.activity.clients["trainer-a"].dropped == 8
         assert sample(batcher, "genaug_dropped_before_pipeline_total", reason="expired") == 7
@@ -392,11 +394,11 @@ def test_a_request_split_over_pipeline_and_queue_counts_as_dropped() -> None:
     async def test(batcher: Batcher, worker: StandInWorker) -> None:
         worker.gate.clear()
         worker.entered.clear()
-        job = batcher.submit(KEY, items("split", 3), client="notebook", priority="interactive",
+        request = batcher.submit(KEY, items("split", 3), client="notebook", priority="interactive",
                              timeout_s=30)
         assert await asyncio.to_thread(worker.entered.wait, 5)
         assert batcher.queued_images == 1
-        batcher.forget(job, "disconnected")
+        batcher.forget(request, "disconnected")
         worker.gate.set()
         await asyncio.sleep(0.05)
         assert batcher.activity.clients["notebook"].dropped == 1
@@ -421,9 +423,9 @@ def test_worker_exception_fails_only_that_batch() -> None:
         worker.gate.set()
         await blocker.result()
         errors = []
-        for job in (boom, mate):
+        for request in (boom, mate):
             with pytest.raises(GenerationFailedError) as caught:
-                await job.result()
+                await request.result()
             errors.append(caught.value)
         assert worker.batch_prompts()[1] == ["boom", "mate"]
         error_ids = {e.error_id for e in errors}
@@ -471,9 +473,9 @@ def test_stop_fails_pending_jobs_with_shutting_down() -> None:
         pending = [batcher.submit(KEY, items(f"p{i}", 2), client=f"c{i}",
                                   priority="bulk", timeout_s=30) for i in range(2)]
         stopping = asyncio.create_task(batcher.stop())
-        for job in pending:
+        for request in pending:
             with pytest.raises(ShuttingDownError):
-                await asyncio.wait_for(job.result(), timeout=5)
+                await asyncio.wait_for(request.result(), timeout=5)
         worker.gate.set()  # stop() waits for the batch in flight: the pipeline can't be cut
         await asyncio.wait_for(stopping, timeout=10)
         assert batcher.queued_images == 0

@@ -351,11 +351,11 @@ def test_a_batch_nobody_waits_for_stops_within_one_step() -> None:
 
 def test_a_deadline_during_generation_answers_504_at_the_deadline() -> None:
     async def test(batcher: Batcher, worker: GateWorker, inner: StandInWorker) -> None:
-        job = batcher.submit(KEY, items("slow", 2, 10), client="a", priority="interactive",
+        request = batcher.submit(KEY, items("slow", 2, 10), client="a", priority="interactive",
                              timeout_s=0.5)
         await hold(worker, 2)  # held mid-batch, past the deadline below
         with pytest.raises(DeadlineExceededError, match="during generation"):
-            await asyncio.wait_for(job.result(), timeout=5)
+            await asyncio.wait_for(request.result(), timeout=5)
         assert inner.steps_run == 1  # answered while the worker was still held
         worker.stop_stepping()
         for _ in range(100):

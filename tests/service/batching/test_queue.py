@@ -1,5 +1,5 @@
 """Unit tests of the fair queue: a synchronous structure, driven directly (no batcher, no loop
-thread), with jobs whose futures live on a private event loop."""
+thread), with requests whose futures live on a private event loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from genaug.service.batching.items import GroupKey, Item
-from genaug.service.batching.queue import FairQueue, Job, Priority
+from genaug.service.batching.queue import FairQueue
+from genaug.service.batching.request import Priority, QueuedRequest
 
 KEY = GroupKey(height=8, width=8, steps=1)
 OTHER = GroupKey(height=16, width=16, steps=1)
@@ -22,7 +23,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-def job(
+def request(
     loop: asyncio.AbstractEventLoop,
     client: str,
     n: int,
@@ -30,10 +31,10 @@ def job(
     priority: Priority = "bulk",
     key: GroupKey = KEY,
     deadline: float = 1e12,
-) -> Job:
+) -> QueuedRequest:
     items = [Item(f"{client}{i}", seed=i, guidance=1.0, output_height=8, output_width=8)
              for i in range(n)]
-    return Job(key=key, items=items, client=client, priority=priority, deadline=deadline,
+    return QueuedRequest(key=key, items=items, client=client, priority=priority, deadline=deadline,
                loop=loop)
 
 
@@ -43,9 +44,9 @@ def taken(parts: list) -> list[str]:  # type: ignore[type-arg]
 
 def test_round_robin_one_image_per_client_per_turn(loop: asyncio.AbstractEventLoop) -> None:
     queue = FairQueue()
-    flood = job(loop, "a", 10)
+    flood = request(loop, "a", 10)
     queue.push(flood)
-    queue.push(job(loop, "b", 2))
+    queue.push(request(loop, "b", 2))
     assert queue.images == 12 and queue.requests == 2
     head = queue.head()
     assert head is not None and head[1] == "a"
@@ -60,9 +61,9 @@ def test_interactive_before_bulk_and_the_opener_goes_last(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue()
-    queue.push(job(loop, "bulk", 3))
-    queue.push(job(loop, "x", 1, priority="interactive"))
-    queue.push(job(loop, "y", 2, priority="interactive"))
+    queue.push(request(loop, "bulk", 3))
+    queue.push(request(loop, "x", 1, priority="interactive"))
+    queue.push(request(loop, "y", 2, priority="interactive"))
     head = queue.head()
     assert head is not None and head[:2] == ("interactive", "x")
     parts = queue.take(KEY, capacity=2, now=1.0, opened_by=head[:2])
@@ -77,8 +78,8 @@ def test_a_batch_holds_one_key_and_other_keys_keep_their_place(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue()
-    queue.push(job(loop, "a", 2, key=OTHER))
-    queue.push(job(loop, "b", 2))
+    queue.push(request(loop, "a", 2, key=OTHER))
+    queue.push(request(loop, "b", 2))
     assert queue.waiting(KEY)[1] == 2 and queue.waiting(OTHER)[1] == 2
     parts = queue.take(KEY, capacity=8, now=0.0, opened_by=("bulk", "b"))
     assert taken(parts) == ["b0", "b1"]
@@ -89,9 +90,9 @@ def test_prune_removes_expired_and_cancelled_jobs_with_their_images(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue()
-    late = job(loop, "late", 3, deadline=5.0)
-    gone = job(loop, "gone", 2)
-    kept = job(loop, "kept", 1)
+    late = request(loop, "late", 3, deadline=5.0)
+    gone = request(loop, "gone", 2)
+    kept = request(loop, "kept", 1)
     for j in (late, gone, kept):
         queue.push(j)
     gone.cancel("disconnected")
@@ -108,17 +109,17 @@ def test_a_keys_client_ids_share_one_turn(loop: asyncio.AbstractEventLoop) -> No
     queue = FairQueue()
     many = "key-0000000a"
     for i in range(10):
-        queue.push(job(loop, f"{many}/c{i}", 4))
-    queue.push(job(loop, "key-0000000b/only", 40))
+        queue.push(request(loop, f"{many}/c{i}", 4))
+    queue.push(request(loop, "key-0000000b/only", 40))
     counts: dict[str, int] = {"a": 0, "b": 0}
     seen: set[str] = set()
     for _ in range(5):
         head = queue.head()
         assert head is not None
         for part in queue.take(KEY, capacity=8, now=0.0, opened_by=head[:2]):
-            counts["a" if part.job.client.startswith(many) else "b"] += part.count
-            if part.job.client.startswith(many):
-                seen.add(part.job.client)
+            counts["a" if part.request.client.startswith(many) else "b"] += part.count
+            if part.request.client.startswith(many):
+                seen.add(part.request.client)
     assert counts == {"a": 20, "b": 20}
     assert len(seen) == 10  # the key's ids take its turn in rotation
 
@@ -143,8 +144,8 @@ def test_batches_are_opened_by_cost_served_not_by_turns(
     from genaug.service.batching.queue import image_cost
 
     queue = FairQueue()
-    queue.push(job(loop, "heavy", 1000, key=BIG))
-    queue.push(job(loop, "light", 100000))
+    queue.push(request(loop, "heavy", 1000, key=BIG))
+    queue.push(request(loop, "light", 100000))
     cost = {"heavy": 0.0, "light": 0.0}
     for _ in range(400):
         head = queue.head()
@@ -152,7 +153,7 @@ def test_batches_are_opened_by_cost_served_not_by_turns(
         parts = queue.take(head[2].key, capacity=4, now=0.0, opened_by=head[:2])
         for part in parts:
             for item in part.items:
-                cost[part.job.client] += image_cost(part.job.key, item)
+                cost[part.request.client] += image_cost(part.request.key, item)
         queue.settle(parts, sum(p.cost for p in parts) * 1e-3)  # time proportional to cost
     share = cost["heavy"] / (cost["heavy"] + cost["light"])
     assert 0.45 <= share <= 0.55, share
@@ -168,12 +169,12 @@ def test_guidance_doubles_an_images_cost() -> None:
 
 def test_a_group_joining_late_gets_no_saved_up_credit(loop: asyncio.AbstractEventLoop) -> None:
     queue = FairQueue(slice_s=0.5)
-    queue.push(job(loop, "a", 100))
+    queue.push(request(loop, "a", 100))
     for _ in range(10):
         head = queue.head()
         assert head is not None
         queue.settle(queue.take(KEY, capacity=4, now=0.0, opened_by=head[:2]), 1.0)
-    queue.push(job(loop, "b", 100))  # b is new: it starts level with a, then they alternate
+    queue.push(request(loop, "b", 100))  # b is new: it starts level with a, then they alternate
     assert queue.served("b") == queue.served("a") == 10.0
     opened = []
     for _ in range(6):
@@ -188,8 +189,8 @@ def test_the_opener_gets_the_first_image_even_in_a_batch_of_one(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue()
-    queue.push(job(loop, "a", 5))
-    queue.push(job(loop, "b", 5))
+    queue.push(request(loop, "a", 5))
+    queue.push(request(loop, "b", 5))
     parts = queue.take(KEY, capacity=1, now=0.0, opened_by=("bulk", "b"))
     assert taken(parts) == ["b0"]
 
@@ -213,8 +214,8 @@ def test_settle_charges_measured_time_not_the_formula(loop: asyncio.AbstractEven
     """The formula says ``a``'s images are cheap; measured time says they are not: after
     settling, ``b`` (served less time) opens the next batch."""
     queue = FairQueue()
-    queue.push(job(loop, "a", 10))
-    queue.push(job(loop, "b", 10, key=BIG))
+    queue.push(request(loop, "a", 10))
+    queue.push(request(loop, "b", 10, key=BIG))
     a_parts = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "a"))
     queue.settle(a_parts, seconds=10.0)  # 4 small images took 10 s
     b_parts = queue.take(BIG, capacity=4, now=0.0, opened_by=("bulk", "b"))
@@ -229,10 +230,10 @@ def test_a_segments_time_is_split_over_its_images_by_cost(
 ) -> None:
     """One batch, two groups: a guided image costs two UNet rows, an unguided one."""
     queue = FairQueue()
-    guided = job(loop, "g", 1)
+    guided = request(loop, "g", 1)
     guided.items[0] = Item("g0", seed=0, guidance=5.0, output_height=8, output_width=8)
     queue.push(guided)
-    queue.push(job(loop, "u", 1))
+    queue.push(request(loop, "u", 1))
     parts = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "g"))
     queue.settle(parts, 3.0)  # one segment (start to pause)
     queue.settle(parts, 1.5)  # the next (resume to end)
@@ -245,8 +246,8 @@ def test_a_client_between_two_requests_keeps_its_lag_up_to_one_slice(
     """A closed-loop client has nothing queued for a moment after each answer; when it asks
     again it keeps the lag it had (the ledger remembers it), at most one slice of it."""
     queue = FairQueue(slice_s=1.0)
-    queue.push(job(loop, "deep", 1000))
-    queue.push(job(loop, "loop", 4, key=BIG))
+    queue.push(request(loop, "deep", 1000))
+    queue.push(request(loop, "loop", 4, key=BIG))
     deep = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "deep"))
     queue.hold(deep)
     queue.settle(deep, 5.3)
@@ -255,14 +256,14 @@ def test_a_client_between_two_requests_keeps_its_lag_up_to_one_slice(
     queue.hold(mine)
     queue.settle(mine, 4.6)
     queue.release(mine)  # its answer goes out: "loop" has nothing queued or in the pipeline
-    queue.push(job(loop, "loop", 4, key=BIG))
+    queue.push(request(loop, "loop", 4, key=BIG))
     assert queue.served("loop") == pytest.approx(4.6)  # 0.7 behind, kept (not reset to 5.3)
     head = queue.head()
     assert head is not None and head[1] == "loop"
     queue.settle(queue.take(BIG, capacity=4, now=0.0, opened_by=head[:2]), 0.5)
     deep = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "deep"))
     queue.settle(deep, 4.0)  # "loop" now 4.2 s behind; its next request keeps one slice
-    queue.push(job(loop, "loop", 4, key=BIG))
+    queue.push(request(loop, "loop", 4, key=BIG))
     assert queue.served("loop") == pytest.approx(9.3 - 1.0)
 
 
@@ -270,15 +271,15 @@ def test_a_group_in_the_pipeline_counts_as_competing(loop: asyncio.AbstractEvent
     """While a batch of "a" runs with nothing of "a" queued, a newcomer joins level with
     "a", and the ledger is not reset as if the generator were idle."""
     queue = FairQueue(slice_s=0.1)
-    queue.push(job(loop, "a", 4))
+    queue.push(request(loop, "a", 4))
     parts = queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "a"))
     queue.hold(parts)
     queue.settle(parts, 2.0)  # a first segment (then paused, say)
-    queue.push(job(loop, "b", 1))
+    queue.push(request(loop, "b", 1))
     assert queue.served("b") == 2.0 == queue.served("a")
     assert queue.least_served("bulk", exclude={"a"}) == 2.0
     assert queue.least_served("bulk", exclude={"b"}) is None
     queue.release(parts)
     queue.take(KEY, capacity=4, now=0.0, opened_by=("bulk", "b"))
-    queue.push(job(loop, "c", 1))  # nobody competes now: everyone starts even
+    queue.push(request(loop, "c", 1))  # nobody competes now: everyone starts even
     assert queue.served("a") == queue.served("c") == 0.0

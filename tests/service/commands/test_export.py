@@ -121,7 +121,7 @@ def test_every_exported_png_has_a_manifest_row_with_what_made_it(
     store, pid = live.state.store, live.state.pools.pool_ids["shapes"]
     recipe = load_recipes(tmp_path / "recipes.yaml")["shapes"]
     weights = live.state.model.weights_hash
-    stored = list(store.iter_records(pid, include_rejected=True))
+    stored = list(store.reads.iter_records(pid, include_rejected=True))
     judged_out = next(r for r in stored if not r.judge_keep)  # squares: the judge says no
     person_out = next(r for r in stored if r.accepted and r.label == "circle")
     with Client(live.url) as client:
@@ -132,7 +132,7 @@ def test_every_exported_png_has_a_manifest_row_with_what_made_it(
     _export(out)
     rows = _rows(out)
     pngs = sorted(p.relative_to(out).as_posix() for p in out.glob("*/*.png"))
-    accepted = list(store.iter_records(pid))
+    accepted = list(store.reads.iter_records(pid))
     assert sorted(r["file"] for r in rows) == pngs and len(rows) == len(accepted) > CAPACITY
     assert [(r["label"], r["seed"]) for r in rows] == [(a.label, a.seed) for a in accepted]
     assert f"circle/{person_out.seed}.png" not in pngs  # a person's reject is not exported
@@ -235,7 +235,7 @@ def test_a_pool_stored_before_schema_4_says_what_it_did_not_record(
     # Served once by this genaug: its planner records the recipe, and the export has it.
     recipe = load_recipes(RECIPES / "digits.yaml")["digits"]
     with open_pool(db, capacity_per_label=100) as store:
-        store.record_recipe("digits-0123456789ab", recipe)
+        store.recipe_specs.record("digits-0123456789ab", recipe)
     _export(out, "--pool-path", str(db), recipe="digits")
     rows = _rows(out)
     assert [(r["label"], r["seed"]) for r in rows] == [("0", 3000), ("1", 3100), ("1", 3101),

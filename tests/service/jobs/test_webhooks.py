@@ -485,17 +485,12 @@ def test_every_url_the_served_pattern_admits_passes_the_webhooks_check(data: Any
 # -- the job loop: attempts counted, one window across restarts -------------------------------
 
 
-def _ended_job(store: Any, url: str) -> Any:
-    from genaug.service.pool.planner import PoolPlanner
-    from genaug.service.recipes.spec import LabelSpec, Recipe
-
-    recipe = Recipe(name="shapes", labels={"circle": LabelSpec(prompts=["a circle"])},
-                    height=32, width=32, steps=2, guidance=3.0)
-    planner = PoolPlanner({"shapes": recipe}, store, model_hash="m", pregenerate=False)
-    job = store.create_job(planner.pool_ids["shapes"], "shapes", "per_label", {"circle": 1},
-                           notify_url=url)
-    assert store.set_state(job.id, "done")
-    return planner, job
+def _ended_job(jobs: Any, url: str) -> Any:
+    """A done job of ``jobs``' one recipe whose webhook is pending."""
+    job = jobs.queries.create(jobs.planner.pool_ids["shapes"], "shapes", "per_label",
+                              {"circle": 1}, notify_url=url)
+    assert jobs.queries.set_state(job.id, "done")
+    return job
 
 
 def test_the_job_loop_counts_each_attempt_and_keeps_one_window_across_restarts(
@@ -503,30 +498,37 @@ def test_the_job_loop_counts_each_attempt_and_keeps_one_window_across_restarts(
     """``webhook.attempts`` is the POSTs made (a flaky receiver: 3), not the claims (1); and a
     delivery whose first attempt was longer ago than the window (a restart cut it off) makes
     no new attempt after a restart: it fails, saying why, as docs/webhooks.md says."""
+    from genaug.service.jobs.fill_jobs import FillJobs
     from genaug.service.jobs.loop import JobLoop
     from genaug.service.jobs.webhooks import MAX_ELAPSED_S
     from genaug.service.pool.open import open_pool
+    from genaug.service.pool.planner import PoolPlanner
+    from genaug.service.recipes.spec import LabelSpec, Recipe
 
+    recipe = Recipe(name="shapes", labels={"circle": LabelSpec(prompts=["a circle"])},
+                    height=32, width=32, steps=2, guidance=3.0)
     path = f"/flaky/{uuid.uuid4().hex[:8]}"
     with open_pool(tmp_path / "pool.db", capacity_per_label=10) as store:
-        planner, job = _ended_job(store, receiver.url(path))
-        late = _ended_job(store, receiver.url(f"/ok/{uuid.uuid4().hex[:8]}"))[1]
-        store.webhook_attempted(late.id, time.time() - MAX_ELAPSED_S - 5)  # an earlier run's
+        jobs = FillJobs(PoolPlanner({"shapes": recipe}, store, model_hash="m",
+                                    pregenerate=False))
+        job = _ended_job(jobs, receiver.url(path))
+        late = _ended_job(jobs, receiver.url(f"/ok/{uuid.uuid4().hex[:8]}"))
+        jobs.attempted(late.id, time.time() - MAX_ELAPSED_S - 5)  # an earlier run's
 
         async def main() -> None:
-            loop = JobLoop(planner, WebhookSender(SECRET, base_delay_s=0.05), poll_s=0.05)
+            loop = JobLoop(jobs, WebhookSender(SECRET, base_delay_s=0.05), poll_s=0.05)
             await loop.once()
             deadline = time.monotonic() + 20
-            while any((j := store.get_job(i)) is None or j.webhook_state == "pending"
+            while any((j := jobs.queries.get(i)) is None or j.webhook_state == "pending"
                       for i in (job.id, late.id)):
-                assert time.monotonic() < deadline, store.list_jobs()
+                assert time.monotonic() < deadline, jobs.queries.recent()
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.1)  # the attempts' own records land
             await loop.stop()
 
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             run(main)
-        done, given_up = store.get_job(job.id), store.get_job(late.id)
+        done, given_up = jobs.queries.get(job.id), jobs.queries.get(late.id)
     assert done is not None and given_up is not None
     assert len(receiver.at(path)) == 3
     assert (done.webhook_state, done.webhook_attempts) == ("delivered", 3)

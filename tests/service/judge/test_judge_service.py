@@ -63,11 +63,11 @@ def test_scores_are_stored_and_only_accepted_images_are_sampled_and_counted(
     rejected: dict[str, set[int]] = {}
     for label in per_label:
         for kept, into in ((True, accepted), (False, rejected)):
-            page = store.browse(pid, label, rejected=not kept, limit=100)
+            page = store.curation.browse(pid, label, rejected=not kept, limit=100)
             into[label] = {image.seed for image in page.images}
             for image in page.images:
                 # the stored score is the judge's score of the stored pixels
-                pixels = store.image(pid, label, image.seed)
+                pixels = store.curation.image(pid, label, image.seed)
                 assert pixels is not None and image.score is not None
                 again = float(judge.score(pixels[None], label)[0])
                 assert abs(image.score - again) < 1e-5, (label, image.score, again)
@@ -150,8 +150,8 @@ def test_a_clip_judge_from_a_model_folder_scores_the_pool(
     assert judge.encoder.device == live.state.model.device  # the generator's device
     for label, counts in detail["per_label"].items():
         assert counts["judged_total"] == counts["generated"] == 2, counts
-        for image in store.browse(pid, label, rejected=False, limit=10).images:
-            pixels = store.image(pid, label, image.seed)
+        for image in store.curation.browse(pid, label, rejected=False, limit=10).images:
+            pixels = store.curation.image(pid, label, image.seed)
             assert pixels is not None and image.score is not None
             assert 0.0 <= image.score <= 1.0
             assert abs(image.score - float(judge.score(pixels[None], label)[0])) < 1e-5

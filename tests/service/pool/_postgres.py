@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,3 +159,36 @@ def shared_cluster() -> PgCluster:
         _SHARED.append(cluster)
         atexit.register(cluster.destroy)
     return _SHARED[0]
+
+
+def stored_schema_version(store: Any) -> str:
+    """``meta.schema_version`` as the pool's database holds it (after an upgrade in place)."""
+    with store._tx(write=False) as conn:
+        row = store._exec(conn, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return str(row[0])
+
+
+#: What each schema version added to a PostgreSQL pool, as the statements that undo it.
+_UNDO = {
+    3: [*(f"ALTER TABLE images DROP COLUMN {c}"
+          for c in ("score", "judge_keep", "verdict", "verdict_at", "accepted")),
+        *(f"ALTER TABLE counters DROP COLUMN {c}" for c in ("judged_total", "accepted_total"))],
+    4: [*(f"ALTER TABLE images DROP COLUMN {c}" for c in ("steps", "guidance", "strength",
+                                                          "adapter_hash", "judge_key",
+                                                          "judge_settings")),
+        "DROP TABLE jobs", "DROP TABLE stops"],
+    5: ["ALTER TABLE jobs DROP COLUMN webhook_first", "DROP TABLE recipes"],
+}
+
+
+def back_to_version(store: Any, version: int) -> None:
+    """Take a PostgreSQL pool back to the layout of schema ``version`` (an older genaug's
+    database), newest change undone first, so that the next open upgrades it in place."""
+    from genaug.service.pool.types import SCHEMA_VERSION
+
+    with store._tx(write=True) as conn:
+        for added in range(SCHEMA_VERSION, version, -1):
+            for statement in _UNDO[added]:
+                store._exec(conn, statement)
+        store._exec(conn, "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                    (str(version),))

@@ -73,12 +73,12 @@ def test_the_query_and_the_gauge_count_the_same_pending_images(
     store_batch(store, recipe, pid, second, 5, rejected=3)  # 2 accepted: 4 still owed
     in_flight = store.reserve(pid, second, 2, target=6)  # in flight still holds a GPU
     assert in_flight is not None
-    store.record_stop(pid, third, "stopped: the judge accepted 0 of the 50 images of label "
+    store.stops.record(pid, third, "stopped: the judge accepted 0 of the 50 images of label "
                       f"{third!r}", "shots:0.9")  # never made: not pending
     store_batch(store, recipe, old, first, 1)
 
     stats = {p: store.stats(p) for p in (pid, old)}
-    stopped = {p: set(store.stops(p)) for p in (pid, old)}
+    stopped = {p: set(store.stops.read(p)) for p in (pid, old)}
     assert stopped == {pid: {third}, old: set()}
     figures = {p: pending_images(stats[p], stopped[p]) for p in (pid, old)}
     assert figures == {pid: (6 - 4) + (6 - 2), old: 4 - 1}

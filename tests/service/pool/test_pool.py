@@ -68,7 +68,7 @@ def test_add_and_sample_shapes_dtypes_counts(store: PoolStore) -> None:
     assert stats["R"] == LabelStats()
     assert store.fill(PID) == {"I": 10, "P": 10}
     assert store.fill("other-pool") == {}
-    assert store.pools() == [PID]
+    assert store.reads.pools() == [PID]
 
 
 def test_sample_spreads_and_caps_at_available(store: PoolStore) -> None:
@@ -137,19 +137,19 @@ def test_spread_is_even_and_random_in_remainder() -> None:
 
 def test_persists_across_reopen_and_resumes_next_index(open_store: Opener) -> None:
     store = open_store(capacity_per_label=50)
-    assert store.next_index(PID, "I") == 0
+    assert store.stats(PID, ["I"])["I"].next_index == 0
     store.add(PID, "I", _images(5), range(5), model_hash="m", next_index=5)
     store.sample(PID, ["I"], 2)
     res = store.reserve(PID, "I", 3, target=50)
     assert res is not None and res.indices == [5, 6, 7]
     store.close()
     store = open_store(capacity_per_label=50)
-    assert store.next_index(PID, "I") == 8
+    assert store.stats(PID, ["I"])["I"].next_index == 8
     # a closed store's leases go
     assert replace(store.stats(PID)["I"], newest=None) == LabelStats(5, 5, 2, 8, 2, accepted=5)
     store.add(PID, "I", _images(3), range(5, 8), model_hash="m")  # next_index kept
     store.add(PID, "I", _images(1), [9], model_hash="m", next_index=4)  # never goes back
-    assert store.next_index(PID, "I") == 8
+    assert store.stats(PID, ["I"])["I"].next_index == 8
     assert sorted(store.sample(PID, ["I"], 100).seeds.tolist()) == [0, 1, 2, 3, 4, 5, 6, 7, 9]
     assert store.integrity_check() == "ok"
     store.close()
@@ -186,7 +186,7 @@ def test_evicts_most_served_then_oldest(open_store: Opener) -> None:
     store.set_target("other", ["I"], 3)
     assert store.fill(PID)["I"] == 4 and store.fill("other") == {"I": 3}
     assert store.drop_pool("other") == 3 and store.fill("other") == {}
-    assert "other" not in store.pools() and store.stats("other") == {}
+    assert "other" not in store.reads.pools() and store.stats("other") == {}
     assert store.integrity_check() == "ok"
 
 
@@ -217,7 +217,7 @@ def test_one_channel_images_sources_and_columns(store: PoolStore) -> None:
         rows = store._exec(conn, "SELECT DISTINCT scheduler, adapter, adapter_scale, channels"
                                  " FROM images").fetchall()
     assert [tuple(r) for r in rows] == [("euler", "lora", 0.5, 1)]
-    assert [label for label, _, _ in store.iter_images(PID)] == ["depth"] * 3
+    assert [label for label, _, _ in store.reads.iter_images(PID)] == ["depth"] * 3
 
 
 def test_reserve_counts_stored_and_in_flight_as_one(store: PoolStore) -> None:
@@ -237,7 +237,7 @@ def test_reserve_counts_stored_and_in_flight_as_one(store: PoolStore) -> None:
     store.release(b)
     c = store.reserve(PID, "I", 4, target=6)
     assert c is not None and c.indices == [6, 7]
-    assert store.plan_indices(PID) == {"I": [0, 1, 2, 3]}
+    assert store.reads.plan_indices(PID) == {"I": [0, 1, 2, 3]}
     assert store.stats(PID, ["I"])["I"].generated == 4
 
 
@@ -333,7 +333,7 @@ def test_concurrent_planners_stop_exactly_at_target_without_repeats(
     assert not errors
     stats = stores[0].stats(PID, ["I"])["I"]
     assert stats.fill == stats.generated == 60 and stats.reserved == 0
-    assert stores[0].plan_indices(PID)["I"] == list(range(60))
+    assert stores[0].reads.plan_indices(PID)["I"] == list(range(60))
 
 
 def test_newer_schema_is_refused_with_a_clear_message(open_store: Opener) -> None:
@@ -434,7 +434,7 @@ from pathlib import Path
 from genaug.service.pool.open import open_pool
 
 store = open_pool(Path(sys.argv[1]), capacity_per_label=10**9)
-start = store.next_index("p", "I")
+start = store.stats("p", ["I"])["I"].next_index
 k = start
 while True:
     n = 16
@@ -542,14 +542,14 @@ def test_seeds_as_the_planner_draws_them_round_trip_exactly(store: PoolStore) ->
 
     sampled = store.sample(PID, ["3"], 12)
     assert sorted(sampled.seeds.tolist()) == sorted(seeds)
-    page = store.browse(PID, "3", rejected=False, limit=50)
+    page = store.curation.browse(PID, "3", rejected=False, limit=50)
     assert sorted(image.seed for image in page.images) == sorted(seeds)
     for k, seed in enumerate(seeds):
-        pixels = store.image(PID, "3", seed)
+        pixels = store.curation.image(PID, "3", seed)
         assert pixels is not None and pixels[0, 0, 0] == k  # the pixels of exactly that seed
-    assert store.image(PID, "3", seeds[0] + 1) is None  # one off is another image: none
+    assert store.curation.image(PID, "3", seeds[0] + 1) is None  # one off is another image: none
 
-    result = store.verdict(PID, "3", [seeds[5]], keep=False)
+    result = store.curation.verdict(PID, "3", [seeds[5]], keep=False)
     assert result.changed == [seeds[5]] and not result.unknown
     assert seeds[5] not in store.sample(PID, ["3"], 12).seeds.tolist()
-    assert store.verdict(PID, "3", [seeds[5]], keep=True).changed == [seeds[5]]
+    assert store.curation.verdict(PID, "3", [seeds[5]], keep=True).changed == [seeds[5]]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _postgres import shared_cluster
+from _postgres import back_to_version, shared_cluster, stored_schema_version
 
+from genaug.service.jobs.queries import JobQueries
 from genaug.service.pool.open import open_pool
 from genaug.service.pool.store import PoolStore
 from genaug.service.pool.types import SCHEMA_VERSION
@@ -47,20 +48,20 @@ def test_scores_stored_and_judge_rejected_never_sampled(store: PoolStore) -> Non
     assert (stats.generated, stats.judged_total, stats.accepted_total) == (8, 6, 3)
     assert store.fill(PID) == {"3": 5}
 
-    accepted = store.browse(PID, "3", rejected=False, offset=0, limit=10)
+    accepted = store.curation.browse(PID, "3", rejected=False, offset=0, limit=10)
     assert accepted.total == 5
     assert [(i.seed, i.score) for i in accepted.images] == [  # least-scored first, unjudged last
         (304, pytest.approx(0.7)), (302, pytest.approx(0.8)), (300, pytest.approx(0.9)),
         (310, None), (311, None)]
-    rejected = store.browse(PID, "3", rejected=True, offset=1, limit=1)
+    rejected = store.curation.browse(PID, "3", rejected=True, offset=1, limit=1)
     assert rejected.total == 3 and [i.seed for i in rejected.images] == [303]
     assert rejected.images[0].rejected_by == "judge" and not rejected.images[0].accepted
     assert rejected.images[0].as_dict()["score"] == pytest.approx(0.2)
-    image = store.image(PID, "3", 303)  # a rejected image's pixels can still be looked at
+    image = store.curation.image(PID, "3", 303)  # a rejected image's pixels can still be looked at
     assert image is not None and image.shape == (H, W, 1) and (image == 3).all()
-    assert store.image(PID, "3", 999) is None
-    assert sorted(s for _, s, _ in store.iter_images(PID)) == [300, 302, 304, 310, 311]
-    assert len(list(store.iter_images(PID, include_rejected=True))) == 8
+    assert store.curation.image(PID, "3", 999) is None
+    assert sorted(s for _, s, _ in store.reads.iter_images(PID)) == [300, 302, 304, 310, 311]
+    assert len(list(store.reads.iter_images(PID, include_rejected=True))) == 8
 
 
 def test_add_checks_scores_and_keep(store: PoolStore) -> None:
@@ -83,7 +84,7 @@ def test_targets_count_accepted_images(store: PoolStore) -> None:
     store.add(PID, "5", _images(2, 4), [504, 505], model_hash="m", reservation=res,
               scores=[0.9, 0.9], keep=[True, True])
     assert store.reserve(PID, "5", 10, target=4) is None
-    assert store.verdict(PID, "5", [500], keep=False).changed == [500]
+    assert store.curation.verdict(PID, "5", [500], keep=False).changed == [500]
     res = store.reserve(PID, "5", 10, target=4)  # a person's reject makes room too
     assert res is not None and res.count == 1
 
@@ -99,7 +100,7 @@ def test_rejected_images_are_bounded_oldest_first_and_lifetime_counters_stay(
     stats = store.stats(PID)["7"]
     assert (stats.accepted, stats.rejected, stats.judged_total, stats.accepted_total) == (
         3, 3, 8, 3)
-    page = store.browse(PID, "7", rejected=True, offset=0, limit=10)
+    page = store.curation.browse(PID, "7", rejected=True, offset=0, limit=10)
     assert sorted(i.seed for i in page.images) == [6, 7, 8]  # 4 and 5 (oldest) went
     assert _sampled_seeds(store, "7") == {1, 2, 3}  # accepted ones kept their room
 
@@ -107,31 +108,31 @@ def test_rejected_images_are_bounded_oldest_first_and_lifetime_counters_stay(
 def test_person_rejects_and_restores(store: PoolStore) -> None:
     store.add(PID, "2", _images(4), [20, 21, 22, 23], model_hash="m",
               scores=[0.9, 0.8, 0.1, 0.2], keep=[True, True, False, False])
-    result = store.verdict(PID, "2", [20, 22], keep=False)
+    result = store.curation.verdict(PID, "2", [20, 22], keep=False)
     assert (result.changed, result.unchanged, result.unknown) == ([20, 22], [], [])
     assert _sampled_seeds(store, "2") == {21}
     stats = store.stats(PID)["2"]
     assert (stats.accepted, stats.rejected, stats.rejected_by_person) == (1, 1, 2)
     assert stats.accepted_total == 2  # the judge's count: a person's verdict leaves it be
-    page = store.browse(PID, "2", rejected=True, offset=0, limit=10)
+    page = store.curation.browse(PID, "2", rejected=True, offset=0, limit=10)
     assert {i.seed: i.rejected_by for i in page.images} == {20: "person", 22: "person",
                                                            23: "judge"}
 
     # unknown seeds: nothing applied, the unknown ones listed
-    result = store.verdict(PID, "2", [23, 99, 98], keep=True)
+    result = store.curation.verdict(PID, "2", [23, 99, 98], keep=True)
     assert not result.applied and result.unknown == [99, 98] and result.changed == []
     assert _sampled_seeds(store, "2") == {21}
-    assert store.verdict(PID, "9", [20], keep=True).unknown == [20]  # seeds are per label
+    assert store.curation.verdict(PID, "9", [20], keep=True).unknown == [20]  # seeds are per label
 
     # restore overrides the judge's reject; restoring a judge-kept image clears the reject
-    result = store.verdict(PID, "2", [20, 23, 21], keep=True)
+    result = store.curation.verdict(PID, "2", [20, 23, 21], keep=True)
     assert (result.changed, result.unchanged) == ([20, 23], [21])
     assert _sampled_seeds(store, "2") == {20, 21, 23}
-    verdicts = {i.seed: i.verdict for i in store.browse(PID, "2", rejected=False).images}
+    verdicts = {i.seed: i.verdict for i in store.curation.browse(PID, "2", rejected=False).images}
     assert verdicts == {20: None, 21: None, 23: "restore"}
     stats = store.stats(PID)["2"]
     assert (stats.accepted, stats.rejected, stats.rejected_by_person) == (3, 0, 1)
-    assert store.verdict(PID, "2", [23], keep=False).changed == [23]  # a restore undone
+    assert store.curation.verdict(PID, "2", [23], keep=False).changed == [23]  # a restore undone
     assert _sampled_seeds(store, "2") == {20, 21}
 
 
@@ -147,16 +148,16 @@ def test_63_bit_seeds_round_trip_exactly(store: PoolStore, shapes_recipe: str) -
     seeds = [SEED_MAX, SEED_MAX - 1, 2**53 + 1, 2**53, *planned]
     store.add(PID, "5", _images(len(seeds), 50), seeds, model_hash="m",
               scores=[0.5] * len(seeds))
-    page = store.browse(PID, "5", rejected=False)
+    page = store.curation.browse(PID, "5", rejected=False)
     assert [i.seed for i in page.images] == seeds and _sampled_seeds(store, "5") == set(seeds)
-    assert store.verdict(PID, "5", [2**53 + 1, SEED_MAX], keep=False).changed == [
+    assert store.curation.verdict(PID, "5", [2**53 + 1, SEED_MAX], keep=False).changed == [
         2**53 + 1, SEED_MAX]
     assert _sampled_seeds(store, "5") == set(seeds) - {2**53 + 1, SEED_MAX}
-    rejected = store.browse(PID, "5", rejected=True)
+    rejected = store.curation.browse(PID, "5", rejected=True)
     assert [(i.seed, i.rejected_by) for i in rejected.images] == [
         (SEED_MAX, "person"), (2**53 + 1, "person")]
     for k, seed in enumerate(seeds):
-        image = store.image(PID, "5", seed)
+        image = store.curation.image(PID, "5", seed)
         assert image is not None and int(image[0, 0, 0]) == 50 + k
 
 
@@ -166,12 +167,12 @@ def test_browse_pages_through_a_label(open_store: Opener) -> None:
               scores=np.linspace(0.0, 1.0, 120), keep=[True] * 120)
     seeds: list[int] = []
     for offset in range(0, 120, 50):
-        page = store.browse(PID, "1", rejected=False, offset=offset, limit=50)
+        page = store.curation.browse(PID, "1", rejected=False, offset=offset, limit=50)
         assert page.total == 120 and page.offset == offset
         seeds += [i.seed for i in page.images]
     assert seeds == list(range(1000, 1120))
     with pytest.raises(ValueError, match="limit 1..500"):
-        store.browse(PID, "1", rejected=False, limit=0)
+        store.curation.browse(PID, "1", rejected=False, limit=0)
 
 
 def test_a_reject_on_one_replica_is_never_sampled_by_another() -> None:
@@ -181,12 +182,13 @@ def test_a_reject_on_one_replica_is_never_sampled_by_another() -> None:
         one.add(PID, "4", _images(20), range(400, 420), model_hash="m",
                 scores=[0.9] * 20)
         assert two.sample(PID, ["4"], 100).seeds.size == 20
-        assert one.verdict(PID, "4", [401, 405, 419], keep=False).changed == [401, 405, 419]
+        verdict = one.curation.verdict(PID, "4", [401, 405, 419], keep=False)
+        assert verdict.changed == [401, 405, 419]
         for _ in range(5):
             seen = set(two.sample(PID, ["4"], 100).seeds.tolist())
             assert seen == set(range(400, 420)) - {401, 405, 419}
         assert two.stats(PID)["4"].rejected_by_person == 3
-        two.verdict(PID, "4", [405], keep=True)
+        two.curation.verdict(PID, "4", [405], keep=True)
         assert 405 in set(one.sample(PID, ["4"], 100).seeds.tolist())
 
 
@@ -200,10 +202,10 @@ def test_a_version_2_file_is_upgraded_in_place_and_keeps_its_images(tmp_path: Pa
         assert stats["0"].served == 1 and stats["0"].target == 10
         sample = store.sample(PID, ["0", "1"], 10)
         assert sorted(sample.seeds.tolist()) == [2000, 2001, 2002, 2100, 2101]
-        page = store.browse(PID, "0", rejected=False)
+        page = store.curation.browse(PID, "0", rejected=False)
         assert [(i.seed, i.score, i.verdict) for i in page.images] == [
             (2000, None, None), (2001, None, None), (2002, None, None)]
-        assert store.verdict(PID, "0", [2001], keep=False).changed == [2001]
+        assert store.curation.verdict(PID, "0", [2001], keep=False).changed == [2001]
         store.add(PID, "0", _images(1), [2003], model_hash="m", next_index=4, scores=[0.5])
         assert store.stats(PID)["0"].judged_total == 1
         assert store.integrity_check() == "ok"
@@ -218,24 +220,10 @@ def test_a_version_2_postgres_database_is_upgraded_in_place() -> None:
     url = shared_cluster().new_database()
     with open_pool(url, capacity_per_label=100) as store:
         store.add(PID, "0", _images(3), [1, 2, 3], model_hash="m")
-        with store._tx(write=True) as conn:  # back to the version-2 layout
-            for column in ("score", "judge_keep", "verdict", "verdict_at", "accepted"):
-                store._exec(conn, f"ALTER TABLE images DROP COLUMN {column}")
-            for column in ("judged_total", "accepted_total"):
-                store._exec(conn, f"ALTER TABLE counters DROP COLUMN {column}")
-            for column in ("steps", "guidance", "strength", "adapter_hash", "judge_key",
-                           "judge_settings"):  # and what version 4 added
-                store._exec(conn, f"ALTER TABLE images DROP COLUMN {column}")
-            store._exec(conn, "DROP TABLE jobs")
-            store._exec(conn, "DROP TABLE stops")
-            store._exec(conn, "DROP TABLE recipes")
-            store._exec(conn, "UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        back_to_version(store, 2)
     with open_pool(url, capacity_per_label=100) as store:
         assert store.stats(PID)["0"].accepted == 3
-        assert store.verdict(PID, "0", [2], keep=False).changed == [2]
+        assert store.curation.verdict(PID, "0", [2], keep=False).changed == [2]
         assert set(store.sample(PID, ["0"], 10).seeds.tolist()) == {1, 3}
-        with store._tx(write=False) as conn:
-            row = store._exec(
-                conn, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        assert row[0] == str(SCHEMA_VERSION)
-        assert store.create_job(PID, "digits", "per_label", {"0": 3}).state == "queued"
+        assert stored_schema_version(store) == str(SCHEMA_VERSION)
+        assert JobQueries(store).create(PID, "digits", "per_label", {"0": 3}).state == "queued"

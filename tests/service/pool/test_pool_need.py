@@ -18,6 +18,7 @@ import pytest
 
 from genaug.client import Client, InvalidRequestError
 from genaug.service.errors import PoolFullError
+from genaug.service.jobs.fill_jobs import FillJobs
 from genaug.service.pool.choice import allocate, choose_label, label_score, label_weight
 from genaug.service.pool.need import MAX_CLIENTS_PER_RECIPE, NeedBoard
 from genaug.service.pool.open import open_pool
@@ -179,21 +180,28 @@ def test_allocate_sums_to_the_budget_and_follows_the_weights() -> None:
                         budget, room, weights, out)
 
 
+def _spend(jobs: FillJobs, images: int) -> dict[str, int]:
+    """An ``images`` fill of recipe ``r``: what each label was asked."""
+    answer, _ = jobs.budget("r", images)
+    return dict(answer["per_label"])
+
+
 def test_the_planner_spends_a_budget_by_need(tmp_path: Path) -> None:
     with _planner(tmp_path, 12, pregenerate=False, need_half_life_s=3600.0) as planner:
-        planner.raise_target("r", 2)
+        jobs = FillJobs(planner)
+        jobs.fill("r", 2)
         planner.report_need("r", "trainer-a", {"triangle": 1.0})
         # from the targets 2: weights 1, 1, 4 split 21 as 3.5, 3.5, 14 -> triangle capped at
         # its room 12 - 2 = 10; the 11 left split 5.5, 5.5 -> 6, 5 (the tie to circle)
-        assert planner.spend("r", 21) == {"circle": 6, "square": 5, "triangle": 10}
+        assert _spend(jobs, 21) == {"circle": 6, "square": 5, "triangle": 10}
         stats = planner.store.stats(planner.pool_ids["r"], LABELS)
         assert {k: s.target for k, s in stats.items()} == {
             "circle": 8, "square": 7, "triangle": 12}
         # more than the room left (4 + 5 + 0): the room is asked for, and the caller says so
-        assert planner.spend("r", 10) == {"circle": 4, "square": 5, "triangle": 0}
+        assert _spend(jobs, 10) == {"circle": 4, "square": 5, "triangle": 0}
         # no room at all: 409, naming the field and the fix
         with pytest.raises(PoolFullError, match="no room left") as info:
-            planner.spend("r", 1)
+            _spend(jobs, 1)
         assert info.value.field == "images" and "GENAUG_POOL_CAPACITY_PER_LABEL" in str(
             info.value)
 
@@ -202,13 +210,14 @@ def test_a_budget_on_a_pre_generating_planner_moves_work_forward(tmp_path: Path)
     # Pre-generating: every label is already headed for the capacity, so a budget cannot
     # add work; it asks for images of the remaining work, which go before the background.
     with _planner(tmp_path, 12, pregenerate=True, need_half_life_s=3600.0) as planner:
+        jobs = FillJobs(planner)
         pid = planner.pool_ids["r"]
         work = planner.next_idle_batch(4)  # background: the emptiest first
         assert work is not None and work.items[0].prompt == "circle"
         work.on_done(_outcome(len(work.items)))
         planner.report_need("r", "trainer-a", {"triangle": 1.0})
         # circle holds 4: room 8, 12, 12; weights 1, 1, 4 split 6 as 1, 1, 4
-        assert planner.spend("r", 6) == {"circle": 1, "square": 1, "triangle": 4}
+        assert _spend(jobs, 6) == {"circle": 1, "square": 1, "triangle": 4}
         asked = {k: planner.asked("r", k, s.target)
                  for k, s in planner.store.stats(pid, LABELS).items()}
         assert asked == {"circle": 5, "square": 1, "triangle": 4}
@@ -222,7 +231,7 @@ def test_a_budget_on_a_pre_generating_planner_moves_work_forward(tmp_path: Path)
         assert made[:6].count("triangle") == 4 and sorted(made[:6]) == sorted(
             ["triangle"] * 4 + ["circle", "square"]), made
         # then the background carries on to the capacity: nothing is full yet, no 409
-        assert sum(planner.spend("r", 100).values()) == 12 * 3 - 10  # all the room left
+        assert sum(_spend(jobs, 100).values()) == 12 * 3 - 10  # all the room left
 
 
 # -- the route ---------------------------------------------------------------------------------

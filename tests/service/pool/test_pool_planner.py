@@ -19,6 +19,7 @@ from PIL import Image
 
 from genaug.service.batching.items import IdleWork, Outcome
 from genaug.service.errors import PoolUnavailableError
+from genaug.service.jobs.fill_jobs import FillJobs
 from genaug.service.pool.open import open_pool
 from genaug.service.pool.planner import PoolPlanner
 from genaug.service.pool.serving import PoolServing
@@ -132,15 +133,15 @@ def test_shared_targets_and_local_ones(store: PoolStore) -> None:
     a = PoolPlanner(recipes, store, model_hash="m", pregenerate=False)
     b = PoolPlanner(recipes, store, model_hash="m", pregenerate=False)
     assert a.next_idle_batch(8) is None
-    a.raise_target("r", 2)  # a fill on one replica: every replica fills to it
+    FillJobs(a).fill("r", 2)  # a fill job on one replica: every replica fills to it
     work = b.next_idle_batch(8)
     assert work is not None and len(work.items) == 2
-    b.raise_target("r", 3, shared=False)  # in-process pregenerate: this planner only
+    b.raise_target("r", 3)  # in-process pregenerate: this planner alone
     assert a.next_idle_batch(8) is not None  # a's other label
     assert a.next_idle_batch(8) is None
     assert b.next_idle_batch(8) is not None
     with pytest.raises(Exception, match="exceeds the pool capacity"):
-        a.raise_target("r", 5)
+        FillJobs(a).fill("r", 5)
 
 
 def test_recipe_fields_reach_the_group_key_and_items(store: PoolStore) -> None:

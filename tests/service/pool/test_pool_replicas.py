@@ -95,7 +95,7 @@ def wait_until(check: Any, timeout: float = 180, what: str = "") -> None:
 def pool_contents(url: str, pid: str) -> tuple[dict[str, list[int]], list[int]]:
     """Plan indices per label and every seed, read straight from the database."""
     with open_pool(url, capacity_per_label=10**6) as store:
-        return store.plan_indices(pid), [seed for _, seed, _ in store.iter_images(pid)]
+        return store.reads.plan_indices(pid), [seed for _, seed, _ in store.reads.iter_images(pid)]
 
 
 def pool_generated(live: Any) -> float:
@@ -273,10 +273,10 @@ def test_sqlite_replicas_with_a_plan_partition_never_repeat_a_seed(
         wait_until(lambda live=live: sum(_fill(live).values()) == 30, what="a replica's fill")
         live.stop()
         with open_pool(path, capacity_per_label=100) as store:
-            (pid,) = store.pools()
-            everything = store.plan_indices(pid)
+            (pid,) = store.reads.pools()
+            everything = store.reads.plan_indices(pid)
             new.append({k: [x for x in v if x >= 3] for k, v in everything.items()})
-            seeds.append({seed for _, seed, _ in store.iter_images(pid)})
+            seeds.append({seed for _, seed, _ in store.reads.iter_images(pid)})
     for label in LABELS:
         assert all(x % 2 == 0 for x in new[0][label])
         assert all(x % 2 == 1 for x in new[1][label])

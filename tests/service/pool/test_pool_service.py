@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from genaug.client import Client
+from genaug.service.jobs.queries import JobQueries
 from genaug.service.pool.open import open_pool
 from genaug.wire import decode_batch
 
@@ -314,7 +315,7 @@ def test_pregenerate_in_process_resumes_and_stops_cleanly_on_ctrl_c(
 
 def _fill(db: Path) -> dict[str, int]:
     with open_pool(db, capacity_per_label=1000) as store:
-        pools = store.pools()
+        pools = store.reads.pools()
         return store.fill(pools[0]) if pools else {}
 
 
@@ -326,6 +327,8 @@ def test_pool_list_and_drop_commands(tmp_path: Path) -> None:
                   model_hash="m")
         store.add("shapes-bbbbbbbbbbbb", "circle", np.zeros((1, 4, 4, 3), np.uint8), [3],
                   model_hash="m")
+        live = JobQueries(store).create("shapes-aaaaaaaaaaaa", "shapes", "per_label",
+                                        {"circle": 5})
     base = [sys.executable, "-m", "genaug.cli", "pool"]
     listing = subprocess.run([*base, "list", "--pool-path", str(db)], capture_output=True,
                              text=True, timeout=120)
@@ -339,7 +342,10 @@ def test_pool_list_and_drop_commands(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert drop.returncode == 0 and "2 images deleted" in drop.stdout, drop.stderr
     with open_pool(db, capacity_per_label=10) as store:
-        assert store.pools() == ["shapes-bbbbbbbbbbbb"]
+        assert store.reads.pools() == ["shapes-bbbbbbbbbbbb"]
+        failed = JobQueries(store).get(live.id)  # the pool's live job failed with it
+        assert failed is not None and (failed.state, failed.reason) == (
+            "failed", "its pool was dropped (genaug pool drop)")
     nowhere = subprocess.run([*base, "list", "--pool-path", str(tmp_path / "none.db")],
                              capture_output=True, text=True, timeout=120)
     assert nowhere.returncode == 2 and "no pool database" in nowhere.stderr

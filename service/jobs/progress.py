@@ -1,7 +1,7 @@
 """How far a job is, and its next state: pure, given the counts read now and ``now``.
 
 Nothing here reads the pool or the clock: the caller passes the job
-(:class:`~genaug.service.pool.types.Job`), the recipe's current
+(:class:`~genaug.service.jobs.types.Job`), the recipe's current
 :class:`~genaug.service.pool.types.LabelStats` per label (one snapshot of
 :meth:`~genaug.service.pool.store.PoolStore.stats`), the labels the judge stopped and ``now``
 (seconds since the epoch, the clock of the job's ``created``).
@@ -28,7 +28,7 @@ done); ``last_image``: when the newest image of its labels was added, if after t
 Example::
 
     progress = job_progress(job, store.stats(pid, list(job.asked)), stopped={}, now=time.time())
-    progress.state, progress.per_label["circle"].accepted, progress.eta_s
+    progress.state, progress.labels["circle"].accepted, progress.eta_s
 """
 
 from __future__ import annotations
@@ -37,40 +37,39 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .types import Job, LabelStats
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["JobProgress", "LabelProgress", "job_progress"]
+from ..pool.types import LabelStats
+from .types import Job
+
+__all__ = ["JobLabel", "JobProgress", "job_progress"]
 
 
-@dataclass(frozen=True)
-class LabelProgress:
-    """One label of a job: ``asked``, images ``made`` since the start (``accepted`` +
-    ``rejected``), ``fill`` now, ``missing`` (what keeps it from ``met``), ``stopped``."""
+class JobLabel(BaseModel):
+    """One label of a job: what it asked, what was made since it began, and the fill now."""
 
-    asked: int
-    made: int
+    # One declaration: the progress computed here, stored as a job ends, and served.
+    model_config = ConfigDict(frozen=True)
+
+    asked: int = Field(description="per_label: the fill to hold; images: the images to gain.")
+    made: int = Field(description="Images made since the job began (accepted + rejected).")
     accepted: int
-    rejected: int
-    fill: int
-    missing: int
+    rejected: int = Field(description="Made and rejected by the recipe's judge.")
+    fill: int = Field(description="The label's accepted images now.")
+    missing: int = Field(description="What keeps the label from met.")
     met: bool
-    stopped: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"asked": self.asked, "made": self.made, "accepted": self.accepted,
-                "rejected": self.rejected, "fill": self.fill, "missing": self.missing,
-                "met": self.met, "stopped": self.stopped}
+    stopped: bool = Field(description="The judge stopped the label: no more are made.")
 
 
 @dataclass(frozen=True)
 class JobProgress:
     """A job's progress at ``now``: ``state`` (the next one: compare with ``job.state``),
-    ``reason`` (why stopped, naming the labels, with the judge's reason and fix), per label
-    counts, ``rate`` (accepted images per second since created) and ``eta_s``."""
+    ``reason`` (why stopped, naming the labels, with the judge's reason and fix), ``labels``
+    (each label's counts), ``rate`` (accepted images per second since created) and ``eta_s``."""
 
     state: str
     reason: str | None
-    per_label: dict[str, LabelProgress] = field(default_factory=dict)
+    labels: dict[str, JobLabel] = field(default_factory=dict)
     rate: float = 0.0
     eta_s: float | None = None
     #: When an image the job counts was last added (seconds since the epoch; None: none
@@ -79,23 +78,24 @@ class JobProgress:
 
     @property
     def made(self) -> int:
-        return sum(p.made for p in self.per_label.values())
+        return sum(p.made for p in self.labels.values())
 
     @property
     def accepted(self) -> int:
-        return sum(p.accepted for p in self.per_label.values())
+        return sum(p.accepted for p in self.labels.values())
 
     def as_dict(self) -> dict[str, Any]:
-        """What :meth:`~genaug.service.pool.jobs.JobQueries.set_state` stores as the job's
-        ``result`` when it ends (:meth:`from_dict` reads it back)."""
+        """What :meth:`~genaug.service.jobs.queries.JobQueries.set_state` stores as the job's
+        ``result`` when it ends (:meth:`from_dict` reads it back), under the job JSON's
+        names."""
         return {"state": self.state, "reason": self.reason,
-                "per_label": {label: p.as_dict() for label, p in self.per_label.items()},
+                "per_label": {label: p.model_dump() for label, p in self.labels.items()},
                 "rate": self.rate, "eta_s": self.eta_s}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobProgress:
         return cls(str(data["state"]), data.get("reason"),
-                   {str(label): LabelProgress(**p) for label, p in data["per_label"].items()},
+                   {str(label): JobLabel(**p) for label, p in data["per_label"].items()},
                    float(data.get("rate", 0.0)), data.get("eta_s"))
 
 
@@ -106,8 +106,8 @@ def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str
     ended job with a stored ``result`` answers that: what it had when it ended."""
     if not job.live and job.result is not None:
         ended = JobProgress.from_dict(job.result)
-        return JobProgress(job.state, job.reason, ended.per_label, ended.rate, ended.eta_s)
-    per_label: dict[str, LabelProgress] = {}
+        return JobProgress(job.state, job.reason, ended.labels, ended.rate, ended.eta_s)
+    labels: dict[str, JobLabel] = {}
     added = [stats[label].newest for label in job.asked if label in stats]
     newest = [t for t in added if t is not None and t >= job.created]
     for label, asked in job.asked.items():
@@ -122,14 +122,15 @@ def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str
         # the asks before it; only images beyond those are the job's.
         have = s.fill if job.kind == "per_label" else max(0, accepted - start.get("reserved", 0))
         missing = max(0, asked - have)
-        per_label[label] = LabelProgress(asked, made, accepted, min(rejected, made), s.fill,
-                                         missing, missing == 0, label in stopped)
-    accepted_all = sum(p.accepted for p in per_label.values())
+        labels[label] = JobLabel(
+            asked=asked, made=made, accepted=accepted, rejected=min(rejected, made),
+            fill=s.fill, missing=missing, met=missing == 0, stopped=label in stopped)
+    accepted_all = sum(p.accepted for p in labels.values())
     elapsed = now - job.created
     rate = accepted_all / elapsed if elapsed > 0 and accepted_all > 0 else 0.0
-    missing_all = sum(p.missing for p in per_label.values())
+    missing_all = sum(p.missing for p in labels.values())
     eta = 0.0 if missing_all == 0 else (missing_all / rate if rate > 0 else None)
-    blocked = sorted(label for label, p in per_label.items() if not p.met and p.stopped)
+    blocked = sorted(label for label, p in labels.items() if not p.met and p.stopped)
     reason = None
     if not job.live:
         state, reason = job.state, job.reason
@@ -138,8 +139,8 @@ def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str
     elif blocked:
         state = "stopped"
         reason = "; ".join(f"label {label!r} {stopped[label]}" for label in blocked)
-    elif job.state == "running" or any(p.made > 0 for p in per_label.values()):
+    elif job.state == "running" or any(p.made > 0 for p in labels.values()):
         state = "running"
     else:
         state = "queued"
-    return JobProgress(state, reason, per_label, rate, eta, max(newest, default=None))
+    return JobProgress(state, reason, labels, rate, eta, max(newest, default=None))

@@ -1,0 +1,70 @@
+"""The pool database's tables of schema 4 and later, one text for both backends.
+
+The store is the database: its schema, whatever feature reads or writes a table, is written
+here and created by the backends (:mod:`~genaug.service.pool.sqlite`,
+:mod:`~genaug.service.pool.postgres`), with their upgrades. The features own their queries:
+``jobs`` is the fill jobs' (:mod:`genaug.service.jobs.queries`), ``stops`` the judge's
+(:mod:`~genaug.service.pool.stop_queries`), ``recipes`` the recipe specs'
+(:mod:`~genaug.service.pool.recipe_specs`).
+
+The dialects differ only where filled in: ``real`` is the backend's float type, ``options``
+what follows a table's definition (SQLite: `` WITHOUT ROWID``: the keys are text).
+
+Example::
+
+    schema_tables(real="DOUBLE PRECISION")                # PostgreSQL
+    schema_tables(real="REAL", options=" WITHOUT ROWID")  # SQLite
+"""
+
+from __future__ import annotations
+
+__all__ = ["schema_tables"]
+
+# Version 4 (jobs, stops) and 5 (recipes, jobs.webhook_first). No semicolons but between
+# statements: the text is split on them.
+_TABLES = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id               TEXT PRIMARY KEY,
+    pool_id          TEXT    NOT NULL,
+    recipe           TEXT    NOT NULL,
+    kind             TEXT    NOT NULL,
+    state            TEXT    NOT NULL,
+    asked            TEXT    NOT NULL,
+    start            TEXT    NOT NULL,
+    notify_url       TEXT,
+    reason           TEXT,
+    created          {real}  NOT NULL,
+    updated          {real}  NOT NULL,
+    ended            {real},
+    webhook_state    TEXT,
+    webhook_claim    TEXT,
+    webhook_until    {real},
+    webhook_attempts INTEGER NOT NULL DEFAULT 0,
+    result           TEXT,
+    webhook_first    {real}
+){options};
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created);
+CREATE TABLE IF NOT EXISTS stops (
+    pool_id    TEXT   NOT NULL,
+    label      TEXT   NOT NULL,
+    reason     TEXT   NOT NULL,
+    judge_key  TEXT   NOT NULL,
+    stopped_at {real} NOT NULL,
+    PRIMARY KEY (pool_id, label)
+){options};
+CREATE TABLE IF NOT EXISTS recipes (
+    pool_id   TEXT    PRIMARY KEY,
+    recipe    TEXT    NOT NULL,
+    spec      TEXT    NOT NULL,
+    spec_hash TEXT    NOT NULL,
+    recorded  {real}  NOT NULL
+){options}
+"""
+
+
+def schema_tables(*, real: str, options: str = "") -> list[str]:
+    """The tables and indexes of schema 4 and later, one statement each, in one backend's
+    dialect (module doc)."""
+    script = _TABLES.format(real=real, options=options)
+    return [statement.strip() for statement in script.split(";") if statement.strip()]
