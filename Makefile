@@ -48,7 +48,7 @@ test-slow: $(STAMP) $(KEDA)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy service client trainer genaug
+	$(BIN)/mypy service client trainer genaug torchfeed
 
 bench: $(STAMP)
 	$(BIN)/python -m bench all

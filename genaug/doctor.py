@@ -19,7 +19,9 @@ gpus     the GPUs TensorFlow would use here (NVML UUIDs, ``CUDA_VISIBLE_DEVICES`
 xla      when TensorFlow was built with CUDA: XLA's CUDA data directory (``XLA_FLAGS=
          --xla_gpu_cuda_data_dir``) and ``nvvm/libdevice/libdevice.10.bc`` in it
 versions TensorFlow, Keras, the NVIDIA driver (against TensorFlow's CUDA), genaug here and
-         there
+         there; with ``--trainer torch``: torch and the driver against torch's CUDA, and
+         no xla check (a PyTorch trainer: :mod:`genaug.torch`, whose ``diagnose()`` runs
+         the loader itself)
 memory   host memory available against the reservoir ``genaug train`` would allocate
 ======== ====================================================================================
 
@@ -51,6 +53,7 @@ from genaug.trainer.hardware.host import (
     Host,
     check_gpus,
     check_memory,
+    check_torch_versions,
     check_versions,
     check_xla,
     ok,
@@ -197,6 +200,7 @@ class Options:
     slots_per_class: int = 128
     epoch_s: float | None = None
     timeout: float = 2.0
+    trainer: str = "tensorflow"
 
 
 def run_checks(options: Options, host: Host | None = None) -> list[Check]:
@@ -245,8 +249,12 @@ def run_checks(options: Options, host: Host | None = None) -> list[Check]:
                     pregenerate=bool((info.get("replica") or {}).get("pregenerate", True)),
                     url=url))
             checks.append(check_gpus(info, url, host))
-    checks.append(check_xla(host))
-    checks.append(check_versions(host, None if info is None else info.get("version")))
+    service_version = None if info is None else info.get("version")
+    if options.trainer == "torch":  # no TensorFlow, no XLA: torch and its CUDA
+        checks.append(check_torch_versions(host, service_version))
+    else:
+        checks.append(check_xla(host))
+        checks.append(check_versions(host, service_version))
     why = ("the service did not answer" if info is None else
            f"recipe {options.recipe!r} not found" if options.recipe else "pass --recipe")
     checks.append(check_memory(detail, options.slots_per_class, host, unsized=why))
@@ -354,6 +362,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default %(default)s)")
     parser.add_argument("--epoch-s", type=float, default=None,
                         help="how long the first epoch takes: is the pool full by then?")
+    parser.add_argument("--trainer", choices=("tensorflow", "torch"), default="tensorflow",
+                        help="the trainer's framework: torch checks torch and its CUDA instead "
+                             "of TensorFlow, Keras and XLA (genaug.torch; default "
+                             "%(default)s)")
     parser.add_argument("--timeout", type=float, default=2.0,
                         help="seconds to wait for each answer of the service")
     parser.add_argument("--json", action="store_true",
@@ -371,7 +383,7 @@ def run(args: argparse.Namespace, *, host: Host | None = None,
     """Run the checks for parsed arguments; print them; 1 when any failed, else 0."""
     options = Options(url=(args.url or _default_url()).rstrip("/"), recipe=args.recipe,
                       api_key=args.api_key, slots_per_class=args.slots_per_class,
-                      epoch_s=args.epoch_s, timeout=args.timeout)
+                      epoch_s=args.epoch_s, timeout=args.timeout, trainer=args.trainer)
     checks = run_checks(options, host)
     out = write or sys.stdout.write
     if args.json:

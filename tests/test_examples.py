@@ -169,6 +169,34 @@ def test_trainer_example_trains_with_the_service(make_service: Any, tmp_path: Pa
     assert "tensorflow" not in sys.modules
 
 
+def test_torch_trainer_example_trains_with_the_service(make_service: Any, tmp_path: Path) -> None:
+    """examples/torch_trainer.py in a process where TensorFlow cannot load: a MixedDataset in
+    a DataLoader of 2 workers, each drawing its own stream under the example's one trainer
+    name, prefilled before its first batch (so synthetic examples are handed out)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (pip install 'genaug[torch]')")
+    live = make_service(recipes=RECIPES, pool_path=tmp_path / "pool.db",
+                        pool_capacity_per_label=8, max_batch_images=8)
+    wait_pool(live.url, 8)
+    script = EXAMPLES / "torch_trainer.py"
+    code = ("import runpy, sys\n"
+            "sys.modules['tensorflow'] = None; sys.modules['keras'] = None  # an import fails\n"
+            f"sys.argv = [{str(script)!r}, {live.url!r}, '--epochs', '3']\n"
+            f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    env = {k: v for k, v in os.environ.items() if k != "GENAUG_URL"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=180, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    match = re.search(r"genaug.torch: (\d+) synthetic and (\d+) real examples \((\d+)% "
+                      r"synthetic\), (\d+) pool images received by 2 worker", proc.stdout)
+    assert match, proc.stdout[-3000:]
+    synthetic, real, _, received = (int(g) for g in match.groups())
+    assert synthetic > 0 and real > 0 and received > 0, match.group(0)
+    assert "epoch 3: loss" in proc.stdout and "ok   fork" in proc.stdout, proc.stdout[-3000:]
+    clients = {c["client"] for c in httpx.get(live.url + "/v1/clients").json()["clients"]}
+    assert {"torch-example/r0/w0", "torch-example/r0/w1"} <= clients, clients
+
+
 def run_misconfigured(name: str, args: list[str], cwd: Path, timeout: float = 240) -> str:
     """Run ``examples/NAME.py ARGS``, which must fail; return the one line it ended with."""
     cmd = [sys.executable, str(EXAMPLES / f"{name}.py"), *args]
@@ -188,6 +216,17 @@ def test_trainer_example_without_its_recipe_ends_in_one_line(
     """A service started without recipes/wound_phases.yaml: the example names the recipe it
     asked for and what the service has (before: a 5-frame traceback)."""
     line = run_misconfigured("trainer_example", [service.url], tmp_path)
+    assert "'wound-phases'" in line and "GENAUG_RECIPES" in line, line
+
+
+def test_torch_trainer_example_without_its_recipe_ends_in_one_line(
+    service: Any, tmp_path: Path
+) -> None:
+    """The PyTorch example against a service without recipes/wound_phases.yaml: one line
+    naming the recipe and what the service has, as the TensorFlow examples end."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (pip install 'genaug[torch]')")
+    line = run_misconfigured("torch_trainer", [service.url], tmp_path)
     assert "'wound-phases'" in line and "GENAUG_RECIPES" in line, line
 
 

@@ -21,7 +21,7 @@ from genaug.cli import COMMANDS
 ROOT = Path(__file__).resolve().parents[1]
 #: Top-level folders and the import names pyproject.toml maps them to.
 PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.client",
-            "trainer": "genaug.trainer"}
+            "trainer": "genaug.trainer", "torchfeed": "genaug.torch"}
 
 #: service/'s rooms from the top down: each imports only rooms below it. The wiring (test
 #: support, the commands, adapt (``genaug adapt``'s work: it uses the pipeline and the judge),
@@ -50,6 +50,12 @@ FENCES = {
     "genaug.client": ("genaug.client", "genaug.wire", "genaug.job_states"),
     "genaug.trainer": ("genaug.trainer", "genaug.client", "genaug.wire", "genaug.digits",
                        "genaug.local_service", "genaug"),
+    # PyTorch trainers: the client and the TensorFlow-free half of the trainer's feeding (the
+    # feeder, its preflight, the class-error measure), never its TensorFlow rooms.
+    "genaug.torch": ("genaug.torch", "genaug.client", "genaug.wire",
+                     "genaug.trainer.feeding.feeder", "genaug.trainer.feeding.cycle",
+                     "genaug.trainer.feeding.preflight", "genaug.trainer.feeding.class_error",
+                     "genaug.trainer.feeding.labels", "genaug"),
 }
 
 #: genaug/'s ground: what every package beside it may import (the wire format, the digits,
@@ -219,13 +225,14 @@ def test_genaugs_ground_imports_only_the_ground() -> None:
 def test_every_module_of_genaug_is_ground_or_roof_and_the_roof_is_fenced_off() -> None:
     modules = _modules()
     top = {".".join(m.split(".")[:2]) for m in modules if m.split(".")[:2][-1] not in
-           {"service", "client", "trainer"}}
+           {"service", "client", "trainer", "torch"}}
     assert top == set(GROUND) | set(ROOF), (
         f"place these in GROUND or ROOF (and in docs/architecture.md): "
         f"{top ^ (set(GROUND) | set(ROOF))}")
     wrong = []
     for module, path in modules.items():
-        if (module.startswith(("genaug.service", "genaug.client", "genaug.trainer"))
+        if (module.startswith(("genaug.service", "genaug.client", "genaug.trainer",
+                               "genaug.torch"))
                 and module not in ROOF_ELSEWHERE):
             for target, line in _imports(module, path):
                 resolved = _resolve(target, modules) or target

@@ -13,7 +13,8 @@ substitutions are these, so a block that stops working fails this test:
 
 The trainer blocks (the reservoir, feeder and strategy block, then the need block that
 continues it) run in one TensorFlow child process, as a user's script would: TensorFlow
-never loads in the pytest process. The bash lines run in ``bash`` with the checkout's
+never loads in the pytest process. The PyTorch block runs in a child process of its own, where
+an import of TensorFlow fails. The bash lines run in ``bash`` with the checkout's
 environment first on ``PATH`` (``genaug``, ``python``), except the ones in ``NOT_RUN``, each
 with its reason; the ``genaug`` and training-script lines among those are still parsed by
 their own argument parsers, so a flag the README names and they lack fails here. After all
@@ -135,7 +136,8 @@ def run(code: str, url: str, **names: Any) -> dict[str, Any]:
 
 def test_every_block_is_run_or_listed() -> None:
     python = code_blocks("python")
-    assert len(python) == 4, "a new python block: run it below"
+    assert len(python) == 5, "a new python block: run it below"
+    assert sum("from genaug.torch import" in b for b in python) == 1
     assert sum("from genaug.client import Client\n\nwith Client(" in b for b in python) == 1
     assert sum(b.startswith("out = client.variants(real_images") for b in python) == 1
     assert sum("from genaug.trainer import" in b for b in python) == 2
@@ -247,6 +249,51 @@ def test_the_trainer_blocks(url: str) -> None:
     detail = httpx.get(url + "/v1/recipes/wound-phases").json()
     assert set(detail["need"]) == {"I", "P", "R"} and detail["need"]["P"] > 0, detail["need"]
     assert any(v["asked"] > 0 for v in detail["per_label"].values()), detail["per_label"]
+
+
+TORCH_CHILD = """
+import json, sys
+sys.modules["tensorflow"] = None  # the PyTorch path: an import of TensorFlow fails
+sys.modules["keras"] = None
+namespace = {}
+exec(compile(sys.argv[1], "README.md", "exec"), namespace)
+print(json.dumps({k: float(v) for k, v in namespace["train"].stats().items()}))
+"""
+
+
+def test_the_torch_block(url: str) -> None:
+    """The PyTorch block in a process of its own: both workers drew pool images under the
+    block's one trainer name, its need reached the service as that one trainer's, and
+    diagnose found the loader clean."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (pip install 'genaug[torch]')")
+    block = next(b for b in code_blocks("python") if "from genaug.torch import" in b)
+    # The service has had a while to pre-generate, as a trainer finds it: every label holds
+    # images (else diagnose rightly says the mix is starved of the empty ones).
+    deadline = time.monotonic() + 120
+    def least() -> int:
+        fill = httpx.get(url + "/v1/recipes/wound-phases").json()["fill"]
+        return min(fill.get(label, 0) for label in "IPR")
+
+    while least() < 8:
+        assert time.monotonic() < deadline, "the wound-phases pool did not fill"
+        time.sleep(0.2)
+    done = subprocess.run([sys.executable, "-c", TORCH_CHILD, block.replace(URL_IN_README, url)],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.strip().splitlines()
+    stats = json.loads(lines[-1])
+    assert stats["synthetic"] > 0 and stats["real"] > 0 and stats["received"] > 0, stats
+    assert stats["failures"] == 0, stats
+    assert [line.split()[:2] for line in lines[-6:-1]] == [
+        ["ok", check] for check in ("fork", "service", "starved", "reuse", "waits")], lines
+    clients = {c["client"] for c in httpx.get(url + "/v1/clients").json()["clients"]}
+    assert {"my-run/r0/w0", "my-run/r0/w1"} <= clients, clients
+    detail = httpx.get(url + "/v1/recipes/wound-phases").json()
+    assert detail["need_clients"] >= 1 and set(detail["need"]) == {"I", "P", "R"}, detail
 
 
 def test_the_default_service_logged_no_warning(url: str, work: Path) -> None:

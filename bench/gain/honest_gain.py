@@ -45,6 +45,14 @@ paired by seed: mean and 95 % confidence interval (Student t over the seeds).
     python -m bench.gain.honest_gain --workdir artifacts/honest --shots 1   # one k at a time
     python -m bench.gain.honest_gain --workdir artifacts/honest --report  # the tables so far
     python -m bench.gain.honest_gain --quick      # k = 1, 1 seed, short everything: the path
+    python -m bench.gain.honest_gain --trainer torch --workdir artifacts/honest-torch
+
+``--trainer torch`` trains every row in PyTorch instead
+(:mod:`genaug.experiments.fewshot_torch`: the same network, steps and data; mixing through
+``genaug.torch.MixedDataset`` fed by a ``PoolDataset`` in a ``DataLoader`` of 2 workers; need
+by ``class_need`` and ``report_need``). A work folder holds one trainer's rows: give the other
+trainer its own ``--workdir`` (copy the shots, the LoRAs and ``pool.db`` into it to train on
+the same pools).
 
 **It resumes from ``--workdir``**: the shots (``data/k<k>-s<seed>/``), the LoRAs
 (``lora-k<k>-s<seed>.safetensors``), the pools (``pool.db``) and every finished row
@@ -107,9 +115,10 @@ def paired(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 class Record:
-    """``rows.jsonl`` in the work folder: every finished run, keyed by what it measured."""
+    """``rows.jsonl`` in the work folder: every finished run, keyed by what it measured, all
+    of one ``trainer`` (rows written before runs had one were TensorFlow's)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, trainer: str = "tensorflow") -> None:
         self.path = path
         self.runs: dict[str, dict[str, Any]] = {}
         if path.exists():
@@ -117,6 +126,12 @@ class Record:
                 if line.strip():
                     run = json.loads(line)
                     self.runs[run["key"]] = run
+        others = sorted({run.get("trainer", "tensorflow") for run in self.runs.values()}
+                        - {trainer})
+        if others:
+            raise SystemExit(f"{path} holds rows trained by {', '.join(others)}, not {trainer}: "
+                             f"give --trainer {trainer} a --workdir of its own (copy data/, "
+                             "the lora-*.safetensors and pool.db into it to reuse them)")
 
     def __contains__(self, key: str) -> bool:
         return key in self.runs
@@ -304,6 +319,19 @@ def run_chunks(record: Record, runs: Sequence[tuple[str, Any]], timeout_per_run:
         record.add([{**r, "key": key} for (key, _), r in zip(part, results, strict=True)])
 
 
+def drop_stale(record: Record, k: int, seeds: Sequence[int]) -> list[str]:
+    """Forget the generated rows of ``k`` that trained on another number of real shots than
+    ``k`` (until 2026-11-28 they trained on ``FewShotRun``'s default, 5 per class, whatever
+    k), so that they are trained again (the new line supersedes the old one in the file);
+    returns their keys."""
+    keys = [prefix + arm_key(kind, k, s) for kind in KINDS for s in seeds
+            for prefix in ("", "need-")]
+    stale = [key for key in keys if key in record and record.runs[key].get("per_class") != k]
+    for key in stale:
+        del record.runs[key]
+    return stale
+
+
 # -- choosing and reporting --------------------------------------------------------------
 
 
@@ -407,7 +435,7 @@ def one_k(work: Path, record: Record, k: int, seeds: Sequence[int], args: argpar
                                  else {"per_class": None, "split": "generator"})
         return real_key(per_class, s), FewShotRun(
             arm=f"real n={per_class}", seed=s, steps=steps, classes=TASK, **extra,
-            service=url if need else None, need_recipes=list(need))
+            service=url if need else None, need_recipes=list(need), trainer=args.trainer)
 
     def mixed(name: str, s: int, fill: dict[str, Any]) -> tuple[str, Any]:
         # Training starts once the reservoir holds the pool's smallest label; a label the
@@ -415,16 +443,16 @@ def one_k(work: Path, record: Record, k: int, seeds: Sequence[int], args: argpar
         held = [fill["fill"].get(str(d), 0) for d in TASK]
         least = min([n for n in held if n > 0] or [1])
         return name, FewShotRun(
-            arm=name, seed=s, steps=steps, classes=TASK, service=url, recipe=name, p=P,
-            slots_per_class=args.per_class, prefill_per_class=least,
-            prefill_timeout_s=30.0 if 0 in held else 300.0)
+            arm=name, seed=s, steps=steps, classes=TASK, per_class=k, service=url,
+            recipe=name, p=P, slots_per_class=args.per_class, prefill_per_class=least,
+            prefill_timeout_s=30.0 if 0 in held else 300.0, trainer=args.trainer)
 
     def perfect(s: int) -> tuple[str, Any]:
         # The same mixing from a pool a perfect generator would make: per_class real digits
         # of each class from the generator split, which the classifier never sees otherwise.
         return perfect_key(k, s), FewShotRun(
             arm=perfect_key(k, s), seed=s, steps=steps, classes=TASK, per_class=k, p=P,
-            slots_per_class=args.per_class, reservoir_split="generator")
+            slots_per_class=args.per_class, reservoir_split="generator", trainer=args.trainer)
 
     fills: dict[str, Any] = {}
     with service(work, k, recipes, {s: a["lora"] for s, a in adapted.items()},
@@ -487,6 +515,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--parallel-adapt", type=int, default=2,
                         help="LoRAs trained at a time, 1 torch thread each (default 2)")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--trainer", choices=("tensorflow", "torch"), default="tensorflow",
+                        help="who trains every row: tensorflow (MirroredStrategy, the "
+                        "default) or torch (genaug.torch; a --workdir of its own)")
     parser.add_argument("--report", action="store_true",
                         help="print the tables of what --workdir holds; run nothing")
     args = parser.parse_args(argv)
@@ -504,19 +535,25 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     (work / "adapt.yaml").write_text(yaml.safe_dump({"recipes": [
         recipe("digits-5-9", {str(d): label(d) for d in TASK})]}, sort_keys=False))
-    record = Record(work / "rows.jsonl")
+    record = Record(work / "rows.jsonl", args.trainer)
     started = time.monotonic()
     choose_seeds = list(range(counts.get(CHOOSE_ON, 0)))
     per_k = {}
     for k in shots:
         seeds = list(range(counts.get(k, 5)))
+        stale = drop_stale(record, k, seeds)
+        if stale:
+            print(f"k = {k}: {len(stale)} generated row(s) of {work} trained on 5 real shots "
+                  f"per class, not {k} (recorded before 2026-11-28): "
+                  + ("left out of the tables" if args.report else "trained again"), flush=True)
         if args.report:
             budget = max(len(TASK), round(args.budget * args.per_class * len(TASK)))
             per_k[k] = k_table(record, k, seeds, *best_kind(record, k, seeds, choose_seeds),
                                budget)
         else:
             per_k[k] = one_k(work, record, k, seeds, args, choose_seeds)
-    result = {"task": TASK, "shots": shots, "seeds": counts, "steps": args.steps,
+    result = {"task": TASK, "trainer": args.trainer, "shots": shots, "seeds": counts,
+              "steps": args.steps,
               "per_class": args.per_class, "strength": STRENGTH, "p": P,
               "adapt_steps": args.adapt_steps or "genaug adapt's default",
               "min_score": args.min_score, "k": per_k,

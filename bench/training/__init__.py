@@ -1,1 +1,1 @@
-"""What the trainer side costs: step time with mixing and a feeder, diagnosis (TensorFlow)."""
+"""What the trainer side costs: step time with mixing, diagnosis (TensorFlow, PyTorch)."""

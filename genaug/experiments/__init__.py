@@ -3,6 +3,8 @@
 - :mod:`~genaug.experiments.fewshot`: few-shot digit classifiers trained under
   MirroredStrategy on a few real images per class, with and without generated ones mixed in
   through the reservoir and a feeder (each run in its own TensorFlow process).
+- :mod:`~genaug.experiments.fewshot_torch`: the same runs in a PyTorch process, mixing through
+  ``genaug.torch`` (``FewShotRun(trainer="torch")``).
 - :mod:`~genaug.experiments.demo`: ``genaug demo``'s grid and its two few-shot runs.
 
 ``genaug demo`` and ``bench/gain/`` use them; code that trains with genaug imports

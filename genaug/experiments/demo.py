@@ -3,8 +3,10 @@
 ``genaug demo``: the whole round trip on the embedded default, no GPU, no download. ``--out``
 names the labelled grid PNG, ``--port`` the service's port (0: a free one), and ``--no-train``
 stops after the grid and the pool (no TensorFlow needed: it waits for the recipe pool to fill
-instead). Ctrl-C stops the service and the training process, then ends in one line (exit
-status 130).
+instead). ``--trainer torch`` trains the two runs in a PyTorch process instead
+(:mod:`genaug.experiments.fewshot_torch`: the same network and settings, mixing through
+:class:`genaug.torch.MixedDataset` in a ``DataLoader`` of 2 workers; no TensorFlow). Ctrl-C
+stops the service and the training process, then ends in one line (exit status 130).
 
 :func:`full_demo` starts ``genaug serve`` (the embedded ``tiny-digits`` generator on the
 CPU) with ``recipes/digits.yaml`` and a throw-away pool, writes a labelled grid of generated
@@ -28,7 +30,7 @@ processes), nor numpy (``genaug demo --help`` stays light).
 Example::
 
     from genaug.experiments.demo import full_demo
-    raise SystemExit(full_demo())
+    raise SystemExit(full_demo(trainer="torch"))   # the default, "tensorflow": make demo's
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from genaug.experiments.fewshot import FewShotRun, PoolStoppedError, run_fewshot
+from genaug.experiments.fewshot import TRAINERS, FewShotRun, PoolStoppedError, run_fewshot
 
 if TYPE_CHECKING:
     import numpy as np
@@ -199,6 +201,7 @@ def full_demo(
     train_timeout_s: float = 420.0,
     grid_out: Path | None = None,
     train: bool = True,
+    trainer: str = "tensorflow",
 ) -> int:
     """Service + grid + pool + few-shot training with and without mixing; returns an exit
     code (0 ok).
@@ -209,7 +212,8 @@ def full_demo(
         pool_per_label: pool images per digit, and the pool's capacity: the mixing run
             waits until every digit holds that many (and holds them all in its reservoir),
             so it always starts from the same full pool, however fast the pool filled.
-        cpu_replicas: logical CPU devices for ``MirroredStrategy`` in the trainer process.
+        cpu_replicas: logical CPU devices for ``MirroredStrategy`` in the trainer process
+            (TensorFlow; the PyTorch process trains the same global batch in one process).
         p: replacement probability of the mixing run.
         seed: which 5-shot subset and initialisation.
         recipes: recipe file (default: the checkout's ``recipes/digits.yaml``).
@@ -218,6 +222,8 @@ def full_demo(
         train_timeout_s: the trainer process is killed after this long.
         grid_out: also write a labelled grid PNG, generated through the client, here.
         train: False stops after the grid and the pool (no TensorFlow needed).
+        trainer: who trains the two runs: ``"tensorflow"`` or ``"torch"``
+            (:attr:`~genaug.experiments.fewshot.FewShotRun.trainer`).
     """
     from genaug.client import Client, GenaugError
     from genaug.local_service import free_port, running_service
@@ -273,17 +279,20 @@ def full_demo(
                 print(f"genaug demo: the service did not get ready: {exc} (log: {service_log})",
                       file=sys.stderr)
                 return 1
+            where = (f"{cpu_replicas} logical CPUs under MirroredStrategy, in a separate "
+                     "TensorFlow process" if trainer == "tensorflow" else
+                     "in a separate PyTorch process (genaug.torch's MixedDataset in a "
+                     "DataLoader of 2 workers)")
             print(f"[3/4] training a small CNN on 5 real digits per class (few-shot split), "
-                  f"{cpu_replicas} logical CPUs under MirroredStrategy, in a separate "
-                  f"TensorFlow process; the mixing run starts once the pool holds its fixed "
+                  f"{where}; the mixing run starts once the pool holds its fixed "
                   f"{pool_per_label} images per digit")
             base = FewShotRun(arm="real only", seed=seed, steps=steps,
-                              cpu_replicas=cpu_replicas)
+                              cpu_replicas=cpu_replicas, trainer=trainer)
             mixed = FewShotRun(arm=f"with genaug p={p}", seed=seed, steps=steps,
                                cpu_replicas=cpu_replicas, service=url, recipe=DEMO_RECIPE, p=p,
                                slots_per_class=pool_per_label,
                                prefill_per_class=pool_per_label,
-                               pool_per_label=pool_per_label)
+                               pool_per_label=pool_per_label, trainer=trainer)
             try:
                 real, gen = run_fewshot([base, mixed], timeout_s=train_timeout_s)
             except RuntimeError as exc:
@@ -311,11 +320,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="port (0: a free one)")
     parser.add_argument("--no-train", action="store_true",
                         help="stop after the grid and the pool (no TensorFlow needed)")
+    parser.add_argument("--trainer", choices=TRAINERS, default="tensorflow",
+                        help="who trains the two few-shot runs: tensorflow (MirroredStrategy, "
+                        "the default) or torch (genaug.torch, no TensorFlow)")
 
 
 def run(args: argparse.Namespace) -> int:
     """``genaug demo``: :func:`full_demo` with the grid written to ``--out``."""
-    return full_demo(port=args.port, grid_out=Path(args.out), train=not args.no_train)
+    return full_demo(port=args.port, grid_out=Path(args.out), train=not args.no_train,
+                     trainer=args.trainer)
 
 
 def interrupted(args: argparse.Namespace) -> str:

@@ -10,8 +10,14 @@ there: a small CNN trained on a few real digits per class (:mod:`genaug.digits`)
 ``genaug demo`` (:mod:`genaug.experiments.demo`) runs two of them,
 ``bench/gain/augmentation_gain.py`` more seeds and arms.
 
-This module imports neither TensorFlow nor torch at import time: TensorFlow lives in the
-child process, configured (logical devices) before it initialises.
+A run's ``trainer`` says which child trains it: ``"tensorflow"`` (this module's
+:func:`fewshot_child`) or ``"torch"`` (:mod:`genaug.experiments.fewshot_torch`, the same task,
+network and settings, mixing through :class:`genaug.torch.MixedDataset`; no TensorFlow).
+Both print the same result lines; :func:`run_fewshot` starts one child per run of
+consecutive runs with the same trainer.
+
+This module imports neither TensorFlow nor torch at import time: each lives in its child
+process (TensorFlow's configured, logical devices, before it initialises).
 
 Example::
 
@@ -24,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -37,13 +44,27 @@ from typing import Any
 
 from genaug.local_service import INTERRUPT_GRACE_S, start_child, stop_child
 
-__all__ = ["FewShotRun", "PoolStoppedError", "fewshot_child", "poll_pool", "raise_if_stopped",
-           "run_fewshot", "tf_child_env"]
+__all__ = ["TORCH_UNSUPPORTED", "TRAINERS", "FewShotRun", "PoolStoppedError", "child_main",
+           "fewshot_child", "poll_pool", "raise_if_stopped", "run_fewshot", "tf_child_env",
+           "torch_child_env"]
 
 _RESULT = "GENAUG_FEWSHOT_RESULT "  # prefix of the child's JSON result lines
 # Progress lines of the child start with this; only they are echoed (a library's warning,
 # whatever its indentation, stays in the tail kept for errors).
 _PROGRESS = "GENAUG_FEWSHOT_PROGRESS "
+
+#: The child module that trains a run of each ``FewShotRun.trainer``
+#: (``python -m MODULE --fewshot-json JSON``; both print the same lines).
+TRAINERS = {"tensorflow": "genaug.experiments.fewshot",
+            "torch": "genaug.experiments.fewshot_torch"}
+
+#: The options the torch child refuses (set, they raise naming the option), and why.
+TORCH_UNSUPPORTED = {
+    "rebalance": "genaug.torch's MixedDataset replaces an example by an image of its own class "
+                 "only",
+    "synthetic_weight": "genaug.torch's MixedDataset does not say which examples it replaced, "
+                        "so no sample weight can follow them",
+}
 
 
 @dataclass
@@ -80,6 +101,12 @@ class FewShotRun:
             images per class of this split (:data:`genaug.digits.SPLITS`, drawn with
             ``seed``) into the reservoir and mix them in with ``p``: a perfect generator's
             pool, the reference that says how much the mixing itself can give.
+        trainer: ``"tensorflow"`` (``MirroredStrategy`` over ``cpu_replicas`` logical CPUs)
+            or ``"torch"`` (:mod:`genaug.experiments.fewshot_torch`: one process at the same
+            global batch, so ``cpu_replicas`` does not apply; it refuses the options of
+            :data:`TORCH_UNSUPPORTED`).
+        loader_workers: torch only: the ``DataLoader``'s workers (``persistent_workers``),
+            each drawing its own stream of the pool; 0: in the training process.
 
     Every run is also scored on **validation** images: the ``fewshot`` split's images of the
     task's classes that it did not train on (all of them for a run on another split), never
@@ -106,7 +133,23 @@ class FewShotRun:
     rebalance: list[float] | None = None
     need_recipes: list[str] = field(default_factory=list)
     reservoir_split: str | None = None
+    trainer: str = "tensorflow"
+    loader_workers: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"FewShotRun trainer {self.trainer!r}: choose one of "
+                             f"{sorted(TRAINERS)}")
+        if self.trainer == "torch":
+            for name, why in TORCH_UNSUPPORTED.items():
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"FewShotRun {self.arm!r}: trainer='torch' does not support {name}= "
+                        f"({why}); leave {name} unset, or train with trainer='tensorflow'")
+        if self.loader_workers < 0:
+            raise ValueError(f"FewShotRun loader_workers {self.loader_workers} must be >= 0 "
+                             "(0: the DataLoader draws in the training process)")
 
 
 class PoolStoppedError(RuntimeError):
@@ -227,24 +270,51 @@ def tf_child_env(threads: int = 2) -> dict[str, str]:
     }
 
 
+def torch_child_env(threads: int = 1) -> dict[str, str]:
+    """Environment of a PyTorch child: CPU only (the experiments are CPU runs), one OpenMP
+    thread by default: torch's threads spin while they wait, and on a shared 2-core machine
+    two of them made the demo's step 3x slower than one (66 vs 21 ms at load 3.6). Its
+    DataLoader workers take one thread each, as torch sets them."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
 def run_fewshot(
     runs: Sequence[FewShotRun], *, timeout_s: float = 600.0, echo: bool = True,
 ) -> list[dict[str, Any]]:
-    """Run ``runs`` in one TensorFlow child process (in order); return their results.
+    """Run ``runs`` in order, each group of consecutive runs with the same ``trainer`` in one
+    child process of that trainer; return their results.
 
     Each result is the run's fields plus ``test_accuracy`` (on the 500 ``test`` digits),
     ``mixed_fraction``, ``feeder`` (images received), ``fit_s``. With ``echo`` the child's
-    progress lines are printed as they come. Raises ``RuntimeError`` when the child fails.
+    progress lines are printed as they come. Raises ``RuntimeError`` when a child fails or
+    all of them together take more than ``timeout_s``.
     """
-    cmd = [sys.executable, "-m", "genaug.experiments.fewshot", "--fewshot-json",
+    deadline = time.monotonic() + timeout_s
+    results: list[dict[str, Any]] = []
+    for trainer, group in itertools.groupby(runs, key=lambda run: run.trainer):
+        results += _run_child(trainer, list(group), deadline=deadline, timeout_s=timeout_s,
+                              echo=echo)
+    return results
+
+
+def _run_child(trainer: str, runs: list[FewShotRun], *, deadline: float, timeout_s: float,
+               echo: bool) -> list[dict[str, Any]]:
+    """``runs`` (all of ``trainer``) in one child process of that trainer."""
+    cmd = [sys.executable, "-m", TRAINERS[trainer], "--fewshot-json",
            json.dumps([asdict(r) for r in runs])]
+    env = torch_child_env() if trainer == "torch" else tf_child_env()
     # start_child: the kernel ends the child if this process dies; the finally below stops it
     # (SIGTERM, then SIGKILL) when this process is interrupted or gives up waiting.
-    proc = start_child(cmd, env=tf_child_env(), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
+    proc = start_child(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
     results: list[dict[str, Any]] = []
     tail: list[str] = []
-    deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
@@ -264,8 +334,8 @@ def run_fewshot(
         stop_child(proc, grace_s=INTERRUPT_GRACE_S)
         proc.stdout.close()
     if proc.returncode != 0 or len(results) != len(runs):
-        raise RuntimeError(f"the few-shot training process failed (exit {proc.returncode}); "
-                           "last output:\n" + "\n".join(tail))
+        raise RuntimeError(f"the few-shot training process ({trainer}) failed (exit "
+                           f"{proc.returncode}); last output:\n" + "\n".join(tail))
     return results
 
 
@@ -441,6 +511,10 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
     from genaug.digits import load_split
     from genaug.trainer.hardware.devices import configure_devices
 
+    others = sorted({run.trainer for run in runs} - {"tensorflow"})
+    if others:
+        raise ValueError(f"the TensorFlow child got runs of trainer {others}: run_fewshot "
+                         f"sends those to {[TRAINERS[t] for t in others]}")
     devices = configure_devices(None, runs[0].cpu_replicas if runs else 2)
     test_images, test_labels = load_split("test")
     test = (test_images.astype(np.float32), test_labels.astype(np.int32))
@@ -455,16 +529,22 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m genaug.experiments.fewshot --fewshot-json JSON``: the TensorFlow child of
-    :func:`run_fewshot`."""
-    parser = argparse.ArgumentParser(prog="python -m genaug.experiments.fewshot")
+def child_main(trainer: str, child: Callable[[list[FewShotRun]], Any],
+               argv: Sequence[str] | None = None) -> int:
+    """``python -m TRAINERS[trainer] --fewshot-json JSON``: run those :class:`FewShotRun`
+    dicts with ``child`` (the trainer's child of :func:`run_fewshot`)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {TRAINERS[trainer]}")
     parser.add_argument("--fewshot-json", required=True,
-                        help="run these FewShotRun dicts here (the TensorFlow child)")
+                        help=f"run these FewShotRun dicts here (the {trainer} child)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    fewshot_child([FewShotRun(**r) for r in json.loads(args.fewshot_json)])
+    child([FewShotRun(**r) for r in json.loads(args.fewshot_json)])
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The TensorFlow child of :func:`run_fewshot` (:func:`child_main`)."""
+    return child_main("tensorflow", fewshot_child, argv)
 
 
 if __name__ == "__main__":

@@ -366,12 +366,21 @@ def image_cost(key: GroupKey, item: Item) -> float:
 
 
 def group_of(client: str) -> str:
-    """The top level of a client identity: the API key's id for ``key-XXXXXXXX/<client id>``
-    (all of a key's client ids share that key's turn), otherwise the identity itself."""
+    """The top level of a client identity, the group that takes one turn: the API key's id
+    for ``key-XXXXXXXX/<client id>`` (all of a key's client ids share that key's turn),
+    otherwise the client id's first part (``trainer-a/r0/w1``: a trainer's ranks and
+    DataLoader workers are one trainer), else the identity itself."""
     head, sep, _ = client.partition("/")
-    if sep and _KEY_ID.fullmatch(head):
-        return head
-    return client
+    return head if sep and head else client
+
+
+def trainer_of(client: str) -> str:
+    """The trainer a client identity belongs to, for the need it reports: the identity up to
+    its client id's first part (``key-1a2b3c4d/trainer-a/r0/w1`` -> ``key-1a2b3c4d/trainer-a``,
+    ``trainer-a/r0/w1`` -> ``trainer-a``): each trainer's ranks and workers report as one."""
+    parts = client.split("/")
+    keep = 2 if _KEY_ID.fullmatch(parts[0]) else 1
+    return "/".join(parts[:keep])
 
 
 def _groups(queues: OrderedDict[str, deque[QueuedRequest]]) -> dict[str, list[str]]:

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from ..batching.queue import trainer_of
 from ..errors import InvalidRequestError, NotFoundError, PoolUnavailableError
 from ..recipes.spec import Recipe
 from .planner import PoolPlanner
@@ -127,15 +128,14 @@ class PoolServing:
     # -- requests ----------------------------------------------------------------------------
 
     def report_need(self, name: str, client: str, need: dict[str, float]) -> dict[str, Any]:
-        """Record ``client``'s need for ``name`` (validated labels, values >= 0) and answer
-        the combination the planner now uses (see :mod:`~genaug.service.pool.need`)."""
+        """Record the need of ``client``'s trainer for ``name`` (validated labels, values
+        >= 0) and answer the combination the planner now uses (see
+        :mod:`~genaug.service.pool.need`). A trainer's ranks and DataLoader workers
+        (``trainer-a/r0/w1``) report as that one trainer (:func:`trainer_of`)."""
         recipe = self.recipe(name)
-        self.planner.report_need(name, client, need)
-        return {
-            "recipe": name,
-            "client": client,
-            **self._need(name, recipe),
-        }
+        trainer = trainer_of(client)
+        self.planner.report_need(name, trainer, need)
+        return {"recipe": name, "client": trainer, **self._need(name, recipe)}
 
     def _need(self, name: str, recipe: Recipe) -> dict[str, Any]:
         board = self.planner.need

@@ -134,6 +134,8 @@ def test_quick_honest_protocol_runs_every_arm_with_the_judge_and_resumes(tmp_pat
         assert all(j in (None, 0) for j, _ in pools[f"{kind}-k1-s0"]["judged"].values())
     mixing = [run for run in result["runs"] if run["p"] > 0 and run["recipe"] is not None]
     assert len(mixing) == 7, [run["key"] for run in result["runs"]]
+    # k real shots per class beside the pool, as row 1 has (they once had FewShotRun's 5)
+    assert all(run["per_class"] == 1 and run["train_images"] == 5 for run in mixing)
     assert all(run["feeder"] > 0 and max(run["reservoir_fill"]) > 0 for run in mixing)
     # The perfect generator's pool: real generator-split digits, the same slots, no service.
     perfect = [run for run in result["runs"] if run["reservoir_split"] is not None]
@@ -154,3 +156,33 @@ def test_quick_honest_protocol_runs_every_arm_with_the_judge_and_resumes(tmp_pat
     assert report.returncode == 0, report.stdout[-4000:] + report.stderr[-4000:]
     assert "k = 1: digits 5-9" in report.stdout and "2j base img2img + judge" in report.stdout
     assert json.loads((tmp_path / "result.json").read_text())["k"]["1"]["rows"] == rows
+
+
+@pytest.mark.timeout(1800)  # a LoRA, a service, 6 pools, 11 PyTorch runs
+def test_quick_honest_protocol_through_pytorch(tmp_path: Path) -> None:
+    """python -m bench.gain.honest_gain --quick --trainer torch: the same protocol with every
+    row trained by the PyTorch child (genaug.torch's MixedDataset in a DataLoader of 2
+    workers), TensorFlow never imported; the rows say their trainer, the generated ones train
+    on k real shots beside their pool, really fed from it."""
+    if not all(importlib.util.find_spec(m) for m in ("torch", "sklearn", "scipy")):
+        pytest.skip("needs torch, scikit-learn and scipy")
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "bench.gain.honest_gain", "--quick", "--trainer", "torch",
+           "--workdir", str(work), "--json", str(tmp_path / "result.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["trainer"] == "torch"
+    runs = result["runs"]
+    assert runs and all(run["trainer"] == "torch" for run in runs)
+    assert len(result["k"]["1"]["rows"]) == 12, sorted(result["k"]["1"]["rows"])
+    mixing = [run for run in runs if run["p"] > 0 and run["recipe"] is not None]
+    assert len(mixing) == 7, [run["key"] for run in runs]
+    assert all(run["per_class"] == 1 and run["train_images"] == 5 for run in mixing)
+    assert all(run["feeder"] > 0 and max(run["reservoir_fill"]) > 0 for run in mixing)
+    assert all(run["mixed_fraction"] > 0.1 for run in mixing), mixing
+    assert "k = 1: the best arm" in proc.stdout
+    # The folder is torch's: the TensorFlow protocol refuses it, naming the fix.
+    refused = subprocess.run([*cmd[:4], "--workdir", str(work), "--report"],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert refused.returncode != 0 and "trained by torch, not tensorflow" in refused.stderr

@@ -31,6 +31,7 @@ from genaug.trainer.hardware.host import (
     Host,
     check_gpus,
     check_memory,
+    check_torch_versions,
     check_versions,
     check_xla,
 )
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 KEY = "doctor-key"
 GB = 10**9
 CLEAN_HOST = Host(environ={}, gpu_table=None, build_info={"is_cuda_build": False},
-                  packages={"tensorflow": "2.21.0", "keras": "3.15.1"},
+                  packages={"tensorflow": "2.21.0", "keras": "3.15.1", "torch": "2.13.0"},
                   available_memory=16 * GB)
 """A CPU training host with everything in place."""
 
@@ -366,6 +367,30 @@ def test_versions_failures() -> None:
     assert versions(driver_cuda=12020).status == "warn"
     other = versions(service="0.0.9")
     assert other.status == "warn" and "install genaug 0.0.9 here" in other.fix
+
+
+def test_a_torch_trainers_versions_name_torch_and_its_cuda() -> None:
+    def torch_versions(version: str | None, driver_cuda: int | None = None) -> Check:
+        return check_torch_versions(Host(packages={"torch": version}, gpu_table=[A],
+                                         driver="550.54.15" if driver_cuda else None,
+                                         driver_cuda=driver_cuda), __version__)
+
+    good = torch_versions("2.11.0+cu130", driver_cuda=13000)
+    assert good.status == "ok" and good.message.startswith(
+        "torch 2.11.0+cu130, NVIDIA driver 550.54.15 (CUDA 13.0), genaug ")
+    assert torch_versions("2.13.0").status == "ok"  # a CPU wheel: no CUDA to match
+    old = torch_versions("2.11.0+cu130", driver_cuda=12080)
+    assert old.status == "fail" and "CUDA 13.0 or newer" in old.fix
+    assert torch_versions(None).fix == "pip install 'genaug[torch]'"
+
+
+def test_genaug_doctor_for_a_torch_trainer_checks_torch_not_tensorflow(
+        keyed: LiveService) -> None:
+    code, text, _ = doctor("--url", keyed.url, "--recipe", "shapes", "--api-key", KEY,
+                           "--slots-per-class", "2", "--trainer", "torch")
+    assert code == 0, text
+    assert line(text, "versions").startswith("ok    versions  torch 2.")
+    assert "xla" not in text and "TensorFlow" not in line(text, "versions")
 
 
 # ----------------------------------------------------------------------------- memory, pool

@@ -246,6 +246,11 @@ class ReservoirFeeder:
         self.stop()
 
     @property
+    def config_error(self) -> FeederConfigError | None:
+        """The configuration mistake that stopped the thread (strict or not), else None."""
+        return self._config_error
+
+    @property
     def stats(self) -> FeederStats:
         """A consistent snapshot of the counters."""
         with self._stats_lock:

@@ -39,6 +39,7 @@ __all__ = [
     "Host",
     "check_gpus",
     "check_memory",
+    "check_torch_versions",
     "check_versions",
     "check_xla",
     "ok",
@@ -111,7 +112,7 @@ class Host:
     def this_machine(cls) -> Host:
         """Everything read from this machine, without importing TensorFlow."""
         driver, driver_cuda = nvml.driver()
-        packages = {name: _version(name) for name in ("tensorflow", "keras")}
+        packages = {name: _version(name) for name in ("tensorflow", "keras", "torch")}
         environ = dict(os.environ)
         return cls(
             environ=environ, gpu_table=nvml.gpus(), driver=driver, driver_cuda=driver_cuda,
@@ -325,18 +326,35 @@ def _cuda_pair(text: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+def _driver_cuda(host: Host) -> tuple[int, int] | None:
+    """The CUDA version the host's driver supports, (major, minor), or None."""
+    if not host.driver_cuda:
+        return None
+    return host.driver_cuda // 1000, (host.driver_cuda % 1000) // 10
+
+
+def _driver_text(driver: str, cuda: tuple[int, int] | None) -> str:
+    return f"NVIDIA driver {driver}" + (f" (CUDA {cuda[0]}.{cuda[1]})" if cuda else "")
+
+
+def _same_genaug(found: str, service_version: str | None) -> Check:
+    """The versions check's last word: genaug here against the service's."""
+    if service_version and service_version != __version__:
+        return Check("versions", "warn", f"{found}: the client and the service differ",
+                     f"install genaug {service_version} here, or upgrade the service to "
+                     f"{__version__}")
+    return ok("versions", found)
+
+
 def check_versions(host: Host, service_version: str | None) -> Check:
     """TensorFlow, Keras, the driver against TensorFlow's CUDA, genaug here and there."""
     tf_version, keras_version = host.packages.get("tensorflow"), host.packages.get("keras")
     parts = [f"TensorFlow {tf_version or 'absent'}", f"Keras {keras_version or 'absent'}"]
     build = host.build_info or {}
     tf_cuda = _cuda_pair(build.get("cuda_version", "")) if build.get("is_cuda_build") else None
-    driver_cuda = None
-    if host.driver_cuda:
-        driver_cuda = (host.driver_cuda // 1000, (host.driver_cuda % 1000) // 10)
+    driver_cuda = _driver_cuda(host)
     if host.driver:
-        parts.append(f"NVIDIA driver {host.driver}"
-                     + (f" (CUDA {driver_cuda[0]}.{driver_cuda[1]})" if driver_cuda else ""))
+        parts.append(_driver_text(host.driver, driver_cuda))
     if tf_cuda:
         parts.append(f"TensorFlow built for CUDA {tf_cuda[0]}.{tf_cuda[1]}")
     parts.append(f"genaug {__version__} here"
@@ -361,11 +379,31 @@ def check_versions(host: Host, service_version: str | None) -> Check:
                 f"{found}: the driver's CUDA is older than TensorFlow's (minor-version "
                 "compatibility runs it, but PTX compiled for the newer CUDA fails)"),
                 f"update the NVIDIA driver to one for CUDA {tf_cuda[0]}.{tf_cuda[1]}")
-    if service_version and service_version != __version__:
-        return Check("versions", "warn", f"{found}: the client and the service differ",
-                     f"install genaug {service_version} here, or upgrade the service to "
-                     f"{__version__}")
-    return ok("versions", found)
+    return _same_genaug(found, service_version)
+
+
+def check_torch_versions(host: Host, service_version: str | None) -> Check:
+    """For a PyTorch trainer (``genaug doctor --trainer torch``): torch, the driver against
+    torch's CUDA (from its version's ``+cuXYZ``), genaug here and there."""
+    version = host.packages.get("torch")
+    parts = [f"torch {version or 'absent'}"]
+    match = re.search(r"\+cu(\d+)(\d)$", version or "")
+    torch_cuda = (int(match.group(1)), int(match.group(2))) if match else None
+    driver_cuda = _driver_cuda(host)
+    if host.driver:
+        parts.append(_driver_text(host.driver, driver_cuda))
+    parts.append(f"genaug {__version__} here"
+                 + (f", {service_version} at the service" if service_version else ""))
+    found = ", ".join(parts)
+    if version is None:
+        return Check("versions", "fail", f"{found}: torch is not installed",
+                     "pip install 'genaug[torch]'")
+    if torch_cuda and driver_cuda and host.gpu_table and driver_cuda[0] < torch_cuda[0]:
+        return Check("versions", "fail", (
+            f"{found}: the driver is older than the CUDA torch was built for; torch would find "
+            "no GPU"), f"install an NVIDIA driver for CUDA {torch_cuda[0]}.{torch_cuda[1]} or "
+            "newer, or a torch wheel built for your driver's CUDA")
+    return _same_genaug(found, service_version)
 
 
 def reservoir_bytes(labels: int, slots: int, height: int, width: int, channels: int) -> int:

@@ -124,13 +124,18 @@ def test_a_keys_client_ids_share_one_turn(loop: asyncio.AbstractEventLoop) -> No
     assert len(seen) == 10  # the key's ids take its turn in rotation
 
 
-def test_without_a_key_each_identity_is_its_own_group() -> None:
-    from genaug.service.batching.queue import group_of
+def test_a_group_is_a_key_or_a_client_ids_first_part_and_a_trainer_keeps_its_name() -> None:
+    from genaug.service.batching.queue import group_of, trainer_of
 
     assert group_of("key-0123abcd/trainer") == "key-0123abcd"
     assert group_of("key-0123abcd") == "key-0123abcd"
-    assert group_of("team/trainer") == "team/trainer"
+    assert group_of("team/trainer") == "team"  # a trainer's ranks and workers: one turn
+    assert group_of("key-0123abcd/trainer-a/r0/w1") == "key-0123abcd"
     assert group_of("ip:10.0.0.1") == "ip:10.0.0.1"
+    assert trainer_of("key-0123abcd/trainer-a/r0/w1") == "key-0123abcd/trainer-a"
+    assert trainer_of("trainer-a/r1/w3") == trainer_of("trainer-a") == "trainer-a"
+    assert trainer_of("key-0123abcd") == "key-0123abcd"
+    assert trainer_of("ip:10.0.0.1") == "ip:10.0.0.1"
 
 
 BIG = GroupKey(height=32, width=32, steps=3)  # 16x the latent pixels, 3x the steps of KEY
