@@ -40,6 +40,7 @@ COPY genaug/ ./genaug/
 COPY service/ ./service/
 COPY client/ ./client/
 COPY trainer/ ./trainer/
+COPY torchfeed/ ./torchfeed/
 COPY recipes/ /opt/genaug/recipes/
 
 # Same extras and constraints as CI (which installs -e .[dev] = [service] + test tools).

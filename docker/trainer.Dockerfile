@@ -28,6 +28,7 @@ COPY genaug/ ./genaug/
 COPY service/ ./service/
 COPY client/ ./client/
 COPY trainer/ ./trainer/
+COPY torchfeed/ ./torchfeed/
 
 # PIP_BREAK_SYSTEM_PACKAGES: the base image's Python is the system Python; installing into it
 # is the point (it holds the GPU tensorflow), and the container is the isolation. The import

@@ -53,12 +53,11 @@ from genaug.trainer.hardware.host import (
     Host,
     check_gpus,
     check_memory,
-    check_torch_versions,
-    check_versions,
     check_xla,
     ok,
     recipe_size,
 )
+from genaug.trainer.hardware.versions import check_torch_versions, check_versions
 
 if TYPE_CHECKING:  # the client (httpx, numpy) is imported when the checks run
     from genaug.client import Client

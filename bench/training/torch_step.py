@@ -128,9 +128,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=None, help="default 6 (quick 2)")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps per round, default 100 (quick 20)")
-    parser.add_argument("--feeder-interval", type=float, default=0.5,
+    parser.add_argument("--feeder-interval", type=float, default=0.25,
                         help="pause between a stream's requests of 32 pool images, s (default "
-                        "0.5, as trainer_step's feeder)")
+                        "0.25, PoolDataset's own)")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (2 if args.quick else 6)
     args.steps = args.steps or (20 if args.quick else 100)

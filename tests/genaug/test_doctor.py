@@ -31,10 +31,9 @@ from genaug.trainer.hardware.host import (
     Host,
     check_gpus,
     check_memory,
-    check_torch_versions,
-    check_versions,
     check_xla,
 )
+from genaug.trainer.hardware.versions import check_torch_versions, check_versions
 
 if TYPE_CHECKING:
     from genaug.service.pipeline.load import LoadedModel

@@ -112,11 +112,17 @@ def test_a_trainers_class_names_are_matched_to_the_recipes_labels(pool_service: 
 
 def test_a_mistake_stops_training_naming_the_service(pool_service: Any,
                                                     real_shapes: RealShapes) -> None:
+    # A mix never waits, so the first batches are real while the worker's stream reads the
+    # recipe; the stream's answer stops the next batch, in this epoch or (under load, after a
+    # short epoch of 15 batches) the next one: epochs run until it does, 60 s at most.
     pool = PoolDataset(pool_service.url, "shapez", trainer_id="typo", first_fill_s=30)
-    loader = DataLoader(MixedDataset(real_shapes, pool, p=0.5), batch_size=4, num_workers=1)
+    loader = DataLoader(MixedDataset(real_shapes, pool, p=0.5), batch_size=4, num_workers=1,
+                        persistent_workers=True)
+    deadline = time.monotonic() + 60
     with pytest.raises(Exception) as info:  # the worker's StreamError, re-raised by the loader
-        for _ in loader:
-            pass
+        while time.monotonic() < deadline:
+            for _ in loader:
+                pass
     assert "shapez" in str(info.value) and pool_service.url in str(info.value)
     with pytest.raises(StreamError, match="label_map names"):
         list(PoolDataset(pool_service.url, "shapes", label_map={"hexagon": 0}, length=1,

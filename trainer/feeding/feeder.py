@@ -302,29 +302,9 @@ class ReservoirFeeder:
 
             model.fit(ds, epochs=5, callbacks=[feeder.callback()])
         """
-        import keras  # deferred: the feeder module itself stays TensorFlow-free
+        from .callback import feeder_callback  # Keras: the feeder itself stays TensorFlow-free
 
-        feeder = self
-
-        class ReservoirFeederCallback(keras.callbacks.Callback):  # type: ignore[misc]
-            """Ties a :class:`ReservoirFeeder` to ``model.fit``."""
-
-            def __init__(self) -> None:
-                super().__init__()
-                self.started_here = False
-
-            def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-                if not feeder.running:
-                    feeder.start()
-                    self.started_here = True
-
-            def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-                if self.started_here:
-                    feeder.stop()
-                    self.started_here = False
-                log.info("genaug feeder: %s", feeder.stats)
-
-        return ReservoirFeederCallback()
+        return feeder_callback(self)
 
     # ------------------------------------------------------------------------------ thread
 

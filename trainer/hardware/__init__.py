@@ -6,5 +6,6 @@
   ``CUDA_VISIBLE_DEVICES`` (unit-tested with tables as data).
 - ``devices.py``: :func:`~genaug.trainer.hardware.devices.configure_devices`, the devices to
   train on with the generator's GPU hidden from TensorFlow.
-- ``host.py``: the training host's facts and ``genaug doctor``'s verdicts on them.
+- ``host.py``: the training host's facts and ``genaug doctor``'s verdicts on them;
+  ``versions.py``, its versions check (TensorFlow and Keras, or torch, against the driver).
 """
