@@ -18,8 +18,8 @@ log = logging.getLogger("genaug.trainer.feeding.feeder")  # the feeder's own log
 
 
 class Startable(Protocol):
-    """What the callback needs of a feeder (:class:`~genaug.trainer.feeding.feeder.
-    ReservoirFeeder` has it)."""
+    """What the callback needs of a feeder: a
+    :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder` has it."""
 
     @property
     def running(self) -> bool: ...
