@@ -21,14 +21,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-__all__ = ["ENDED", "LIVE", "STATES", "JobState", "ended"]
+__all__ = ["CANCELLED", "DONE", "ENDED", "FAILED", "LIVE", "QUEUED", "RUNNING", "STATES",
+           "STOPPED", "JobState", "ended"]
 
 #: A job's state, as a type (the served schema's enum).
 JobState = Literal["queued", "running", "done", "stopped", "failed", "cancelled"]
 #: Every state, live ones first.
 STATES: tuple[str, ...] = get_args(JobState)
+#: Each state by name, for code that sets or tests one.
+QUEUED, RUNNING, DONE, STOPPED, FAILED, CANCELLED = STATES
 #: States a job can still leave (it holds its targets while in one of them).
-LIVE: tuple[str, ...] = ("queued", "running")
+LIVE: tuple[str, ...] = (QUEUED, RUNNING)
 #: States a job ends in: a waiter returns at one of these.
 ENDED: tuple[str, ...] = tuple(s for s in STATES if s not in LIVE)
 

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from genaug.job_states import LIVE, STATES
+from genaug.job_states import CANCELLED, DONE, FAILED, LIVE, STATES, STOPPED
 
 if TYPE_CHECKING:  # the client (httpx, numpy) is imported when the command runs
     from genaug.client import Client
@@ -42,7 +42,7 @@ __all__ = ["EXIT_STATUSES", "STATE_EXIT", "add_arguments", "format_job", "format
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: ``genaug jobs wait``'s exit status per ended state; the same as ``genaug pregenerate``'s.
-STATE_EXIT = {"done": 0, "stopped": 3, "failed": 1, "cancelled": 1}
+STATE_EXIT = {DONE: 0, STOPPED: 3, FAILED: 1, CANCELLED: 1}
 MAX_LIMIT = 1000
 #: How long ``wait`` retries a poll the service did not answer (a restart, a replica moving).
 WAIT_RETRY_S = 30.0
@@ -178,9 +178,9 @@ def run(args: argparse.Namespace, *, write: Callable[[str], Any] | None = None) 
 def _ended(client: Client, job: Mapping[str, Any]) -> int:
     """Say why a job that is not done ended; its exit status (:data:`STATE_EXIT`)."""
     state = str(job.get("state"))
-    if state == "stopped":
+    if state == STOPPED:
         _say_stopped(client, job)
-    elif state in ("failed", "cancelled"):
+    elif state in (FAILED, CANCELLED):
         _say(f"job {job.get('id')} {state}: {job.get('reason') or 'no reason given'}")
     return STATE_EXIT.get(state, 1)
 

@@ -45,8 +45,8 @@ from typing import Any
 from genaug.local_service import INTERRUPT_GRACE_S, start_child, stop_child
 
 __all__ = ["TORCH_UNSUPPORTED", "TRAINERS", "FewShotRun", "PoolStoppedError", "child_main",
-           "fewshot_child", "poll_pool", "raise_if_stopped", "run_fewshot", "tf_child_env",
-           "torch_child_env"]
+           "fewshot_child", "poll_pool", "print_result", "raise_if_stopped", "run_fewshot",
+           "tf_child_env", "torch_child_env"]
 
 _RESULT = "GENAUG_FEWSHOT_RESULT "  # prefix of the child's JSON result lines
 # Progress lines of the child start with this; only they are echoed (a library's warning,
@@ -521,12 +521,18 @@ def fewshot_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
     results = []
     for run in runs:
         result = _one_run(run, devices, test)
-        print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: test accuracy "
-              f"{result['test_accuracy']:.3f} ({run.steps} steps in {result['fit_s']:.0f} s, "
-              f"{100 * result['mixed_fraction']:.0f}% synthetic)", flush=True)
-        print(_RESULT + json.dumps(result), flush=True)
+        print_result(run, result)
         results.append(result)
     return results
+
+
+def print_result(run: FewShotRun, result: dict[str, Any]) -> None:
+    """A child's two lines for a finished run: its progress line, and the JSON result line
+    :func:`run_fewshot` reads."""
+    print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: test accuracy "
+          f"{result['test_accuracy']:.3f} ({run.steps} steps in {result['fit_s']:.0f} s, "
+          f"{100 * result['mixed_fraction']:.0f}% synthetic)", flush=True)
+    print(_RESULT + json.dumps(result), flush=True)
 
 
 def child_main(trainer: str, child: Callable[[list[FewShotRun]], Any],

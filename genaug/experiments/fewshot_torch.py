@@ -44,7 +44,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import multiprocessing
@@ -61,12 +60,12 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from genaug.experiments.fewshot import (
     _PROGRESS,
-    _RESULT,
     FewShotRun,
     _client_id,
     _validation,
     _wait_for_full_pool,
     child_main,
+    print_result,
 )
 
 __all__ = ["EPOCHS", "BankMix", "ShiftRotate", "Shots", "accuracy", "build_cnn",
@@ -448,10 +447,7 @@ def fewshot_torch_child(runs: list[FewShotRun]) -> list[dict[str, Any]]:
     results = []
     for run in runs:
         result = _one_run(run, test)
-        print(f"{_PROGRESS}  {run.arm:<24} seed {run.seed}: test accuracy "
-              f"{result['test_accuracy']:.3f} ({run.steps} steps in {result['fit_s']:.0f} s, "
-              f"{100 * result['mixed_fraction']:.0f}% synthetic)", flush=True)
-        print(_RESULT + json.dumps(result), flush=True)
+        print_result(run, result)
         results.append(result)
     return results
 

@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from genaug.job_states import DONE, STOPPED
+
 from ._pool_args import open_store, pool_arguments, pool_settings
 
 if TYPE_CHECKING:
@@ -199,7 +201,7 @@ def _follow(client: Any, args: argparse.Namespace, job_id: str) -> int:
     try:
         job = client.wait_job(job_id, poll_s=_POLL_S, progress=False, on_update=draw)
         held, stopped = _held_and_stopped(job)
-        if job["state"] == "stopped" and job["kind"] == "per_label":
+        if job["state"] == STOPPED and job["kind"] == "per_label":
             # The job ends at the first label it needs that the judge stopped; the service
             # goes on filling the others to their targets, and this command waits for them
             # as it always did, on the recipe's fill (an ended job's counts stay as they were).
@@ -208,9 +210,9 @@ def _follow(client: Any, args: argparse.Namespace, job_id: str) -> int:
         for bar in bars.values():
             bar.close()
     state = job["state"]
-    if state == "done":
+    if state == DONE:
         return 0
-    if state == "stopped":
+    if state == STOPPED:
         # the recipe's stops carry the judge's reason and fix per label; the job's reason
         # names them all in one line, for a service that would not say
         try:

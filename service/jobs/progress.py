@@ -39,6 +39,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from genaug.job_states import DONE, QUEUED, RUNNING, STOPPED
+
 from ..pool.types import LabelStats
 from .types import Job
 
@@ -135,12 +137,12 @@ def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str
     if not job.live:
         state, reason = job.state, job.reason
     elif missing_all == 0:
-        state = "done"
+        state = DONE
     elif blocked:
-        state = "stopped"
+        state = STOPPED
         reason = "; ".join(f"label {label!r} {stopped[label]}" for label in blocked)
-    elif job.state == "running" or any(p.made > 0 for p in labels.values()):
-        state = "running"
+    elif job.state == RUNNING or any(p.made > 0 for p in labels.values()):
+        state = RUNNING
     else:
-        state = "queued"
+        state = QUEUED
     return JobProgress(state, reason, labels, rate, eta, max(newest, default=None))

@@ -45,7 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from genaug.job_states import LIVE, STATES
+from genaug.job_states import CANCELLED, FAILED, LIVE, QUEUED, STATES
 
 from ..errors import ConflictError, NotFoundError
 from ..pool.shared_targets import counts_now, lower_target, raise_targets
@@ -63,7 +63,7 @@ DROPPED = "its pool was dropped (genaug pool drop)"
 
 _COLUMNS = ("id, pool_id, recipe, kind, state, asked, start, notify_url, reason, created,"
             " updated, ended, webhook_state, webhook_attempts, result, webhook_first")
-_LIVE = "state IN ('queued', 'running')"
+_LIVE = f"state IN ({', '.join(repr(state) for state in LIVE)})"
 _SELECT = f"SELECT {_COLUMNS} FROM jobs"
 
 
@@ -138,12 +138,12 @@ class JobQueries:
             raise_targets(uow, pool_id, {label: targets.get(label, 0) for label in labels})
             uow.execute(
                 f"INSERT INTO jobs ({_COLUMNS}) VALUES ({_in(_COLUMNS.split(','))})",
-                (job_id, pool_id, recipe, kind, "queued",
+                (job_id, pool_id, recipe, kind, QUEUED,
                  json.dumps({k: int(asked[k]) for k in labels}), json.dumps(start),
                  notify_url, None, now, now, None, None, 0, None, None),
             )
         log.info("job %s: %s fill of %s asked %s", job_id, kind, pool_id, dict(asked))
-        return Job(job_id, pool_id, recipe, kind, "queued", {k: int(asked[k]) for k in labels},
+        return Job(job_id, pool_id, recipe, kind, QUEUED, {k: int(asked[k]) for k in labels},
                    start, now, now, notify_url=notify_url)
 
     def get(self, job_id: str) -> Job | None:
@@ -260,7 +260,7 @@ class JobQueries:
         False when another replica ended it first."""
         for label in sorted(job.asked):  # the store's lock order, as a writer of targets
             uow.lock(job.pool_id, label)
-        if not self._set_state(uow, job.id, "cancelled", reason, LIVE, result):
+        if not self._set_state(uow, job.id, CANCELLED, reason, LIVE, result):
             return False
         others = [_job(r) for r in uow.execute(
             f"{_SELECT} WHERE pool_id = ? AND {_LIVE} AND id <> ?",
@@ -278,7 +278,7 @@ class JobQueries:
         :meth:`~genaug.service.pool.store.PoolStore.drop_pool`."""
         ids = [str(r[0]) for r in uow.execute(
             f"SELECT id FROM jobs WHERE pool_id = ? AND {_LIVE}", (pool_id,)).fetchall()]
-        return sum(self._set_state(uow, i, "failed", reason, LIVE) for i in ids)
+        return sum(self._set_state(uow, i, FAILED, reason, LIVE) for i in ids)
 
     # -- webhooks --------------------------------------------------------------------------
 

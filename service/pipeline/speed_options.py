@@ -7,13 +7,13 @@ combinations are refused, each in one line
   UNet's repeated transformer blocks, as diffusers' ``compile_repeated_blocks``: one compiled
   block serves all 70 of SDXL's, so warm-up is several times shorter for most of the gain).
   The batch dimension is dynamic and a UNet batch of 1 is run as 2
-  (:class:`~genaug.service.pipeline.speed.UNetCall`): each generation size compiles once,
+  (:class:`~genaug.service.pipeline.compiling.UNetCall`): each generation size compiles once,
   whatever the batch sizes and adapters; what compiling made is kept in
   ``GENAUG_COMPILE_CACHE`` (:mod:`~genaug.service.pipeline.compile_cache`).
 - ``compile_mode``: torch.compile's ``mode``. ``reduce-overhead`` and ``max-autotune`` replay
   CUDA graphs (no launch gaps between the kernels of a step; ``max-autotune`` also benchmarks
   kernel choices at compile time), with ``compile=unet`` only: each UNet call is marked a new
-  step and its output copied (:class:`~genaug.service.pipeline.speed.UNetCall`), so nothing
+  step and its output copied (:class:`~genaug.service.pipeline.compiling.UNetCall`), so nothing
   of one replay is read after the next. With ``regional`` one compiled block replays many
   times inside one UNet call and each replay would overwrite the last one's output: refused at
   start in one line. A graph is recorded per shape and holds its memory, so with them the

@@ -444,7 +444,7 @@ def test_whole_unet_cuda_graphs_mark_each_call_and_read_nothing_of_an_old_replay
     """GENAUG_COMPILE=unet with CUDA graphs: every UNet call (each denoising step) begins with
     cudagraph_mark_step_begin, and the images are the eager UNet's although each replay
     overwrites the last one's output (multistep schedulers keep history across steps)."""
-    from genaug.service.pipeline.speed import UNetCall
+    from genaug.service.pipeline.compiling import UNetCall
 
     model = batched_tiny()
     unet = model.pipeline.unet
