@@ -122,9 +122,10 @@ class AsyncClient:
         The options (keywords only, all optional) are :class:`GenerateOptions`: ``n``,
         ``height``, ``width``, ``negative_prompt``, ``output_height``, ``output_width``,
         ``steps``, ``guidance``, ``seed``, ``priority``, ``timeout_s``, ``scheduler``,
-        ``adapter``, ``adapter_scale``. ``adapter`` / ``adapter_scale`` pick one of the
-        service's LoRA adapters (``info()["adapters"]``), ``scheduler`` one of its
-        schedulers; unset: its defaults.
+        ``adapter``, ``adapter_scale``, ``speed``. ``adapter`` / ``adapter_scale`` pick one of
+        the service's LoRA adapters (``info()["adapters"]``), ``scheduler`` one of its
+        schedulers, ``speed="turbo"`` its few-step setting (``info()["turbo"]``); unset: its
+        defaults.
         """
         result: GenerateResult = await self._call(self._base.calls.generate(prompt, **options))
         return result

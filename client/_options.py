@@ -44,7 +44,9 @@ class GenerationOptions(TypedDict, total=False):
     - ``timeout_s``: the deadline; past it the service answers 504;
     - ``scheduler``: one of the service's schedulers (``info()``);
     - ``adapter`` / ``adapter_scale``: one of its LoRA adapters (``info()["adapters"]``)
-      and its strength (default 1.0).
+      and its strength (default 1.0);
+    - ``speed``: ``"quality"`` (default) or ``"turbo"`` (the service's few-step setting,
+      ``info()["turbo"]``; steps, scheduler or guidance given here still win).
     """
 
     negative_prompt: str | None
@@ -58,6 +60,7 @@ class GenerationOptions(TypedDict, total=False):
     scheduler: str | None
     adapter: str | None
     adapter_scale: float | None
+    speed: str | None
 
 
 class GenerateOptions(GenerationOptions, total=False):

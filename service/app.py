@@ -55,6 +55,7 @@ from .pool.planner import PoolPlanner, pool_model_hash
 from .pool.serving import PoolServing
 from .recipes.load import check_recipes, load_recipes, long_prompts
 from .settings import Settings
+from .turbo import turbo_mode
 
 if TYPE_CHECKING:
     from .pipeline.load import LoadedModel
@@ -83,7 +84,7 @@ def create_app(
     settings = settings or Settings()
     recipes = load_recipes(settings.recipes) if settings.recipes is not None else {}
     check_recipes(recipes, adapters=set(settings.loras), data_root=settings.data_root,
-                  path=settings.recipes)
+                  path=settings.recipes, turbo=turbo_mode(settings) is not None)
     api = build_api_models(
         settings,
         recipes=recipes,
@@ -213,6 +214,7 @@ def default_loader(settings: Settings) -> LoadedModel:
 async def _load_and_warm(state: AppState) -> None:
     """Load the model, start the batcher and warm up; then report ready. Runs as a task."""
     from .pipeline import device as devices
+    from .pipeline.turbo_unet import attach_turbo
     from .pipeline.worker import PipelineWorker
 
     settings = state.settings
@@ -230,11 +232,13 @@ async def _load_and_warm(state: AppState) -> None:
         }
         state.model = model
         await asyncio.to_thread(_report_long_prompts, state, model)
+        # Before the speed options: they compile and quantize the turbo UNet too.
+        turbo = await asyncio.to_thread(attach_turbo, model.pipeline, settings)
         speed = await asyncio.to_thread(Speed.setup, model, settings, state.metrics,
                                         lambda info: state.speed_info.update(info))
         state.speed = speed
         pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
-            PipelineWorker.from_settings, model, settings, state.metrics
+            PipelineWorker.from_settings, model, settings, state.metrics, turbo
         )
         worker: Worker = speed.wrap(
             startup.wrap_worker(pipeline_worker) if startup.wrap_worker else pipeline_worker
@@ -242,6 +246,8 @@ async def _load_and_warm(state: AppState) -> None:
         state.adapters_info = pipeline_worker.adapters.info()
         state.speed_info.update(scheduler=pipeline_worker.schedulers.describe(),
                                 **pipeline_worker.adapters.swap_info())
+        state.turbo_info = (pipeline_worker.turbo.describe()
+                            if pipeline_worker.turbo is not None else None)
         if state.store is not None:
             store = state.store
             # In a thread: it reads the recipes' label image folders and the judges' shots
@@ -258,6 +264,7 @@ async def _load_and_warm(state: AppState) -> None:
                     need_half_life_s=settings.need_half_life_s,
                     judges=build_judges(state.recipes, settings.data_root, model.device),
                     adapter_hashes={a["name"]: a["hash"] for a in state.adapters_info},
+                    turbo=pipeline_worker.turbo,
                 ))
             )
             state.fill_jobs = FillJobs(state.pools.planner)
@@ -322,11 +329,13 @@ def _report_long_prompts(state: AppState, model: LoadedModel) -> None:
 
 def is_refusal(exc: BaseException) -> bool:
     """True for the start-up errors whose one-line message names the fix (a model, an
-    adapter or a device that cannot be served); anything else is a bug worth a traceback."""
+    adapter, a turbo LoRA or a device that cannot be served); anything else is a bug worth a
+    traceback."""
     from .pipeline.adapters import AdapterLoadError
     from .pipeline.device import ModelLoadError
+    from .pipeline.turbo_lora import TurboLoraError
 
-    return isinstance(exc, ModelLoadError | AdapterLoadError | SpeedError)
+    return isinstance(exc, ModelLoadError | AdapterLoadError | SpeedError | TurboLoraError)
 
 
 def _job_loop(state: AppState, jobs: FillJobs) -> JobLoop:

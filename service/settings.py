@@ -258,12 +258,31 @@ class Settings(BaseSettings):
     scheduler: SchedulerName = Field(
         default="default",
         description="Sampler when a recipe or request names none: default (the model's own), "
-        "euler, euler_a, dpmpp_2m, dpmpp_2m_karras, unipc or lcm.",
+        "euler, euler_a, dpmpp_2m, dpmpp_2m_karras, unipc, lcm, tcd or euler_trailing.",
     )
     loras: Annotated[dict[str, Path], NoDecode] = Field(
         default_factory=dict,
         description="LoRA adapters loaded at start, name=path[,name=path...] (safetensors, "
         "diffusers/peft format); none is active unless a recipe or request names it.",
+    )
+
+    turbo_lora: Path | None = Field(
+        default=None,
+        description="A few-step distillation LoRA of the model (LCM-LoRA, SDXL-Lightning, "
+        "Hyper-SD or TCD, in its published layout), fused into a second copy of the UNet and "
+        "drawn by requests and recipes with speed turbo. Unset: a built-in model's own "
+        "few-step setting; a model folder then serves no turbo.",
+    )
+    turbo_kind: Literal["lcm", "lightning", "hyper-sd", "tcd"] | None = Field(
+        default=None,
+        description="The kind of GENAUG_TURBO_LORA (its keys do not say it): the scheduler "
+        "and guidance turbo draws with (lcm: LCM, no guidance; lightning and hyper-sd: Euler "
+        "over trailing timesteps; tcd: TCD).",
+    )
+    turbo_steps: int | None = Field(
+        default=None, ge=1, le=50,
+        description="Denoising steps of speed turbo (default 4 with GENAUG_TURBO_LORA, 2 on "
+        "the built-in models).",
     )
 
     lora_max_rank: int | None = Field(
@@ -356,6 +375,18 @@ class Settings(BaseSettings):
         if self.compile == "regional" and self.compile_mode in ("reduce-overhead",
                                                                 "max-autotune"):
             raise ValueError(regional_cuda_graphs_refusal(self.compile_mode))
+        return self
+
+    @model_validator(mode="after")
+    def _check_turbo(self) -> Settings:
+        if self.turbo_lora is not None and self.turbo_kind is None:
+            raise ValueError(
+                f"GENAUG_TURBO_LORA={self.turbo_lora} needs GENAUG_TURBO_KIND: lcm, lightning, "
+                "hyper-sd or tcd (the file's keys do not say which distillation it is)")
+        if self.turbo_kind is not None and self.turbo_lora is None:
+            raise ValueError(
+                f"GENAUG_TURBO_KIND={self.turbo_kind} names the kind of GENAUG_TURBO_LORA, "
+                "which is unset; set it to the LoRA file, or unset GENAUG_TURBO_KIND")
         return self
 
     @model_validator(mode="after")

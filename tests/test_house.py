@@ -31,11 +31,12 @@ PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.c
 #: before the pool stores it; the request's own way below it
 #: (intake, then the pipeline); and at the bottom the vocabulary every room shares: recipes,
 #: settings (and the parsers of its composite values, ``setting_values.py``; the
-#: ``notify_url`` rule, which the settings, the intake and the webhooks share), batching
+#: ``notify_url`` rule, which the settings, the intake and the webhooks share; ``turbo``, the
+#: speed modes' words: a request's, a recipe's, the pool's and the pipeline's), batching
 #: (``items.py``, the queue, the batcher), errors and metrics.
 ORDER = ("testing", "__main__", "commands", "adapt", "app", "api", "jobs", "pool", "judge",
          "intake", "pipeline", "recipes", "settings", "setting_values", "notify_url",
-         "batching", "errors", "metrics")
+         "turbo", "batching", "errors", "metrics")
 
 #: trainer/'s rooms from the top down, the same way: the reference trainer, the checks,
 #: feeding, and at the bottom the hardware and the reservoir's mixing (the package's

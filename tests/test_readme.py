@@ -205,6 +205,7 @@ def test_the_client_block(url: str) -> None:
     names = run(block, url)
     assert names["batch"].images.shape[0] == 8 and names["png"].startswith(b"\x89PNG")
     assert names["pool"].label_names == ["I", "P", "R"]
+    assert names["fast"].metadata["resolved"]["speed"] == "turbo"
 
 
 def test_the_variants_block(url: str) -> None:

@@ -21,6 +21,8 @@ and the judged arms' recipes carry a ``judge:`` block whose ``shots`` are the sa
 * **3** + text-to-image from the seed's LoRA;
 * **4** + img2img variants of the shots from the seed's LoRA (DA-Fusion);
 * **2j, 3j, 4j** the same recipes with the judge: only images it keeps are sampled;
+* **4a** row 4j's recipe with ``speed: auto``: its pool drawn with the cheapest sampler the
+  judge accepts as often as the recipe's own (the auto pool beside the quality pool);
 * **5** the best generated arm with **feedback-guided allocation** at ``--budget`` (60 %) of
   its images: arm 1's trainer reports per-class need (its error on the validation images,
   :class:`~genaug.trainer.NeedCallback` -> ``POST /v1/recipes/{name}/feedback``), then
@@ -93,6 +95,7 @@ KINDS = {
     "base-var-j": "2j base img2img + judge",
     "lora-t2i-j": "3j LoRA text-to-image + judge",
     "lora-var-j": "4j LoRA img2img + judge",
+    "lora-var-j-auto": "4a LoRA img2img + judge, speed auto",
 }
 REAL = "1 real only"
 CEILING = "ref: ceiling, all real 5-9"
@@ -238,7 +241,9 @@ def kind_recipe(name: str, kind: str, k: int, seed: int, per_class: int,
             extra["adapter"] = {"name": f"lora-k{k}-s{seed}", "scale": 1.0}
         labels[str(d)] = label(d, **extra)
     spec = recipe(name, labels, base_seed=7 + seed + 100 * k)
-    if kind.endswith("-j"):
+    if kind.endswith("-auto"):
+        spec["speed"] = "auto"  # the cheapest sampler the judge accepts (docs/turbo.md)
+    if "-j" in kind:
         spec["judge"] = {"shots": folder, "encoder": "tiny-digits-encoder", "rule": "shots",
                          "min_score": min_score}
     return spec
@@ -279,6 +284,18 @@ def wait_filled(client: Any, names: Sequence[str], timeout: float) -> dict[str, 
                     for n, d in details.items()}
         if time.monotonic() > deadline:
             raise TimeoutError(f"pools still short after {timeout:.0f} s: {short}")
+        time.sleep(3)
+
+
+def wait_decided(client: Any, name: str, timeout: float) -> dict[str, Any]:
+    """Until ``name``'s ``speed: auto`` pool has decided its sampler; its ``sampling``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sampling: dict[str, Any] = client.recipe(name)["sampling"]
+        if sampling["state"] == "decided":
+            return sampling
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} did not decide in {timeout:.0f} s: {sampling['reason']}")
         time.sleep(3)
 
 
@@ -471,6 +488,12 @@ def one_k(work: Path, record: Record, k: int, seeds: Sequence[int], args: argpar
         reals += [perfect(s) for s in seeds]
         run_chunks(record, reals, per_run)
         fills = wait_filled(client, pools, 600 + 30.0 * len(pools) * args.per_class)
+        # An auto pool trains on what its decision drew: its probes go on past the fill, and
+        # its newest images (what a pool of per_class keeps) are the chosen sampler's.
+        for name in pools:
+            if name.startswith("lora-var-j-auto"):
+                decision = wait_decided(client, name, 600 + 60.0 * args.per_class)
+                fills[name] = {**fills[name], "sampling": decision}
         run_chunks(record, [mixed(arm_key(kind, k, s), s, fills[arm_key(kind, k, s)])
                             for kind in KINDS for s in seeds
                             if arm_key(kind, k, s) in fills], per_run)

@@ -6,7 +6,8 @@
 #   bash bench/gpu/gpu_run.sh --plan sizes          # batch 4 and 16
 #   bash bench/gpu/gpu_run.sh --plan options        # each speed option alone at batch 8
 #   bash bench/gpu/gpu_run.sh --plan fp8            # the FP8 diagnosis
-#   bash bench/gpu/gpu_run.sh --plan speed          # the speed goal's configurations
+#   bash bench/gpu/gpu_run.sh --plan speed          # the speed goal's configurations and
+#                                                   # speed turbo (a turbo LoRA, batch 16)
 #   bash bench/gpu/gpu_run.sh --plan acceptance     # every user path at full size
 #
 # Where genaug[service,fp8] is installed (pip install -e '.[service,fp8]' with your CUDA

@@ -50,7 +50,7 @@ router = APIRouter()
             "n > 1); the seeds also in X-Genaug-Seeds. " + SAFETENSORS_LAYOUT + "Tensors: "
             "images uint8 [n, h, w, c] (c 3, RGB), seeds int64 [n] (image i's seed). "
             "Metadata: request_json (the request), resolved_json (height, width, steps, "
-            "guidance, output size and scheduler the defaults resolved to), model_hash, "
+            "guidance, output size, scheduler and speed the defaults resolved to), model_hash, "
             "genaug_version.",
             SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE),
         **GENERATE_ERRORS,
@@ -61,7 +61,7 @@ async def generate(request: Request) -> Response:
     started = time.monotonic()
     state = state_of(request)
     body = await read_body(request, state.api.generate, state.api.hints["generate"])
-    key, items = plan_items(body, state.defaults())
+    key, items = plan_items(body, state.defaults(), state.api.turbo)
     resolved = {
         "height": key.height,
         "width": key.width,
@@ -70,6 +70,7 @@ async def generate(request: Request) -> Response:
         "output_height": items[0].output_height,
         "output_width": items[0].output_width,
         "scheduler": key.scheduler,
+        "speed": key.speed,
     }
     return await serve_request(request, "generate", body, key, items, started=started,
                            resolved=resolved)
@@ -101,10 +102,10 @@ async def variants(request: Request) -> Response:
         request, state.api.variants, state.api.hints["variants"],
         max_sources=settings.max_variant_sources, max_side=settings.max_side,
     )
-    key, items, sources = plan_variants(upload, state.defaults())
+    key, items, sources = plan_variants(upload, state.defaults(), state.api.turbo)
     resolved = {"height": key.height, "width": key.width, "steps": key.steps,
                 "strength": key.strength, "guidance": items[0].guidance,
-                "scheduler": key.scheduler}
+                "scheduler": key.scheduler, "speed": key.speed}
     # Items are source-major, n_per_image each: the first of each names its source's hash.
     hashes = [item.source_hash for item in items[:: upload.params.n_per_image]]
     return await serve_request(request, "variants", upload.params, key, items, started=started,

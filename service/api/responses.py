@@ -205,6 +205,9 @@ class InfoResponse(BaseModel):
     device: DeviceInfo
     adapters: list[AdapterInfo]
     speed: SpeedInfo
+    turbo: TurboInfo | None = Field(
+        None, description="What speed turbo draws with (null: this model serves no turbo; "
+        "a model folder needs GENAUG_TURBO_LORA).")
     replica: ReplicaInfo
     limits: Limits
 
@@ -212,6 +215,32 @@ class InfoResponse(BaseModel):
 class HealthResponse(BaseModel):
     status: str
     detail: str | None = None
+
+
+class SamplerInfo(BaseModel):
+    """One sampler: its speed mode, scheduler, steps, guidance and its name as the pool's
+    provenance spells it."""
+
+    speed: str
+    scheduler: str
+    steps: int
+    guidance: float
+    name: str
+
+
+class SamplingChoice(BaseModel):
+    """How a recipe's pool is drawn. ``speed`` is the recipe's (quality, turbo, auto);
+    ``state`` is ``fixed`` (quality, turbo), or auto's ``probing`` / ``decided``; ``sampler``
+    the sampler drawing it (null while auto probes); ``reason`` why; ``cheaper`` the
+    recipe sampler's UNet rows per image over the chosen one's; ``candidates`` auto's
+    candidate set, cheapest first, each with what became of it."""
+
+    speed: str
+    state: str
+    sampler: SamplerInfo | None
+    reason: str
+    cheaper: float | None = None
+    candidates: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class RecipeSummary(BaseModel):
@@ -234,6 +263,9 @@ class RecipeSummary(BaseModel):
         description="Labels the planner stopped generating (the low-acceptance stop: the "
         "recipe's judge accepted under 10 % of a label's first 50 images judged since "
         "start-up), each with why and the fix.")
+    sampling: SamplingChoice | None = Field(
+        default=None, description="How the pool is drawn: the recipe's speed and sampler, "
+        "or auto's decision with its reason (null: not known here).")
 
 
 class RecipeList(BaseModel):
@@ -249,6 +281,14 @@ class FillBudget(BaseModel):
     asked: int
     per_label: dict[str, int]
     note: str
+
+
+class TurboInfo(SamplerInfo):
+    """``speed: turbo`` as served: the sampler, the turbo LoRA's kind and file (null: the
+    built-in model's own few-step setting)."""
+
+    kind: str | None = None
+    lora_file: str | None = None
 
 
 class RecipeDetail(RecipeSummary):

@@ -64,6 +64,8 @@ class AppState:
     speed_info: dict[str, Any] = field(default_factory=dict)
     adapters_info: list[dict[str, Any]] = field(default_factory=list)
     replica_info: dict[str, Any] = field(default_factory=dict)
+    #: ``speed: turbo``'s sampler as the worker serves it (None: no turbo here).
+    turbo_info: dict[str, Any] | None = None
     ready: bool = False
     load_error: str | None = None
     #: The speed options applied, their warm-up (its progress) and compile cache.

@@ -38,6 +38,7 @@ from .responses import (
     ReplicaInfo,
     SpeedInfo,
     StatusResponse,
+    TurboInfo,
     binary_answer,
 )
 from .state import AppState
@@ -97,6 +98,7 @@ def info_of(state: AppState) -> InfoResponse:
         device=DeviceInfo(**device) if device else DeviceInfo(name=s.device, type="unknown"),
         adapters=[AdapterInfo(**a) for a in state.adapters_info],
         speed=SpeedInfo(**state.speed_info),
+        turbo=TurboInfo(**state.turbo_info) if state.turbo_info is not None else None,
         replica=ReplicaInfo(**state.replica_info),
         limits=Limits(**{name: resolved[name] if name in resolved else getattr(s, name)
                          for name in Limits.model_fields}),

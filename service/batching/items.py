@@ -5,7 +5,7 @@ the pipeline worker all speak about work in the same terms without importing eac
 
 - :class:`GroupKey` holds what must be equal for every image of one pipeline call, because
   those images share one UNet call per step: generation size, steps, scheduler, LoRA adapter
-  and scale, and the mode (text-to-image or img2img with its strength).
+  and scale, the mode (text-to-image or img2img with its strength) and the speed mode.
 - :class:`Item` holds everything that may differ between batch mates: prompt, negative
   prompt, seed, guidance, output size and channels, and for img2img the source image. An
   image depends on its own item and the key, never on its batch mates: guidance and the
@@ -49,7 +49,9 @@ class GroupKey:
     text-to-image keys keep the default 1.0. ``scheduler`` is a name from :data:`SCHEDULERS`;
     in a key ``"default"`` means the service's ``GENAUG_SCHEDULER`` (whose own ``"default"``
     is the scheduler the model brings). ``adapter`` is a loaded LoRA's name (``GENAUG_LORAS``)
-    or ``None``, active at ``adapter_scale`` for the whole call.
+    or ``None``, active at ``adapter_scale`` for the whole call. ``speed`` is the mode the
+    batch is drawn in (:mod:`genaug.service.turbo`): ``"turbo"`` runs the turbo UNet when a
+    turbo LoRA is served, so two modes never share a UNet call.
     """
 
     height: int
@@ -60,6 +62,7 @@ class GroupKey:
     adapter_scale: float = 1.0
     mode: Mode = "text"
     strength: float = 1.0
+    speed: str = "quality"
 
 
 @dataclass(frozen=True, eq=False)

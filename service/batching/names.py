@@ -14,5 +14,6 @@ __all__ = ["SchedulerName"]
 #: Scheduler names (see :data:`~genaug.service.batching.items.SCHEDULERS`), as a type for
 #: settings and schemas.
 SchedulerName = Literal[
-    "default", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras", "unipc", "lcm"
+    "default", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras", "unipc", "lcm", "tcd",
+    "euler_trailing",
 ]

@@ -6,7 +6,8 @@ of the recipe (other prompts or models), the largest is written unless ``--pool`
 
 Beside the PNGs, ``OUT/manifest.jsonl`` holds one JSON object per PNG, in the order written,
 with what made it (:func:`manifest_row`: recipe hash, model and adapter hashes, seed, size,
-steps, guidance, scheduler, the judge's score and settings, a person's verdict), so an
+steps, guidance, scheduler, speed and sampler, the judge's score and settings, a person's
+verdict), so an
 exported image can be cited and remade; ``OUT/manifest.json`` is the export's header (genaug
 version, time, pool, recipe spec). docs/curation.md ("The export's manifest") lists the fields.
 
@@ -42,6 +43,8 @@ ROWS = "manifest.jsonl"
 HEADER = "manifest.json"
 #: What an image stored before pool schema 4 did not record (``not_recorded`` says so).
 PRE_V4 = ("steps", "guidance", "strength", "adapter_hash", "judge")
+#: What an image stored before pool schema 6 did not record: the mode and sampler that made it.
+PRE_V6 = ("speed", "sampler")
 #: A person's verdict as the manifest spells it (the API's ``keep``); the pool's ``restore``.
 _VERDICTS = {"reject": "reject", "restore": "keep"}
 
@@ -111,6 +114,8 @@ def manifest_row(record: PoolRecord, file: str, pool: str, recipe_name: str, *,
         not_recorded.extend(PRE_V4)
     elif record.adapter is not None and made.adapter_hash is None:
         not_recorded.append("adapter_hash")
+    if made.speed is None:  # stored before schema 6
+        not_recorded.extend(PRE_V6)
     prompt = negative = None
     if recipe is not None and record.plan_index is not None:
         prompt, negative, _ = recipe.plan(record.label, record.plan_index)
@@ -143,6 +148,8 @@ def manifest_row(record: PoolRecord, file: str, pool: str, recipe_name: str, *,
         "steps": made.steps,
         "guidance": made.guidance,
         "scheduler": record.scheduler,
+        "speed": made.speed,
+        "sampler": made.sampler,
         "strength": made.strength,
         "source": record.source,
         "score": record.score,

@@ -3,7 +3,10 @@ a batch's :class:`~genaug.service.batching.items.GroupKey` and its per-image
 :class:`~genaug.service.batching.items.Item` list.
 
 ``defaults`` is ``(size, steps, guidance)``: what the running configuration fills in for a
-field the request leaves out.
+field the request leaves out. With ``speed: turbo`` the service's turbo
+:class:`~genaug.service.turbo.Sampling` fills in steps, scheduler and guidance instead; a
+recipe's batch is drawn with the :class:`~genaug.service.turbo.Sampling` its pool chose
+(the recipe's own, turbo, or ``auto``'s decision).
 
 Example::
 
@@ -19,25 +22,28 @@ from typing import Any
 import numpy as np
 
 from ..batching.items import GroupKey, Item
+from ..errors import InvalidRequestError
 from ..recipes.sources import SourceImage, source_hash
 from ..recipes.spec import Recipe
-from .schemas import GenerateRequest
+from ..turbo import Sampling, Turbo, turbo_refusal
+from .schemas import GenerateRequest, GenerationFields
 from .uploads import Upload
 
 
 def plan_items(
-    req: GenerateRequest, defaults: tuple[int, int, float]
+    req: GenerateRequest, defaults: tuple[int, int, float], turbo: Turbo | None = None
 ) -> tuple[GroupKey, list[Item]]:
     """Resolve defaults and seeds: the exact work a request stands for."""
-    size, steps, guidance = defaults
+    size, steps, guidance, scheduler, speed = speed_defaults(req, defaults, turbo)
     height = req.height or size
     width = req.width or size
     key = GroupKey(
         height=height,
         width=width,
         steps=req.steps or steps,
-        scheduler=req.scheduler or "default",
+        scheduler=req.scheduler or scheduler,
         **adapter_of(req.adapter, req.adapter_scale),
+        speed=speed,
     )
     if req.seed is not None:
         seeds = [req.seed + i for i in range(req.n)]
@@ -57,6 +63,21 @@ def plan_items(
         for seed in seeds
     ]
     return key, items
+
+
+def speed_defaults(
+    req: GenerationFields, defaults: tuple[int, int, float], turbo: Turbo | None
+) -> tuple[int, int, float, str, str]:
+    """``(size, steps, guidance, scheduler, speed)`` a request's omitted fields take: the
+    service defaults, or with ``speed: turbo`` the turbo setting's (the schema admits turbo
+    only where the service serves it)."""
+    size, steps, guidance = defaults
+    if req.speed != "turbo":
+        return size, steps, guidance, "default", "quality"
+    if turbo is None:
+        raise InvalidRequestError(turbo_refusal(), field="speed")
+    drawn = turbo.sampling
+    return size, drawn.steps, drawn.guidance, drawn.scheduler, "turbo"
 
 
 def adapter_of(adapter: str | None, scale: float | None) -> dict[str, Any]:
@@ -81,20 +102,21 @@ def output_size(
 
 
 def plan_variants(
-    upload: Upload, defaults: tuple[int, int, float]
+    upload: Upload, defaults: tuple[int, int, float], turbo: Turbo | None = None
 ) -> tuple[GroupKey, list[Item], np.ndarray]:
     """The img2img work of an upload: ``n_per_image`` items per source, source-major."""
     params = upload.params
-    _, steps, guidance = defaults
+    _, steps, guidance, scheduler, speed = speed_defaults(params, defaults, turbo)
     height, width = upload.size
     key = GroupKey(
         height=height,
         width=width,
         steps=params.steps or steps,
-        scheduler=params.scheduler or "default",
+        scheduler=params.scheduler or scheduler,
         **adapter_of(params.adapter, params.adapter_scale),
         mode="img2img",
         strength=params.strength,
+        speed=speed,
     )
     count = len(upload.sources) * params.n_per_image
     if params.seed is not None:
@@ -117,10 +139,12 @@ def plan_variants(
 
 
 def plan_pool_batch(
-    recipe: Recipe, label: str, indices: Sequence[int], sources: Sequence[SourceImage]
+    recipe: Recipe, label: str, indices: Sequence[int], sources: Sequence[SourceImage],
+    sampling: Sampling | None = None,
 ) -> tuple[GroupKey, list[Item]]:
     """The work of one pool batch: ``recipe``'s ``label`` at plan ``indices`` (the pool
-    planner's reservation).
+    planner's reservation), drawn with ``sampling`` (default: the recipe's own,
+    :func:`recipe_sampling`).
 
     Each image's prompt and seed come from :meth:`~genaug.service.recipes.spec.Recipe.plan`.
     With ``sources`` (the label's image folder, read once by the planner) the batch is
@@ -129,16 +153,18 @@ def plan_pool_batch(
     """
     spec = recipe.labels[label]
     adapter = recipe.adapter_for(label)
+    drawn = sampling if sampling is not None else recipe_sampling(recipe)
     out_h, out_w = recipe.output_size
     key = GroupKey(
         height=recipe.height,
         width=recipe.width,
-        steps=recipe.steps,
-        scheduler=recipe.scheduler,
+        steps=drawn.steps,
+        scheduler=drawn.scheduler,
         adapter=adapter.name if adapter is not None else None,
         adapter_scale=adapter.scale if adapter is not None else 1.0,
         mode="img2img" if sources else "text",
         strength=spec.strength if sources else 1.0,
+        speed=drawn.speed,
     )
     items = []
     for index in indices:
@@ -147,7 +173,7 @@ def plan_pool_batch(
         items.append(Item(
             plan.prompt,
             seed=plan.seed,
-            guidance=recipe.guidance,
+            guidance=drawn.guidance,
             output_height=out_h,
             output_width=out_w,
             negative_prompt=plan.negative_prompt,
@@ -156,3 +182,8 @@ def plan_pool_batch(
             source_hash=source.hash if source is not None else None,
         ))
     return key, items
+
+
+def recipe_sampling(recipe: Recipe) -> Sampling:
+    """The recipe's own sampler: its scheduler, steps and guidance (speed ``quality``)."""
+    return Sampling(recipe.scheduler, recipe.steps, recipe.guidance)

@@ -51,6 +51,7 @@ from ..notify_url import (
     notify_url_pattern,
 )
 from ..settings import Settings
+from ..turbo import SPEEDS, Turbo, turbo_mode
 from .fields import (
     MAX_ADAPTER_SCALE,
     MAX_GUIDANCE,
@@ -171,6 +172,14 @@ class GenerationFields(Body):
         float | None, Field(description="Adapter strength (default 1.0)."),
         Bound(ge=0, le=MAX_ADAPTER_SCALE, needs="adapters", absent="No adapters."),
         Fix("use a number from 0 to {MAX_ADAPTER_SCALE:g}")] = None
+    speed: Annotated[
+        str | None,
+        Field(description="quality (default: the given or default steps, scheduler and "
+              "guidance) or turbo (the model's few-step setting: GET /v1/info's turbo; "
+              "steps, scheduler or guidance given here still win)."),
+        Bound(one_of="speeds"),
+        Fix("use quality or turbo; turbo is served where GET /v1/info names it (a model "
+            "folder needs GENAUG_TURBO_LORA)")] = None
 
 
 class GenerateRequest(GenerationFields):
@@ -376,7 +385,8 @@ class ApiModels:
 
     ``sample``, ``fill``, ``feedback`` and ``verdicts`` hold one model per recipe (its labels are an
     enum); ``hints`` the fix a 422 names, per route and field; ``defaults`` the (size, steps,
-    guidance) that omitted fields take.
+    guidance) that omitted fields take; ``turbo`` the few-step setting ``speed: turbo`` draws
+    with (None: this model serves no turbo).
     """
 
     generate: type[GenerateRequest]
@@ -389,6 +399,7 @@ class ApiModels:
     defaults: tuple[int, int, float]
     adapters: tuple[str, ...]
     max_side: int
+    turbo: Turbo | None = None
 
 
 def build_api_models(
@@ -409,8 +420,10 @@ def build_api_models(
     s = settings
     if _side(Limits(s)) < 8:
         raise ValueError(f"max_side {s.max_side} leaves no multiple of 8 to generate at")
+    turbo = turbo_mode(s)
     choices = {"schedulers": tuple(schedulers), "adapters": tuple(adapters),
-               "webhook_hosts": allowed_hosts(s.webhook_hosts)}
+               "webhook_hosts": allowed_hosts(s.webhook_hosts),
+               "speeds": SPEEDS if turbo is not None else SPEEDS[:1]}
     generate = bounded_model(GenerateRequest, Limits(s, s.max_n, choices))
     variants = bounded_model(
         VariantParams, Limits(s, s.max_n * s.max_variant_sources, choices))
@@ -438,4 +451,4 @@ def build_api_models(
                 f"restores (keep true) images of one label of {name!r}, by seed.")
     return ApiModels(generate=generate, variants=variants, sample=sample, fill=fill,
                      feedback=feedback, verdicts=verdicts, hints=hints(s), defaults=defaults,
-                     adapters=tuple(adapters), max_side=s.max_side)
+                     adapters=tuple(adapters), max_side=s.max_side, turbo=turbo)

@@ -93,8 +93,9 @@ class UNetCall:
     Eager, around the compiled code: ``batch_dynamic`` marks the leading dimension of every
     tensor argument that has the batch's size dynamic (``torch._dynamo.maybe_mark_dynamic``);
     ``pad_one`` runs a batch of 1 as 2 (its row twice: dynamo specialises a dimension of size 1)
-    and returns the first row; ``mark_steps`` begins a CUDA-graph step at each call and copies
-    what it returns (:class:`StepMarked`'s contract). ``calls`` counts the calls.
+    and returns the first row; an integer timestep goes in as float32 (one compile for every
+    scheduler: :func:`_float_timestep`); ``mark_steps`` begins a CUDA-graph step at each call
+    and copies what it returns (:class:`StepMarked`'s contract). ``calls`` counts the calls.
 
     Example::
 
@@ -116,6 +117,7 @@ class UNetCall:
 
         first = args[0] if args else next(iter(kwargs.values()))
         batch = int(first.shape[0])
+        args, kwargs = _float_timestep(args, kwargs)
         padded = self.pad_one and batch == 1
         if padded:
             args, kwargs = tree_map_only(torch.Tensor, lambda t: _rows(t, 1, 2), (args, kwargs))
@@ -133,6 +135,27 @@ class UNetCall:
         if padded:
             out = tree_map_only(torch.Tensor, lambda t: _rows(t, 2, 1), out)
         return out
+
+
+def _float_timestep(args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A UNet's integer timestep (LCM's, TCD's: their schedules are integer tensors) as float32:
+    the UNet embeds it as ``timesteps.float()`` anyway (bit for bit the same), and a dtype is
+    something dynamo guards on: one compile then serves every scheduler. A block's arguments
+    (regional compilation) hold no timestep and pass unchanged."""
+    import torch
+
+    def floated(value: Any) -> Any:
+        if (isinstance(value, torch.Tensor) and value.dim() <= 1
+                and not torch.is_floating_point(value)):
+            return value.to(torch.float32)
+        return value
+
+    if "timestep" in kwargs:
+        return args, {**kwargs, "timestep": floated(kwargs["timestep"])}
+    if len(args) > 1:
+        return (args[0], floated(args[1]), *args[2:]), kwargs
+    return args, kwargs
 
 
 def _rows(tensor: torch.Tensor, have: int, want: int) -> torch.Tensor:

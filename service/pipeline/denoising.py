@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..batching.items import GroupKey, Item
+from .schedulers import STEP_KWARGS
 
 __all__ = ["Denoising", "guide", "step_kwargs"]
 
@@ -207,11 +208,12 @@ def guide(
 
 
 def step_kwargs(scheduler: Any, generators: list[torch.Generator]) -> dict[str, Any]:
-    """``prepare_extra_step_kwargs``: the per-image generators to schedulers that draw noise."""
+    """``prepare_extra_step_kwargs``: the per-image generators to schedulers that draw noise,
+    and ``eta`` (0, or the class's :data:`~genaug.service.pipeline.schedulers.STEP_KWARGS`)."""
     accepted = inspect.signature(scheduler.step).parameters
     kwargs: dict[str, Any] = {}
     if "eta" in accepted:
-        kwargs["eta"] = 0.0
+        kwargs["eta"] = STEP_KWARGS.get(type(scheduler).__name__, {}).get("eta", 0.0)
     if "generator" in accepted:
         kwargs["generator"] = generators
     return kwargs

@@ -60,6 +60,7 @@ from ..batching.items import GroupKey, Item
 from .denoising import Denoising
 from .quiet import quiet_diffusers
 from .schedulers import Schedulers
+from .turbo_unet import turbo_unet_of
 from .vae import Vae
 
 __all__ = ["Sampler", "img2img_pipeline", "prompt_tokens"]
@@ -132,7 +133,8 @@ class Sampler:
         starting latents), as a :class:`Denoising` to step through."""
         _check_key(key)
         pipe = self.pipe
-        unet = pipe.unet
+        turbo = turbo_unet_of(pipe) if key.speed == "turbo" else None
+        unet = turbo if turbo is not None else pipe.unet
         generators = [torch.Generator(device=self.device).manual_seed(it.seed) for it in items]
         # The batch's own scheduler: one paused at a step boundary keeps its state (multistep
         # history, step index) while other batches use the same named scheduler.

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..batching.items import SCHEDULERS
 
-__all__ = ["SCHEDULER_CLASSES", "Schedulers", "UnknownSchedulerError"]
+__all__ = ["SCHEDULER_CLASSES", "STEP_KWARGS", "Schedulers", "UnknownSchedulerError"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,17 @@ SCHEDULER_CLASSES: dict[str, tuple[str, dict[str, Any]]] = {
     "dpmpp_2m_karras": ("DPMSolverMultistepScheduler", {**_DPMPP_2M, **_KARRAS_SIGMAS}),
     "unipc": ("UniPCMultistepScheduler", _PLAIN_SIGMAS),
     "lcm": ("LCMScheduler", {}),
+    # The few-step distillations' own: TCD (its gamma is the step's eta, STEP_KWARGS) and
+    # Euler over trailing timesteps (SDXL-Lightning, Hyper-SD).
+    "tcd": ("TCDScheduler", {}),
+    "euler_trailing": ("EulerDiscreteScheduler",
+                       {**_PLAIN_SIGMAS, "timestep_spacing": "trailing"}),
 }
+
+#: Arguments of a scheduler class's ``step`` fixed here: TCD's gamma (``eta``) at 0.3, the value
+#: TCD's authors publish for few steps (diffusers' pipelines pass 0 unless told, which makes
+#: TCD deterministic). Every other scheduler that takes ``eta`` (DDIM's) runs 0.
+STEP_KWARGS: dict[str, dict[str, Any]] = {"TCDScheduler": {"eta": 0.3}}
 assert set(SCHEDULER_CLASSES) | {"default"} == set(SCHEDULERS)
 
 

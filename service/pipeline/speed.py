@@ -122,10 +122,14 @@ def _apply_structural(
 ) -> None:
     import torch
 
+    from .turbo_unet import turbo_unet_of
+
     unet = pipeline.unet
     vae = pipeline.vae
+    # The turbo UNet (GENAUG_TURBO_LORA: plain fused weights) takes every option the first does.
+    unets = [u for u in (unet, turbo_unet_of(pipeline)) if u is not None]
     if options.fuse_qkv:
-        for name, module in (("unet", unet), ("vae", vae)):
+        for name, module in (*(("unet", u) for u in unets), ("vae", vae)):
             try:
                 module.fuse_qkv_projections()
             except (ValueError, AttributeError, NotImplementedError) as exc:
@@ -134,8 +138,8 @@ def _apply_structural(
                     f"attention projections: {exc}; set GENAUG_FUSE_QKV=false"
                 ) from exc
     if options.channels_last:
-        unet.to(memory_format=torch.channels_last)
-        vae.to(memory_format=torch.channels_last)
+        for module in (*unets, vae):
+            module.to(memory_format=torch.channels_last)
     for flag, method, setting in (
         (options.vae_slicing, "enable_slicing", "GENAUG_VAE_SLICING"),
         (options.vae_tiling, "enable_tiling", "GENAUG_VAE_TILING"),
@@ -153,9 +157,12 @@ def _apply_structural(
 
         check_fp8(device)
         report["quantized_layers"] = len(quantize_fp8(unet, convs=options.quantize == "fp8-conv"))
+        for other in unets[1:]:
+            quantize_fp8(other, convs=options.quantize == "fp8-conv")
     if options.compile != "off":
         raise_recompile_limit()
-        compile_unet(unet, options)
+        for module in unets:
+            compile_unet(module, options)
     # Plain attributes on the pipeline object (not registered components).
     object.__setattr__(pipeline, _APPLIED_ATTR, options)
     log.info("speed options applied: %s", options.label)

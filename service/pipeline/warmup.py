@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..batching.items import GroupKey, Item, Worker, to_end
@@ -117,7 +117,9 @@ def warmup_plan(
     ``max_batch_images`` (what a saturated service runs), each for ``WARMUP_STEPS`` steps. With
     CUDA graphs (``GENAUG_COMPILE_MODE`` reduce-overhead or max-autotune) each recipe size and
     the default size at every one of :func:`batch_sizes`, largest first, and a listed shape at
-    the size its batch is padded to. A shape (size, batch) is never repeated: an adapter
+    the size its batch is padded to. With a turbo LoRA (``GENAUG_TURBO_LORA``) every shape
+    again in ``speed="turbo"``, which runs the turbo UNet, a module compiled on its own. A
+    shape (size, batch, speed) is never repeated: an adapter
     needs no warm-up of its own (it is hotswapped into the compiled UNet).
     """
     size, steps, guidance = defaults
@@ -127,10 +129,10 @@ def warmup_plan(
     sizes = batch_sizes(full) if graphs else (full,)
     fills = sorted(sizes, reverse=True)
     plan: list[WarmupStep] = []
-    seen: set[Shape] = set()
+    seen: set[tuple[Shape, str]] = set()
 
     def add(step: WarmupStep) -> None:
-        shape = _shape_of(step.key, step.batch)
+        shape = (_shape_of(step.key, step.batch), step.key.speed)
         if shape not in seen:
             seen.add(shape)
             plan.append(step)
@@ -157,6 +159,11 @@ def warmup_plan(
             add(WarmupStep(key, batch, float(recipe.guidance), f"recipe {recipe.name}"))
     for batch in fills:
         add(WarmupStep(GroupKey(size, size, WARMUP_STEPS), batch, guidance, "default size"))
+    if getattr(settings, "turbo_lora", None) is not None:
+        # The turbo UNet is a module of its own: every shape compiles for it too.
+        for step in list(plan):
+            add(step._replace(key=replace(step.key, speed="turbo"),
+                              source=f"{step.source}, turbo"))
     return plan
 
 

@@ -55,12 +55,14 @@ import torch.nn.functional as F
 
 from ..batching.items import Flight, GroupKey, Item, Outcome, Paused
 from ..metrics import Metrics
+from ..turbo import Turbo
 from .adapters import Adapters
 from .denoising import Denoising
 from .load import LoadedModel
 from .quantize import nonfinite_advice
 from .sampler import Sampler
 from .schedulers import Schedulers
+from .turbo_unet import turbo_unet_of
 from .vae import Vae
 
 if TYPE_CHECKING:
@@ -133,8 +135,12 @@ class PipelineWorker:
         cut_rows: bool = True,
         hotswap: bool = False,
         lora_max_rank: int | None = None,
+        turbo: Turbo | None = None,
     ) -> None:
         self.model = model
+        #: What ``speed="turbo"`` batches draw with (None: no turbo); its UNet, with a turbo
+        #: LoRA, is the pipeline's attached copy (:mod:`~genaug.service.pipeline.turbo_unet`).
+        self.turbo = turbo
         self.cut_rows = cut_rows
         # diffusers' pipeline classes are dynamically typed: components are attributes.
         self.pipe: Any = model.pipeline
@@ -142,6 +148,19 @@ class PipelineWorker:
         self.schedulers = Schedulers(self.pipe, default=scheduler)
         self.adapters = Adapters(self.pipe, loras or {}, base_hash=model.weights_hash,
                                 base_name=model.source, hotswap=hotswap, max_rank=lora_max_rank)
+        # A label's adapter applies in turbo mode too: the same files, loaded the same way
+        # into the turbo UNet (a view of the pipeline that holds it, without the text
+        # encoders, which the first Adapters already adapts and both modes share; nothing is
+        # copied).
+        turbo_unet = turbo_unet_of(self.pipe)
+        self.turbo_adapters: Adapters | None = None
+        if turbo_unet is not None and loras:
+            pipe: Any = model.pipeline
+            view = type(pipe)(**{**pipe.components, "unet": turbo_unet, "text_encoder": None,
+                                 "text_encoder_2": None})
+            self.turbo_adapters = Adapters(
+                view, loras, base_hash=model.weights_hash, base_name=model.source,
+                hotswap=hotswap, max_rank=lora_max_rank)
         self.vae = Vae(self.pipe, device=model.device)
         self.sampler = Sampler(
             self.pipe, device=model.device, schedulers=self.schedulers, vae=self.vae
@@ -149,7 +168,8 @@ class PipelineWorker:
 
     @classmethod
     def from_settings(
-        cls, model: LoadedModel, settings: Settings, metrics: Metrics | None = None
+        cls, model: LoadedModel, settings: Settings, metrics: Metrics | None = None,
+        turbo: Turbo | None = None,
     ) -> PipelineWorker:
         """The worker the service runs: ``GENAUG_SCHEDULER`` and ``GENAUG_LORAS`` applied;
         dropped rows are cut from a batch only when nothing is compiled (with
@@ -158,7 +178,7 @@ class PipelineWorker:
         compiled = settings.compile != "off"
         return cls(model, metrics, scheduler=settings.scheduler, loras=settings.loras,
                    cut_rows=not compiled, hotswap=compiled,
-                   lora_max_rank=settings.lora_max_rank)
+                   lora_max_rank=settings.lora_max_rank, turbo=turbo)
 
     @property
     def device(self) -> torch.device:
@@ -187,8 +207,11 @@ class PipelineWorker:
     # -- internals ---------------------------------------------------------------------------
 
     def _go(self, batch: _Batch, flight: Flight | None) -> Outcome | Paused:
-        # (Again on resume: the batches run meanwhile may have switched the adapter.)
+        # (Again on resume: the batches run meanwhile may have switched the adapter.) The
+        # first UNet's adapters hold the text encoders' LoRA layers too: set for every batch.
         self.adapters.activate(batch.key.adapter, batch.key.adapter_scale)
+        if batch.key.speed == "turbo" and self.turbo_adapters is not None:
+            self.turbo_adapters.activate(batch.key.adapter, batch.key.adapter_scale)
         try:
             with torch.inference_mode():
                 return self._advance(batch, flight)

@@ -72,6 +72,7 @@ class UnsavedBatch:
     meta: dict[str, Any]
     scores: np.ndarray | None = None
     keep: np.ndarray | None = None
+    embedding_sum: list[float] | None = None
 
 
 class BatchOutcomes:
@@ -119,9 +120,11 @@ class BatchOutcomes:
                             next(iter(outcome.errors.values())))
             images = stack_images([outcome.images[i] for i in ok], out_h, out_w, channels)
             scores = keep = None
+            embedding_sum: list[float] | None = None
             if judge is not None:
                 try:
-                    scores = judge.score(images, label)
+                    scores, unit = judge.score_and_embed(images, label)
+                    embedding_sum = [float(v) for v in unit.sum(axis=0)] if len(unit) else None
                 except Exception:  # a judge that cannot score must not let images through
                     log.exception("the judge of recipe %r could not score a batch of %s; "
                                   "the batch is dropped", name, label)
@@ -132,6 +135,7 @@ class BatchOutcomes:
                 name, pid, label, images,
                 [items[i].seed for i in ok], reservation, [indices[i] for i in ok],
                 [items[i].source_hash for i in ok] if sources else None, meta, scores, keep,
+                embedding_sum,
             )
             try:
                 self._save(batch)
@@ -158,6 +162,7 @@ class BatchOutcomes:
             reservation=batch.reservation, plan_indices=batch.indices, sources=batch.sources,
             scores=None if batch.scores is None else [float(v) for v in batch.scores],
             keep=None if batch.keep is None else [bool(v) for v in batch.keep],
+            embedding_sum=batch.embedding_sum,
             **batch.meta,
         )
 

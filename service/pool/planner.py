@@ -69,10 +69,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..batching.items import IdleWork
 from ..errors import InvalidRequestError, PoolFullError
-from ..intake.plan import plan_pool_batch
+from ..intake.plan import plan_pool_batch, recipe_sampling
 from ..recipes.sources import SourceImage, load_label_sources, sources_digest
 from ..recipes.spec import Recipe, pool_id
+from ..turbo import Sampling, Turbo, turbo_refusal
 from .acceptance import AcceptanceStop
+from .auto import AutoSampler
 from .choice import allocate, choose_label, label_score, label_weight
 from .need import NeedBoard
 from .outcomes import BatchOutcomes
@@ -122,6 +124,7 @@ class PoolPlanner:
         need_half_life_s: float = 60.0,
         judges: Mapping[str, Judge] | None = None,
         adapter_hashes: Mapping[str, str] | None = None,
+        turbo: Turbo | None = None,
     ) -> None:
         self.recipes = recipes
         self.store = store
@@ -166,6 +169,14 @@ class PoolPlanner:
         self._outcomes = BatchOutcomes(
             store, model_hash=model_hash, judges=self.judges, added=self._images_added,
             outage=self._pause, rejected=lambda: self._wake(0.0))
+        #: ``speed: turbo`` recipes draw with ``turbo``; ``auto`` ones with their pool's choice.
+        self.turbo = turbo
+        self.auto = {
+            name: AutoSampler(store, self.pool_ids[name], r,
+                              judge_key=self._judge_made[name][0], turbo=turbo,
+                              adapters={label: self._adapter_hash(r, label)
+                                        for label in r.label_names})
+            for name, r in recipes.items() if r.speed == "auto" and name in self.judges}
         #: Test hook: called between reading a label's counts and reserving its batch.
         self.before_reserve: Callable[[str, str], None] | None = None
 
@@ -352,6 +363,7 @@ class PoolPlanner:
                                        targets[label] - tier_planned[label].fill,
                                        targets[label]))
                     tier_planned[label] = replace(tier_planned[label], fill=targets[label])
+        self._probe_work(candidates)
         # Asked-for work first, then the best score; the reservation re-checks under the
         # label's lock and may refuse.
         candidates.sort(key=lambda c: (c[0], -c[1]))
@@ -364,12 +376,29 @@ class PoolPlanner:
                 return self._work(name, label, reservation)
         return None
 
+    def _probe_work(self, candidates: list[tuple[int, float, str, str, int, int]]) -> None:
+        """``auto``'s probes (:meth:`AutoSampler.probe_needs`) as background work, even for a
+        label at its target and with pre-generation off: a decision cannot wait for the pool
+        to empty or for the next fill. They are bounded (a round per candidate and label, at
+        most :data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES` each) and end with the
+        decision."""
+        for name, auto in self.auto.items():
+            needs = auto.probe_needs()
+            stats = self.last_stats.get(name, {})
+            stopped = self.stopped(name)
+            for label, missing in needs.items():
+                if label in stopped or label not in stats:
+                    continue
+                planned = stats[label].fill + stats[label].reserved
+                candidates.append((1, 0.0, name, label, missing, planned + missing))
+
     def _work(self, name: str, label: str, reservation: Reservation) -> IdleWork:
         recipe = self.recipes[name]
         pid = self.pool_ids[name]
         sources = self.sources[name][label]
         indices = reservation.indices
-        key, items = plan_pool_batch(recipe, label, indices, sources)
+        drawn = self.sampling(name, label)
+        key, items = plan_pool_batch(recipe, label, indices, sources, drawn)
         judge_key_, settings = self._judge_made.get(name, (None, None))
         meta: dict[str, Any] = {
             "scheduler": key.scheduler,
@@ -381,12 +410,37 @@ class PoolPlanner:
                 steps=key.steps, guidance=items[0].guidance if items else recipe.guidance,
                 strength=key.strength if key.mode == "img2img" else None,
                 adapter_hash=self._adapter_hash(recipe, label), judge_key=judge_key_,
-                judge_settings=settings),
+                judge_settings=settings, speed=drawn.speed, sampler=drawn.name),
         }
         on_done, on_failed = self._outcomes.handlers(
             name, pid, label, items, reservation, meta=meta, size=recipe.output_size,
             channels=recipe.output_channels, sources=bool(sources))
         return IdleWork(key=key, items=items, on_done=on_done, on_failed=on_failed)
+
+    def sampling(self, name: str, label: str) -> Sampling:
+        """How ``label`` of recipe ``name`` is drawn now: the recipe's own sampler, the turbo
+        setting (``speed: turbo``) or its pool's ``auto`` choice
+        (:mod:`~genaug.service.pool.auto`)."""
+        recipe = self.recipes[name]
+        if name in self.auto:
+            return self.auto[name].sampling_for(label)
+        if recipe.speed == "turbo":
+            if self.turbo is None:
+                raise InvalidRequestError(turbo_refusal())
+            return self.turbo.sampling
+        return recipe_sampling(recipe)
+
+    def describe_sampling(self, name: str) -> dict[str, Any]:
+        """How recipe ``name``'s pool is drawn, for its detail and the status page: the
+        recipe's ``speed``, and ``auto``'s state, chosen sampler, reason and candidates, or
+        the one sampler (``state`` ``fixed``)."""
+        speed = self.recipes[name].speed
+        if name in self.auto:
+            return {"speed": speed, **self.auto[name].describe()}
+        fixed = (self.turbo.sampling if speed == "turbo" and self.turbo is not None
+                 else recipe_sampling(self.recipes[name]))
+        return {"speed": speed, "state": "fixed", "sampler": fixed.as_dict(),
+                "reason": f"the recipe's speed {speed}", "cheaper": None, "candidates": []}
 
     # -- the low-acceptance stop and outcomes (their own modules) ---------------------------
 
@@ -422,6 +476,8 @@ class PoolPlanner:
 
     def _images_added(self, name: str, count: int) -> None:
         """Store thread: note the rate and tell samplers waiting for images."""
+        if name in self.auto:
+            self.auto[name].stored()
         with self._lock:
             added = self._added[name]
             now = time.monotonic()

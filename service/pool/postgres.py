@@ -87,7 +87,9 @@ _SCHEMA = [
         strength       DOUBLE PRECISION,
         adapter_hash   TEXT,
         judge_key      TEXT,
-        judge_settings TEXT)""",
+        judge_settings TEXT,
+        speed          TEXT,
+        sampler        TEXT)""",
     # Pixels are not compressible enough to be worth pglz: store them out of line as they are.
     """CREATE TABLE IF NOT EXISTS image_data (
         id   BIGINT PRIMARY KEY REFERENCES images (id),
@@ -127,7 +129,7 @@ _SCHEMA = [
 ]
 
 #: Upgrades, by the version they start from. PostgreSQL pools start at version 2 (the first
-#: version with this backend); the next column goes here as ``5: [...]`` (new tables are in
+#: version with this backend); the next column goes here as ``6: [...]`` (new tables are in
 #: ``_SCHEMA``, created on every open).
 _UPGRADES: dict[int, list[str]] = {
     2: [  # curation: the judge's score and keep flag, a person's verdict, lifetime counters
@@ -150,6 +152,10 @@ _UPGRADES: dict[int, list[str]] = {
     ],
     4: [  # the first attempt of a job's webhook (its delivery window runs from it)
         "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS webhook_first DOUBLE PRECISION",
+    ],
+    5: [  # the mode and sampler that made each image (NULL before: not recorded)
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS speed TEXT",
+        "ALTER TABLE images ADD COLUMN IF NOT EXISTS sampler TEXT",
     ],
 }
 

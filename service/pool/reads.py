@@ -28,7 +28,7 @@ _IMAGE = "i.id, i.label, i.seed, i.height, i.width, i.channels, d.data"
 _RECORD = (_IMAGE + ", i.plan_index, i.created, i.model_hash, i.scheduler, i.adapter,"
            " i.adapter_scale, i.source, i.score, i.judge_keep, i.verdict, i.verdict_at,"
            " i.accepted, i.steps, i.guidance, i.strength, i.adapter_hash, i.judge_key,"
-           " i.judge_settings")
+           " i.judge_settings, i.speed, i.sampler")
 
 
 def _opt(value: Any, kind: type) -> Any:
@@ -92,7 +92,8 @@ class PoolReads:
         rows = self._chunks(pool_id, _RECORD, chunk=chunk, include_rejected=include_rejected)
         for (_, label, seed, h, w, c, data, plan_index, created, model_hash, scheduler,
              adapter, adapter_scale, source, score, judge_keep, verdict, verdict_at, accepted,
-             steps, guidance, strength, adapter_hash, judge_key, judge_settings) in rows:
+             steps, guidance, strength, adapter_hash, judge_key, judge_settings, speed,
+             sampler) in rows:
             yield PoolRecord(
                 label=str(label), seed=int(seed), image=_pixels(data, h, w, c),
                 plan_index=_opt(plan_index, int), created=float(created),
@@ -105,7 +106,8 @@ class PoolReads:
                     steps=_opt(steps, int), guidance=_opt(guidance, float),
                     strength=_opt(strength, float), adapter_hash=_opt(adapter_hash, str),
                     judge_key=_opt(judge_key, str),
-                    judge_settings=_opt(judge_settings, str)),
+                    judge_settings=_opt(judge_settings, str), speed=_opt(speed, str),
+                    sampler=_opt(sampler, str)),
             )
 
     def plan_indices(self, pool_id: str) -> dict[str, list[int]]:

@@ -287,8 +287,9 @@ class PoolServing:
         return stats
 
     def summary(self, name: str, *, stats: dict[str, LabelStats] | None = None) -> dict[str, Any]:
-        """Name, labels, pool id, capacity, targets and fill (the last known fill while the
-        pool database is unreachable). Blocking: call it from a thread."""
+        """Name, labels, pool id, capacity, targets, fill (the last known fill while the
+        pool database is unreachable) and how the pool is drawn (``sampling``: auto's last
+        decision as read). Blocking: call it from a thread."""
         recipe = self.recipe(name)
         stats = stats if stats is not None else self._stats(name, stale_ok=True)
         return {
@@ -301,6 +302,7 @@ class PoolServing:
                                  for label, s in stats.items()},
             "fill": {label: s.fill for label, s in stats.items()},
             **self._need(name, recipe),
+            "sampling": self.planner.describe_sampling(name),
         }
 
     def detail(self, name: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ __all__ = ["SqlitePoolStore"]
 
 log = logging.getLogger(__name__)
 
-# Version 5, the layout a new file gets (its jobs, stops and recipes tables: _V4).
+# Version 6, the layout a new file gets (its jobs, stops and recipes tables: _V4).
 # (No semicolons in comments: the text is split on them.)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -71,7 +71,9 @@ CREATE TABLE IF NOT EXISTS images (
     strength       REAL,
     adapter_hash   TEXT,
     judge_key      TEXT,
-    judge_settings TEXT
+    judge_settings TEXT,
+    speed          TEXT,
+    sampler        TEXT
 );
 CREATE TABLE IF NOT EXISTS image_data (
     id   INTEGER PRIMARY KEY REFERENCES images (id),
@@ -141,6 +143,9 @@ _V4 = schema_tables(real="REAL", options=" WITHOUT ROWID")
 
 # Version 4 -> 5: the first attempt of a webhook (the recipes table is in _V4's text).
 _V5_JOB_COLUMNS = {"webhook_first": "REAL"}
+
+# Version 5 -> 6: the mode and sampler that made each image (NULL before: not recorded).
+_V6_COLUMNS = {"speed": "TEXT", "sampler": "TEXT"}
 
 _V4_COLUMNS = {
     "steps": "INTEGER",
@@ -339,6 +344,11 @@ class SqlitePoolStore(PoolStore):
             if version < 4:
                 have = {r[1] for r in conn.execute("PRAGMA table_info(images)")}
                 for column, decl in _V4_COLUMNS.items():
+                    if column not in have:
+                        conn.execute(f"ALTER TABLE images ADD COLUMN {column} {decl}")
+            if version < 6:
+                have = {r[1] for r in conn.execute("PRAGMA table_info(images)")}
+                for column, decl in _V6_COLUMNS.items():
                     if column not in have:
                         conn.execute(f"ALTER TABLE images ADD COLUMN {column} {decl}")
             if version < SCHEMA_VERSION:

@@ -56,7 +56,10 @@ reservations, source, channels, adapter or scheduler); 2 adds them; 3 adds curat
 ``jobs`` and ``stops`` (:mod:`~genaug.service.pool.tables`) and each image's provenance
 (``steps``, ``guidance``, ``strength``, ``adapter_hash``, ``judge_key``, ``judge_settings``:
 NULL, "not recorded", for an image stored before); 5 adds ``recipes`` (each pool's recipe
-spec) and a webhook's first attempt.
+spec) and a webhook's first attempt; 6 adds each image's ``speed`` and ``sampler``, the
+``samplers`` table (an ``auto`` pool's decision: :mod:`~genaug.service.pool.auto`) and
+``sampler_tallies`` (judged and kept images per sampler, judge and adapter, counted by
+``add``).
 
 Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: 1,000 1024² RGB images per
 label for 10 labels is about 30 GiB (docs/deploy.md has the table). Beyond a few hundred GiB,
@@ -70,6 +73,7 @@ transaction: that is what stops planners exactly at the target, no plan index re
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -376,6 +380,7 @@ class PoolStore(ABC):
         scores: Sequence[float] | None = None,
         keep: Sequence[bool] | None = None,
         provenance: Provenance | None = None,
+        embedding_sum: Sequence[float] | None = None,
     ) -> int:
         """Store a batch of one label in one transaction; return how many images were evicted.
 
@@ -392,6 +397,9 @@ class PoolStore(ABC):
         the judge kept each (needs ``scores``; default all kept). An image not kept is stored
         and counted (``rejected``, ``judged_total``) but never sampled. ``provenance``: what
         made the batch (steps, guidance, ...), stored with each image (None: not recorded).
+        With ``provenance.sampler`` the judged images are tallied under it (``auto``'s
+        evidence), ``embedding_sum`` (the sum of their unit judge embeddings) added to its
+        tally's.
         """
         batch = batch_rows(images, seeds, plan_indices=plan_indices, sources=sources,
                            reservation=reservation, scores=scores, keep=keep)
@@ -408,13 +416,13 @@ class PoolStore(ABC):
                     "INSERT INTO images (pool_id, label, seed, plan_index, created, model_hash,"
                     " height, width, channels, source, scheduler, adapter, adapter_scale,"
                     " score, judge_keep, accepted, steps, guidance, strength, adapter_hash,"
-                    " judge_key, judge_settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                    " ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " judge_key, judge_settings, speed, sampler) VALUES (?, ?, ?, ?, ?, ?, ?,"
+                    " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (pool_id, label, plan_index) DO NOTHING RETURNING id",
                     (pool_id, label, seed, index, now, model_hash, h, w, c, source, scheduler,
                      adapter, adapter_scale, score, int(keeps), int(keeps), made.steps,
                      made.guidance, made.strength, made.adapter_hash, made.judge_key,
-                     made.judge_settings),
+                     made.judge_settings, made.speed, made.sampler),
                 ).fetchone()
                 if row is None:
                     log.info("pool %s label %s: plan index %s already stored; skipped",
@@ -433,12 +441,35 @@ class PoolStore(ABC):
                 f" next_index = {self._GREATEST}(next_index, ?) WHERE pool_id = ? AND label = ?",
                 (stored, judged, kept, next_index or 0, pool_id, label),
             )
+            if made.sampler is not None and judged:
+                self._tally(conn, pool_id, label, made, judged, kept, embedding_sum)
             if reservation is not None:
                 self._exec(conn, "DELETE FROM reservations WHERE id = ?", (reservation.id,))
             evicted = self._evict(conn, pool_id, label)
         if evicted:
             log.debug("pool %s label %s: evicted %d", pool_id, label, evicted)
         return evicted
+
+    def _tally(self, conn: Any, pool_id: str, label: str, made: Provenance, judged: int,
+               kept: int, embedding_sum: Sequence[float] | None) -> None:
+        """``auto``'s evidence (pool/auto.py), under the label's lock: judged and kept images
+        and their summed embeddings per sampler, judge and adapter, kept whatever is evicted."""
+        key = (pool_id, label, made.sampler, made.judge_key or "", made.adapter_hash or "")
+        where = ("pool_id = ? AND label = ? AND sampler = ? AND judge_key = ?"
+                 " AND adapter_hash = ?")
+        row = self._exec(conn, f"SELECT embedding FROM sampler_tallies WHERE {where}",
+                         key).fetchone()
+        total = None if embedding_sum is None else np.asarray(embedding_sum, np.float64)
+        if row is not None and row[0] is not None and total is not None:
+            total = total + np.asarray(json.loads(row[0]), np.float64)
+        text = None if total is None else json.dumps([round(float(v), 6) for v in total])
+        if row is None:
+            self._exec(conn, "INSERT INTO sampler_tallies (pool_id, label, sampler, judge_key,"
+                       " adapter_hash, judged, kept, embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (*key, judged, kept, text))
+        else:
+            self._exec(conn, "UPDATE sampler_tallies SET judged = judged + ?, kept = kept + ?,"
+                       f" embedding = ? WHERE {where}", (judged, kept, text, *key))
 
     def _evict(self, conn: Any, pool_id: str, label: str) -> int:
         """Keep at most ``capacity_per_label`` accepted images (most-served, then oldest, go

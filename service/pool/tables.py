@@ -5,7 +5,10 @@ here and created by the backends (:mod:`~genaug.service.pool.sqlite`,
 :mod:`~genaug.service.pool.postgres`), with their upgrades. The features own their queries:
 ``jobs`` is the fill jobs' (:mod:`genaug.service.jobs.queries`), ``stops`` the judge's
 (:mod:`~genaug.service.pool.stop_queries`), ``recipes`` the recipe specs'
-(:mod:`~genaug.service.pool.recipe_specs`).
+(:mod:`~genaug.service.pool.recipe_specs`), ``samplers`` ``auto``'s decisions
+(:mod:`~genaug.service.pool.auto`); ``sampler_tallies`` is the store's own (every judged image
+it adds is counted there by its sampler, judge and adapter, with the sum of its unit judge
+embeddings, in the add's transaction, so eviction never takes ``auto``'s evidence away).
 
 The dialects differ only where filled in: ``real`` is the backend's float type, ``options``
 what follows a table's definition (SQLite: `` WITHOUT ROWID``: the keys are text).
@@ -20,8 +23,8 @@ from __future__ import annotations
 
 __all__ = ["schema_tables"]
 
-# Version 4 (jobs, stops) and 5 (recipes, jobs.webhook_first). No semicolons but between
-# statements: the text is split on them.
+# Version 4 (jobs, stops), 5 (recipes, jobs.webhook_first) and 6 (samplers: auto's
+# decisions). No semicolons but between statements: the text is split on them.
 _TABLES = """
 CREATE TABLE IF NOT EXISTS jobs (
     id               TEXT PRIMARY KEY,
@@ -59,6 +62,26 @@ CREATE TABLE IF NOT EXISTS recipes (
     spec      TEXT    NOT NULL,
     spec_hash TEXT    NOT NULL,
     recorded  {real}  NOT NULL
+){options};
+CREATE TABLE IF NOT EXISTS samplers (
+    pool_id  TEXT    PRIMARY KEY,
+    basis    TEXT    NOT NULL,
+    state    TEXT    NOT NULL,
+    sampler  TEXT,
+    reason   TEXT    NOT NULL,
+    evidence TEXT    NOT NULL,
+    decided  {real}  NOT NULL
+){options};
+CREATE TABLE IF NOT EXISTS sampler_tallies (
+    pool_id      TEXT    NOT NULL,
+    label        TEXT    NOT NULL,
+    sampler      TEXT    NOT NULL,
+    judge_key    TEXT    NOT NULL,
+    adapter_hash TEXT    NOT NULL,
+    judged       BIGINT  NOT NULL,
+    kept         BIGINT  NOT NULL,
+    embedding    TEXT,
+    PRIMARY KEY (pool_id, label, sampler, judge_key, adapter_hash)
 ){options}
 """
 

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 #: The database layout this genaug writes; older ones are upgraded in place, newer refused.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: URL schemes of a PostgreSQL pool (anything else is a SQLite path).
 PG_SCHEMES = ("postgresql://", "postgres://")
 #: Seconds a reservation lives without its owner's heartbeat.
@@ -234,7 +234,10 @@ class VerdictResult:
 @dataclass(frozen=True)
 class Provenance:
     """What made a pool batch beyond its recipe name and seed, stored with each image (schema
-    4) so an exported image can be remade: ``steps`` and ``guidance`` the batch ran with,
+    4; ``speed`` and ``sampler`` schema 6) so an exported image can be remade: ``speed`` the
+    mode (quality, turbo; an ``auto`` pool's images say which mode their sampler ran),
+    ``sampler`` the :attr:`~genaug.service.turbo.Sampling.name` it was drawn with (a turbo
+    LoRA's kind and hash included), ``steps`` and ``guidance`` the batch ran with,
     ``strength`` for img2img variants (None: text-to-image), ``adapter_hash`` the content
     hash of the LoRA file (None: no adapter, or not known), ``judge_key`` a short hash of
     the judge's settings and ``judge_settings`` their JSON (None: no judge). An image stored
@@ -250,6 +253,8 @@ class Provenance:
     adapter_hash: str | None = None
     judge_key: str | None = None
     judge_settings: str | None = None
+    speed: str | None = None
+    sampler: str | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..turbo import turbo_refusal
 from .sources import encoder_config, has_text_tower, resolve_images_folder, resolve_shots
 from .spec import LABEL_CHARS, TINY_ENCODER, Recipe, RecipeError
 
@@ -33,9 +34,13 @@ def check_recipes(
     adapters: Collection[str] = (),
     data_root: Path | None = None,
     path: Path | None = None,
+    turbo: bool = True,
 ) -> None:
     """Start-up checks that need the running configuration: every adapter a recipe names is
-    loaded (``adapters``: the names of ``GENAUG_LORAS``), every label image folder exists
+    loaded (``adapters``: the names of ``GENAUG_LORAS``), ``speed: turbo`` only where the
+    service serves turbo (``turbo``: :func:`~genaug.service.turbo.turbo_mode` is not None),
+    ``speed: auto`` only with a judge (a stored spec holds no judge, so the model cannot),
+    every label image folder exists
     under ``data_root`` and holds images, and a judge's shots folder holds images for every
     label and its encoder folder exists (with a text tower for the ``prompts`` rule).
     Schedulers are checked when the file is parsed.
@@ -48,6 +53,14 @@ def check_recipes(
     where = str(path) if path is not None else "recipes"
     known = ", ".join(sorted(adapters)) or "none (set GENAUG_LORAS=name=path)"
     for name, recipe in recipes.items():
+        if recipe.speed == "turbo" and not turbo:
+            problems.append(f"{where}: recipe {name!r} speed: {turbo_refusal()}")
+        if recipe.speed == "auto" and recipe.judge is None:
+            problems.append(
+                f"{where}: recipe {name!r} speed: 'auto' chooses the cheapest sampler whose "
+                "images the judge accepts as often as the recipe's own, and this recipe has "
+                "no judge: add a judge block (shots of real images per label), or use speed "
+                "'quality' or 'turbo'")
         for label in recipe.label_names:
             adapter = recipe.adapter_for(label)
             if adapter is not None and adapter.name not in adapters:

@@ -20,6 +20,9 @@ mapping name -> spec) keeps the name inside the object it names, so error locati
         guidance: 5.0
         base_seed: 0
         scheduler: default    # optional: a name of genaug.service.batching.items.SCHEDULERS
+        speed: quality        # optional: quality (the sampler above), turbo (the model's
+                              #   few-step setting) or auto (with a judge: the cheapest
+                              #   sampler the judge accepts, decided per pool)
         adapter: {name: wound-lora, scale: 0.8}   # optional: a LoRA of GENAUG_LORAS
         output_channels: 1    # optional: 1 (luminance, depth-like inputs) or 3 (RGB, default)
         labels:               # ordered: label i of the API is the i-th key here
@@ -69,6 +72,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ..batching.items import SCHEDULERS
+from ..turbo import RecipeSpeed
 
 __all__ = [
     "LABEL_CHARS",
@@ -329,6 +333,7 @@ class Recipe(BaseModel):
     adapter: AdapterSpec | None = None
     output_channels: Literal[1, 3] = 3
     judge: JudgeSpec | None = None
+    speed: RecipeSpeed = "quality"
 
     @model_validator(mode="after")
     def _judge_needs_labels(self) -> Recipe:
@@ -386,6 +391,10 @@ class Recipe(BaseModel):
             spec["adapter"] = self.adapter.model_dump()
         if self.output_channels != 3:
             spec["output_channels"] = self.output_channels
+        # turbo and auto pools hold other images than the quality pool; auto's decision is a
+        # fact of the pool (its database), not of the spec.
+        if self.speed != "quality":
+            spec["speed"] = self.speed
         return spec
 
     def spec_hash(self) -> str:

@@ -110,7 +110,7 @@ def test_quick_honest_protocol_runs_every_arm_with_the_judge_and_resumes(tmp_pat
     rows = k1["rows"]
     kinds = ("2 base img2img", "3 LoRA text-to-image", "4 LoRA img2img",
              "2j base img2img + judge", "3j LoRA text-to-image + judge",
-             "4j LoRA img2img + judge")
+             "4j LoRA img2img + judge", "4a LoRA img2img + judge, speed auto")
     names = {name.removesuffix(" *") for name in rows}
     for name in ("1 real only, k=1", *kinds, "ref: real only, k=2", "ref: real only, k=4",
                  "ref: a perfect generator's pool (real 5-9 it never trained on)",
@@ -125,15 +125,17 @@ def test_quick_honest_protocol_runs_every_arm_with_the_judge_and_resumes(tmp_pat
     # The judged pools were judged: every stored image scored, and what the pool counts as
     # its fill is what the judge accepted (or its label stopped).
     pools = k1["pools"]
-    for kind in ("base-var-j", "lora-t2i-j", "lora-var-j"):
+    for kind in ("base-var-j", "lora-t2i-j", "lora-var-j", "lora-var-j-auto"):
         pool = pools[f"{kind}-k1-s0"]
         for lb, (judged, accepted) in pool["judged"].items():
             assert judged is not None and judged >= accepted >= pool["fill"][lb], (kind, pool)
             assert accepted >= pool["target"][lb] or lb in pool["stopped"], (kind, pool)
     for kind in ("base-var", "lora-t2i", "lora-var"):  # unjudged: nothing scored
         assert all(j in (None, 0) for j, _ in pools[f"{kind}-k1-s0"]["judged"].values())
+    # The auto pool trained on what its decision drew: it had decided before its row ran.
+    assert pools["lora-var-j-auto-k1-s0"]["sampling"]["state"] == "decided"
     mixing = [run for run in result["runs"] if run["p"] > 0 and run["recipe"] is not None]
-    assert len(mixing) == 7, [run["key"] for run in result["runs"]]
+    assert len(mixing) == 8, [run["key"] for run in result["runs"]]
     # k real shots per class beside the pool, as row 1 has (they once had FewShotRun's 5)
     assert all(run["per_class"] == 1 and run["train_images"] == 5 for run in mixing)
     assert all(run["feeder"] > 0 and max(run["reservoir_fill"]) > 0 for run in mixing)
@@ -175,9 +177,9 @@ def test_quick_honest_protocol_through_pytorch(tmp_path: Path) -> None:
     assert result["trainer"] == "torch"
     runs = result["runs"]
     assert runs and all(run["trainer"] == "torch" for run in runs)
-    assert len(result["k"]["1"]["rows"]) == 12, sorted(result["k"]["1"]["rows"])
+    assert len(result["k"]["1"]["rows"]) == 13, sorted(result["k"]["1"]["rows"])
     mixing = [run for run in runs if run["p"] > 0 and run["recipe"] is not None]
-    assert len(mixing) == 7, [run["key"] for run in runs]
+    assert len(mixing) == 8, [run["key"] for run in runs]
     assert all(run["per_class"] == 1 and run["train_images"] == 5 for run in mixing)
     assert all(run["feeder"] > 0 and max(run["reservoir_fill"]) > 0 for run in mixing)
     assert all(run["mixed_fraction"] > 0.1 for run in mixing), mixing

@@ -182,11 +182,78 @@ def test_tiny_mode_compiles_the_best_combination_and_checks_the_warm_cache(
     assert result["cells"][0]["graphs_compiled_while_measuring"] == 0
 
 
-def test_the_speed_plan_is_baseline_best_and_new_best_at_8_and_16(bench: Any) -> None:
+def test_the_speed_plan_is_baseline_best_and_new_best_at_8_and_16_and_turbo_at_16(
+    bench: Any,
+) -> None:
     cells = bench.plan_cells(bench.parse_args(["--plan", "speed"]))
-    assert cells == [("baseline", [8, 16]), ("best", [8, 16]), ("new-best", [8, 16])]
+    assert cells == [("baseline", [8, 16]), ("best", [8, 16]), ("turbo", [16]),
+                     ("new-best", [8, 16])]
     for config, _ in cells:  # each is a combination the service accepts
         bench.options_of(config, bench.BEST)
+    # turbo: today's best options, unless it names its own.
+    assert bench.options_of("turbo", bench.BEST).label == "compile=regional+fuse_qkv"
+    assert bench.options_of("turbo+fuse_qkv", bench.BEST).label == "fuse_qkv"
+    assert bench.GOAL_TURBO_IMAGES_S == 10.0
+
+
+def test_the_turbo_cell_serves_a_turbo_lora_and_asks_for_speed_turbo(
+    bench: Any, tmp_path: Path,
+) -> None:
+    """Its service has GENAUG_TURBO_LORA / GENAUG_TURBO_KIND; its requests say speed turbo
+    and leave steps and guidance to the service (its turbo steps, scheduler, guidance)."""
+    args = bench.parse_args(["--plan", "speed"])
+    assert args.turbo_kind == "lcm"
+    run = bench.Bench(args, None, None, 0.0, {})
+    options = bench.options_of("turbo", bench.BEST)
+    lora = tmp_path / "turbo-lcm.safetensors"
+    settings = bench.service_settings(run, options, 16, turbo=(lora, "lcm"))
+    assert (settings.turbo_lora, settings.turbo_kind) == (lora, "lcm")
+    assert (settings.compile, settings.max_batch_images) == ("regional", 16)
+    assert bench.service_settings(run, options, 16).turbo_lora is None
+    turbo = bench.generate_options(run, 16, 7, "turbo")
+    assert turbo == {"n": 16, "seed": 7, "height": 1024, "width": 1024, "timeout_s": 3600,
+                     "speed": "turbo"}
+    quality = bench.generate_options(run, 8, 7, "quality")
+    assert (quality["steps"], quality["guidance"]) == (30, bench.GUIDANCE)
+    assert "speed" not in quality
+
+
+@pytest.mark.slow  # the turbo cell end to end in --tiny mode: a service with its turbo UNet
+def test_tiny_mode_measures_speed_turbo_through_http(tmp_path: Path) -> None:
+    result, stdout = run_tiny(tmp_path, "--configs", "turbo+fuse_qkv", "--batches", "2",
+                              timeout=240)
+    (run,) = result["configs"]
+    assert run["skipped"] is None and run["turbo_lora"]["layers"] == 79
+    (cell,) = result["cells"]
+    assert (cell["speed"], cell["batch"], cell["skipped"]) == ("turbo", 2, None)
+    assert cell["service"] > 0 and cell["failed_images"] == 0
+    assert cell["direct"] != cell["direct"]  # NaN: through HTTP only
+    turbo = cell["turbo"]
+    assert (turbo["kind"], turbo["scheduler"], turbo["steps"]) == ("lcm", "lcm", 4)
+    flops = result["model"]["unet_flops_per_pass"] * 4 / result["device"]["matmul_peak"]
+    assert cell["mfu_service"] == pytest.approx(cell["service"] * flops, rel=1e-9)
+    assert "Speed turbo: 64x64, lcm, 4 steps" in stdout and "Throughput" not in stdout
+    assert not Path(result["work_dir"], "turbo-lcm.safetensors").exists()  # removed after
+
+
+def test_the_turbo_lora_writer_runs_as_a_module(tmp_path: Path) -> None:
+    """``python -m bench.gpu.turbo_lora_file``, as the turbo cell runs it (a child process),
+    here for the tiny UNet's config: the lcm layout's kohya keys with alphas."""
+    from safetensors import safe_open
+
+    from genaug.service.testing import load_tiny
+
+    config = tmp_path / "unet.json"
+    config.write_text(json.dumps(dict(load_tiny(threads=None).pipeline.unet.config)))
+    out, report = tmp_path / "lcm.safetensors", tmp_path / "lcm.json"
+    subprocess.run([sys.executable, "-m", "bench.gpu.turbo_lora_file", "--kind", "lcm",
+                    "--out", str(out), "--config", str(config), "--rank", "4", "--json",
+                    str(report)], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    written = json.loads(report.read_text())
+    with safe_open(str(out), framework="pt") as handle:
+        keys = list(handle.keys())
+    assert written["layers"] == len(keys) // 3 == 79 and written["bytes"] == out.stat().st_size
+    assert all(k.startswith("lora_unet_") for k in keys)
 
 
 def test_gpu_run_carries_the_whole_package_and_dispatches_the_acceptance_plan(

@@ -31,6 +31,10 @@ def test_the_judges_bar_comes_from_the_shots_at_every_k(tmp_path: Path, k: int) 
     assert spec["labels"]["5"]["variants_per_image"] == -(-20 // k)
     assert spec["labels"]["5"]["adapter"]["name"] == f"lora-k{k}-s0"
     assert "judge" not in kind_recipe("base-var-k1-s0", "base-var", k, 0, 20, bar)
+    # The auto pool beside it: the same recipe, judged, drawn with speed auto.
+    auto = kind_recipe("lora-var-j-auto-k1-s0", "lora-var-j-auto", k, 0, 20, bar)
+    assert auto.pop("speed") == "auto" and "speed" not in spec
+    assert {**auto, "name": spec["name"]} == spec
 
 
 def test_the_record_keeps_every_finished_run_across_runs(tmp_path: Path) -> None:

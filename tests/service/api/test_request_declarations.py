@@ -137,4 +137,5 @@ def test_bounds_resolve_per_app(api: ApiModels) -> None:
 
 
 def _limits() -> Limits:
-    return Limits(Settings(max_n=5), 5, {"schedulers": ("ddim",), "adapters": ()})
+    return Limits(Settings(max_n=5), 5, {"schedulers": ("ddim",), "adapters": (),
+                                         "speeds": ("quality", "turbo")})

@@ -22,7 +22,7 @@ import pytest
 
 from genaug.cli import main
 from genaug.client import Client
-from genaug.service.commands.export import PRE_V4, configured_model
+from genaug.service.commands.export import PRE_V4, PRE_V6, configured_model
 from genaug.service.pool.open import open_pool
 from genaug.service.pool.types import Provenance
 from genaug.service.recipes.load import load_recipes
@@ -141,7 +141,8 @@ def test_every_exported_png_has_a_manifest_row_with_what_made_it(
               "prompt", "negative_prompt", "pool_id", "model", "model_hash", "adapter",
               "adapter_hash", "adapter_scale", "width", "height", "channels", "steps",
               "guidance", "scheduler", "strength", "source", "score", "judge_keep", "judge",
-              "judge_key", "verdict", "verdict_at", "accepted", "created", "not_recorded"}
+              "judge_key", "verdict", "verdict_at", "accepted", "created", "not_recorded",
+              "speed", "sampler"}
     sources = {source_hash(np.asarray(Image.open(p).convert("RGB")))
                for p in sorted((live.settings.data_root / "tri").glob("*.png"))}
     for row in rows:
@@ -156,6 +157,7 @@ def test_every_exported_png_has_a_manifest_row_with_what_made_it(
             "shapes", recipe.spec_hash(), pid)
         assert row["model"] == "tiny-random" and row["model_hash"].startswith(weights)
         assert (row["steps"], row["guidance"], row["scheduler"]) == (2, 3.0, "default")
+        assert (row["speed"], row["sampler"]) == ("quality", "default 2 steps, guidance 3")
         assert (row["width"], row["height"], row["channels"]) == (32, 32, 3)
         assert (row["adapter"], row["adapter_hash"], row["adapter_scale"]) == (None,) * 3
         if label == "triangle":  # img2img variants: their strength and source
@@ -208,7 +210,8 @@ def test_a_manifest_row_remakes_its_image(judged_pool: Any, tmp_path: Path,
         remade = client.generate(
             row["prompt"], negative_prompt=row["negative_prompt"], seed=int(row["seed_str"]),
             height=row["height"], width=row["width"], steps=row["steps"],
-            guidance=row["guidance"], scheduler=row["scheduler"]).images[0]
+            guidance=row["guidance"], scheduler=row["scheduler"],
+            speed=row["speed"]).images[0]
     exported = np.asarray(Image.open(out / row["file"]).convert("RGB"))
     assert np.array_equal(remade, exported)
 
@@ -244,10 +247,11 @@ def test_a_pool_stored_before_schema_4_says_what_it_did_not_record(
     unknown = ["model"]  # model hash "m" is no model's
     for row in rows[:3]:
         planned = row["plan_index"] is not None
-        assert row["not_recorded"] == [*PRE_V4, *([] if planned else ["prompt"]), *unknown]
+        assert row["not_recorded"] == [*PRE_V4, *PRE_V6, *([] if planned else ["prompt"]),
+                                       *unknown]
         assert (row["steps"], row["guidance"], row["judge"]) == (None, None, None)
     assert rows[0]["prompt"] == recipe.plan("0", 0).prompt and rows[0]["recipe_hash"]
-    assert rows[3]["not_recorded"] == ["prompt", *unknown]
+    assert rows[3]["not_recorded"] == [*PRE_V6, "prompt", *unknown]
     assert (rows[3]["steps"], rows[3]["guidance"], rows[3]["channels"]) == (2, 3.0, 1)
     assert rows[0]["score"] == pytest.approx(0.95)
 

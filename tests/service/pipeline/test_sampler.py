@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from genaug.service.batching.items import SCHEDULERS, GroupKey, Item
+from genaug.service.pipeline.denoising import step_kwargs
 from genaug.service.pipeline.load import LoadedModel, load_model
 from genaug.service.pipeline.schedulers import SCHEDULER_CLASSES, Schedulers, UnknownSchedulerError
 from genaug.service.pipeline.tiny import build_tiny_pipeline
@@ -259,6 +260,11 @@ def test_every_scheduler_name_builds_once_from_the_model_config(worker: Pipeline
     assert schedulers.get("dpmpp_2m").config.use_karras_sigmas is False
     assert schedulers.get("dpmpp_2m") is not schedulers.get("dpmpp_2m_karras")
     assert schedulers.describe("euler_a") == "euler_a (EulerAncestralDiscreteScheduler)"
+    # The few-step distillations' own: Euler over trailing timesteps, TCD at gamma 0.3.
+    assert schedulers.get("euler_trailing").config.timestep_spacing == "trailing"
+    assert schedulers.get("euler").config.timestep_spacing != "trailing"
+    assert step_kwargs(schedulers.get("tcd"), [])["eta"] == 0.3
+    assert "eta" not in step_kwargs(schedulers.get("lcm"), [])
     with pytest.raises(UnknownSchedulerError, match="unknown scheduler 'ddim'.*euler_a"):
         schedulers.get("ddim")
 

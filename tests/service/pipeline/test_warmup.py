@@ -56,6 +56,21 @@ def test_warmup_plan_with_compile_covers_recipes_and_the_default_at_full_batches
     ]
 
 
+def test_warmup_plan_with_a_turbo_lora_compiles_every_shape_for_the_turbo_unet_too(
+        tmp_path: Any) -> None:
+    lora = tmp_path / "lcm.safetensors"
+    lora.write_bytes(b"")  # the plan reads only the setting
+    s = Settings(compile="regional", warmup_shapes="128x128:4", max_batch_images=8,
+                 turbo_lora=lora, turbo_kind="lcm")
+    plan = warmup_plan(s, [], defaults=(64, 4, 5.0))
+    assert [(p.key.height, p.batch, p.key.speed, p.source) for p in plan] == [
+        (128, 4, "quality", "GENAUG_WARMUP_SHAPES"), (64, 8, "quality", "default size"),
+        (128, 4, "turbo", "GENAUG_WARMUP_SHAPES, turbo"), (64, 8, "turbo", "default size, turbo")]
+    # Without a turbo LoRA turbo runs the one UNet: nothing more to compile.
+    assert all(p.key.speed == "quality" for p in warmup_plan(
+        Settings(compile="regional", max_batch_images=8), [], defaults=(64, 4, 5.0)))
+
+
 # -- shape tracking -------------------------------------------------------------------------
 
 

@@ -178,6 +178,8 @@ _UNDO = {
                                                           "judge_settings")),
         "DROP TABLE jobs", "DROP TABLE stops"],
     5: ["ALTER TABLE jobs DROP COLUMN webhook_first", "DROP TABLE recipes"],
+    6: ["ALTER TABLE images DROP COLUMN speed", "ALTER TABLE images DROP COLUMN sampler",
+        "DROP TABLE samplers", "DROP TABLE sampler_tallies"],
 }
 
 

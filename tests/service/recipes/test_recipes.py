@@ -314,3 +314,34 @@ def test_serve_refuses_a_recipe_naming_an_unknown_adapter(tmp_path: Path) -> Non
     assert out.returncode == 2, out.stderr
     assert "unknown adapter 'ink'" in out.stderr and "GENAUG_LORAS" in out.stderr
     assert len(out.stderr.strip().splitlines()) <= 2, out.stderr
+
+
+def test_speed_is_checked_at_start_and_enters_the_pool_identity(tmp_path: Path) -> None:
+    """``speed: auto`` needs a judge, ``speed: turbo`` a service that serves turbo; both are
+    one line at start-up. turbo and auto pools are pools of their own (other images), and a
+    stored spec of either reads back for the export (which needs no judge)."""
+    from genaug.service.pool.open import open_pool
+
+    text = (REPO / "recipes" / "digits.yaml").read_text()
+    auto = parse_recipes(text.replace("    base_seed: 0", "    base_seed: 0\n    speed: auto"),
+                         path=Path("r.yaml"))
+    with pytest.raises(RecipeError) as info:
+        check_recipes(auto, path=Path("r.yaml"))
+    (problem,) = info.value.problems
+    assert problem.startswith("r.yaml: recipe 'digits' speed: 'auto' chooses the cheapest")
+    assert "add a judge block" in problem
+    turbo = parse_recipes(text.replace("    base_seed: 0", "    base_seed: 0\n    speed: turbo"),
+                          path=Path("r.yaml"))
+    check_recipes(turbo, turbo=True)
+    with pytest.raises(RecipeError, match="GENAUG_TURBO_LORA"):
+        check_recipes(turbo, turbo=False)
+    quality = parse_recipes(text, path=Path("r.yaml"))["digits"]
+    ids = {pool_id(r, "m") for r in (quality, turbo["digits"], auto["digits"])}
+    assert len(ids) == 3
+    assert "speed" not in quality.spec() and auto["digits"].spec()["speed"] == "auto"
+    with open_pool(tmp_path / "pool.db", capacity_per_label=10) as store:
+        pid = pool_id(auto["digits"], "m")
+        store.recipe_specs.record(pid, auto["digits"])
+        back = store.recipe_specs.read(pid)
+    assert back is not None and back.speed == "auto" and back.plan("3", 5) == auto[
+        "digits"].plan("3", 5)

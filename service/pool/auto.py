@@ -1,0 +1,418 @@
+"""``speed: auto``: the cheapest sampler whose images the judge accepts, decided per pool.
+
+A recipe with ``speed: auto`` (and a judge: the recipe refuses ``auto`` without one) draws
+its pool with the first sampler of :func:`candidates`, cheapest first, that passes
+:mod:`~genaug.service.pool.auto_rule` against the recipe's own sampler on every label:
+acceptance not lower by more than 0.05 (with evidence), diversity at least 0.9 of it.
+
+**Probing.** The probes are pool images, judged and stored as usual, each with the sampler
+that drew it (pool schema 6's ``sampler``). :meth:`AutoSampler.sampling_for` hands the
+planner, for a label, the sampler that label needs images of next: the recipe's own until it
+has :data:`~genaug.service.pool.auto_rule.PROBE_IMAGES` of them, then the candidate under
+test. When every label of a candidate has its probes, the candidate is tested: ``pass``
+decides, ``fail`` (or diversity below 0.9, or still undecided at
+:data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES`) rejects it and the next is probed,
+``more`` adds another round of probes to both arms of the undecided labels. When every
+candidate fails, the recipe's own sampler is the decision.
+
+**Where it lives.** The decision, its reason and what was rejected are the ``samplers`` row
+of the pool database (one per pool id): it survives restarts and every replica reads and
+writes the same row. The evidence is the store's ``sampler_tallies``: each judged image
+counted by its sampler, judge key and adapter hash, and its unit judge embedding added to a
+running sum (diversity needs only that: :func:`~genaug.service.pool.auto_rule.diversity_of_sum`),
+in the transaction that adds it, so eviction never takes evidence away, whatever the pool's
+capacity.
+A decision rests on a *basis*: the judge's key, the recipe's adapter hashes and the turbo
+sampler. A start with another basis (a judge or an adapter changed) probes again, counting
+only images judged by this judge with these adapters. The decision is a fact of the pool:
+the recipe's hash and pool id do not change.
+
+**Hysteresis.** Once decided, every stored image of the chosen sampler and of the recipe's
+keeps counting; the decision is withdrawn only when the chosen sampler is *worse with
+evidence* on some label (the upper bound below -0.05), never on noise: the next candidate is
+then probed.
+
+Example::
+
+    auto = AutoSampler(store, pid, recipe, judge_key="3f9c...", adapters={}, turbo=None)
+    auto.sampling_for("7")        # the Sampling the planner draws label 7's next batch with
+    auto.describe()               # {"state": "probing", "sampler": None, "reason": ...}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..turbo import Sampling, Turbo
+from .auto_rule import (
+    DIVERSITY_BAND,
+    MARGIN,
+    MAX_PROBE_IMAGES,
+    MIN_DIVERSITY,
+    PROBE_IMAGES,
+    acceptance_interval,
+    acceptance_test,
+    diversity_of_sum,
+    final_test,
+)
+from .types import PoolError
+
+if TYPE_CHECKING:
+    from ..recipes.spec import Recipe
+    from .unit_of_work import Units
+
+__all__ = ["AutoSampler", "auto_basis", "candidates"]
+
+log = logging.getLogger(__name__)
+
+#: The candidates' schedulers and steps: LCM without guidance, then the fast multistep
+#: solvers with the recipe's guidance; the recipe's own scheduler at a fraction of its steps.
+_LCM_STEPS = (1, 2, 4)
+_SOLVERS = ("dpmpp_2m", "unipc")
+_SOLVER_STEPS = (2, 4, 8)
+_FRACTIONS = (8, 4, 2)
+
+
+def candidates(recipe: Recipe, turbo: Turbo | None) -> list[Sampling]:
+    """The samplers ``auto`` tries for ``recipe``, cheapest first (UNet rows per image; the
+    listed order among equals), each cheaper than the recipe's own, which comes last."""
+    own = Sampling(recipe.scheduler, recipe.steps, recipe.guidance)
+    named = [Sampling("lcm", steps, 0.0) for steps in _LCM_STEPS]
+    named += [Sampling(s, steps, recipe.guidance) for s in _SOLVERS for steps in _SOLVER_STEPS]
+    named += [Sampling(recipe.scheduler, max(1, recipe.steps // k), recipe.guidance)
+              for k in _FRACTIONS]
+    if turbo is not None:
+        named.append(turbo.sampling)
+    seen: set[Sampling] = set()
+    cheaper = []
+    for sampling in sorted(named, key=lambda s: s.cost):  # stable: listed order among equals
+        if sampling.cost < own.cost and sampling not in seen:
+            seen.add(sampling)
+            cheaper.append(sampling)
+    return [*cheaper, own]
+
+
+def auto_basis(judge_key: str | None, adapter_hashes: Sequence[str | None],
+               turbo: Turbo | None) -> str:
+    """What a decision rests on, hashed: the judge, the recipe's adapters, the turbo sampler."""
+    text = json.dumps([judge_key, sorted(h or "" for h in adapter_hashes),
+                       None if turbo is None else [turbo.sampling.name, str(turbo.lora)]])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Row:
+    """The pool's ``samplers`` row as read: the basis, the state (``probing``/``decided``),
+    the chosen sampler's name, the reason and the evidence (the candidate under test, the
+    rejected ones with why, the probes wanted per sampler and label)."""
+
+    basis: str
+    state: str
+    sampler: str | None
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Counts:
+    """One sampler's tally on one label: images judged and kept, and the sum of their unit
+    judge embeddings (None: not kept)."""
+
+    judged: int = 0
+    kept: int = 0
+    embedding: np.ndarray | None = None
+
+
+class AutoSampler:
+    """One ``auto`` pool's sampler choice (module doc). ``sampling_for`` runs in the
+    planner's thread; ``stored`` in the store thread; ``describe`` anywhere (cached)."""
+
+    def __init__(self, store: Units, pool_id: str, recipe: Recipe, *, judge_key: str,
+                 adapters: Mapping[str, str | None], turbo: Turbo | None,
+                 probe: int = PROBE_IMAGES, max_probe: int = MAX_PROBE_IMAGES) -> None:
+        self.store = store
+        self.pool_id = pool_id
+        self.recipe = recipe
+        self.judge_key = judge_key
+        #: Each label's adapter hash ("" without one): what its tallies are counted under.
+        self.adapters = {label: adapters.get(label) or "" for label in recipe.label_names}
+        self.basis = auto_basis(judge_key, list(self.adapters.values()), turbo)
+        self.candidates = candidates(recipe, turbo)
+        self.own = self.candidates[-1]
+        self._by_name = {s.name: s for s in self.candidates}
+        self.probe = probe
+        self.max_probe = max_probe
+        self._lock = threading.Lock()
+        self._row: _Row | None = None
+        #: Judged images per sampler name and label under this basis (as last read).
+        self._judged: dict[str, dict[str, int]] = {}
+        self._dirty = True
+
+    # -- what the planner and the pages ask --------------------------------------------------
+
+    def sampling_for(self, label: str) -> Sampling:
+        """The sampler ``label``'s next batch is drawn with (reads the pool when images were
+        stored since the last call)."""
+        with self._lock:
+            if self._dirty or self._row is None:
+                self._dirty = False
+                self._row = self._advance()
+            return self._pick(self._row, label)
+
+    def probe_needs(self) -> dict[str, int]:
+        """Probe images each label still needs (the recipe sampler's and the candidate's),
+        as last read: the planner draws them even where the label is at its target, since a
+        decision cannot wait for the pool to empty (the probes are pool images; tallies keep
+        their evidence through eviction)."""
+        row = self._row
+        if row is None or row.state != "probing":
+            return {}
+        wanted: dict[str, dict[str, int]] = row.evidence.get("wanted", {})
+        needs = {}
+        for label in self.recipe.label_names:
+            missing = sum(
+                max(0, wanted.get(name, {}).get(label, self.probe)
+                    - self._judged.get(name, {}).get(label, 0))
+                for name in {self.own.name, row.evidence.get("testing", self.own.name)})
+            if missing:
+                needs[label] = missing
+        return needs
+
+    def stored(self) -> None:
+        """Images of this pool were stored: look at the evidence again before the next pick."""
+        self._dirty = True
+
+    def describe(self) -> dict[str, Any]:
+        """The decision for the recipe detail and the status page: ``state``, ``sampler``
+        (the chosen :class:`~genaug.service.turbo.Sampling` as a dict, or None while
+        probing), ``reason``, ``cheaper`` (the recipe's UNet rows per image over the
+        chosen's) and ``candidates`` (each tried one's name and what became of it). Before the
+        planner's first pick it reads the pool's row (blocking: call it from a thread)."""
+        row = self._row
+        if row is None:  # nothing planned yet since the start: the pool's row as stored
+            try:
+                row = self._read()
+            except PoolError:
+                row = None
+            if row is None or row.basis != self.basis:
+                row = _Row(self.basis, "probing", None, "not planned yet")
+        chosen = self._by_name.get(row.sampler or "")
+        return {
+            "state": row.state,
+            "sampler": chosen.as_dict() if chosen is not None else None,
+            "reason": row.reason,
+            "cheaper": round(self.own.cost / chosen.cost, 2) if chosen is not None else None,
+            "candidates": [{"name": s.name, "result": row.evidence.get("rejected", {}).get(
+                s.name, "chosen" if chosen == s else "untried")} for s in self.candidates],
+        }
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def _pick(self, row: _Row, label: str) -> Sampling:
+        if row.state == "decided" and row.sampler in self._by_name:
+            return self._by_name[row.sampler]
+        wanted: dict[str, dict[str, int]] = row.evidence.get("wanted", {})
+        for name in (self.own.name, row.evidence.get("testing", self.own.name)):
+            have = self._judged.get(name, {}).get(label, 0)
+            if have < wanted.get(name, {}).get(label, self.probe):
+                return self._by_name[name]
+        # Both arms have their probes for this label: other labels are still probing; keep
+        # drawing with the candidate under test (more evidence, and it is the cheaper).
+        return self._by_name[row.evidence.get("testing", self.own.name)]
+
+    def _advance(self) -> _Row:
+        """Read the row and the evidence; test, decide, withdraw; write what changed."""
+        row = self._read()
+        if row is None or row.basis != self.basis:
+            why = "new pool" if row is None else "the judge, an adapter or turbo changed"
+            row = _Row(self.basis, "probing", None, f"probing the recipe's own sampler ({why})",
+                       {"testing": self._first_untried({}), "rejected": {}, "why": why})
+            self._write(row)
+        counts = self._counts()
+        self._judged = {name: {label: c.judged for label, c in by_label.items()}
+                        for name, by_label in counts.items()}
+        before = json.dumps([row.state, row.sampler, row.reason, row.evidence], sort_keys=True)
+        if row.state == "decided":
+            self._recheck(row, counts)
+        while row.state == "probing":
+            if not self._test(row, counts):
+                break
+        if json.dumps([row.state, row.sampler, row.reason, row.evidence],
+                      sort_keys=True) != before:
+            self._write(row)
+        return row
+
+    def _first_untried(self, rejected: dict[str, str]) -> str:
+        for sampling in self.candidates[:-1]:
+            if sampling.name not in rejected:
+                return sampling.name
+        return self.own.name
+
+    def _test(self, row: _Row, counts: dict[str, dict[str, _Counts]]) -> bool:
+        """Test the candidate under test if its probes are in; True when the state moved on
+        (decided, or the next candidate is up), so the caller tests again."""
+        testing = row.evidence.get("testing", self.own.name)
+        row.evidence.setdefault("rejected", {})
+        if testing == self.own.name:
+            self._decide(row, self.own, "no cheaper candidate matched the recipe's own sampler "
+                         "on every label; it draws the pool")
+            return True
+        wanted = row.evidence.setdefault("wanted", {})
+        own_counts, cand_counts = counts.get(self.own.name, {}), counts.get(testing, {})
+        more: list[str] = []
+        unmeasured: list[str] = []
+        estimated: list[str] = []
+        worst = 1.0
+        for label in self.recipe.label_names:
+            ref, cand = own_counts.get(label, _Counts()), cand_counts.get(label, _Counts())
+            need_ref = wanted.get(self.own.name, {}).get(label, self.probe)
+            need = wanted.get(testing, {}).get(label, self.probe)
+            if ref.judged < need_ref or cand.judged < need:
+                if max(need_ref, need) > self.probe:
+                    row.reason = f"probing {testing}: label {label} needs more images to tell"
+                elif ref.judged >= need_ref:
+                    row.reason = f"probing {testing}"
+                else:
+                    row.reason = ("probing the recipe's own sampler "
+                                  f"({row.evidence.get('why', 'new pool')})")
+                return False  # probes still being drawn
+            verdict = acceptance_test(cand.kept, cand.judged, ref.kept, ref.judged)
+            if verdict == "fail":
+                return self._reject(row, testing, f"label {label}: acceptance "
+                                    f"{cand.kept}/{cand.judged} against {ref.kept}/"
+                                    f"{ref.judged}, lower by more than {MARGIN:g}")
+            if verdict == "more" and min(cand.judged, ref.judged) >= self.max_probe:
+                # The last round: the estimate decides (its standard error is about 0.015).
+                verdict = final_test(cand.kept, cand.judged, ref.kept, ref.judged)
+                if verdict == "fail":
+                    return self._reject(row, testing, f"label {label}: acceptance "
+                                        f"{cand.kept}/{cand.judged} against {ref.kept}/"
+                                        f"{ref.judged} at the most probes, lower by more "
+                                        f"than {MARGIN:g}")
+                estimated.append(label)
+            if verdict == "more":
+                more.append(label)
+                continue
+            ratio = self._diversity_ratio(counts, testing, label)
+            if ratio is None:
+                unmeasured.append(label)
+                continue
+            if ratio < MIN_DIVERSITY - DIVERSITY_BAND or (
+                    ratio < MIN_DIVERSITY and cand.judged >= self.max_probe):
+                return self._reject(row, testing, f"label {label}: diversity {ratio:.2f} of "
+                                    f"the recipe's, below {MIN_DIVERSITY:g}")
+            if ratio < MIN_DIVERSITY:  # just below the bar: measure on more images
+                more.append(label)
+                continue
+            worst = min(worst, ratio)
+        if more:
+            for label in more:
+                for name in (self.own.name, testing):
+                    have = counts.get(name, {}).get(label, _Counts()).judged
+                    wanted.setdefault(name, {})[label] = min(self.max_probe, have + self.probe)
+            row.reason = (f"probing {testing}: labels {', '.join(more)} need more images to "
+                          "tell")
+            return False
+        chosen = self._by_name[testing]
+        unsaid = (f" (not measured on labels {', '.join(unmeasured)}: their images were "
+                  "judged without embeddings)" if unmeasured else "")
+        if estimated:
+            unsaid += (f"; labels {', '.join(estimated)} decided on the estimate at "
+                       f"{self.max_probe} images")
+        self._decide(row, chosen, (
+            f"{chosen.name}: every label's judge acceptance within {MARGIN:g} of the recipe's "
+            f"own sampler ({self.own.name}; one-sided 95 %), diversity at least "
+            f"{worst:.2f} of it{unsaid}; {self.own.cost / chosen.cost:.1f}x fewer UNet rows "
+            "per image"))
+        return True
+
+    def _reject(self, row: _Row, name: str, why: str) -> bool:
+        row.evidence.setdefault("rejected", {})[name] = why
+        nxt = self._first_untried(row.evidence["rejected"])
+        row.evidence["testing"] = nxt
+        row.reason = f"{name} rejected ({why}); probing {nxt}"
+        log.info("pool %s auto: %s", self.pool_id, row.reason)
+        return True
+
+    def _decide(self, row: _Row, chosen: Sampling, reason: str) -> None:
+        row.state, row.sampler, row.reason = "decided", chosen.name, reason
+        log.info("pool %s auto: decided %s", self.pool_id, reason)
+
+    def _recheck(self, row: _Row, counts: dict[str, dict[str, _Counts]]) -> None:
+        """Hysteresis: withdraw the decision only when the chosen sampler is worse with
+        evidence on some label."""
+        if row.sampler is None or row.sampler == self.own.name:
+            return
+        own_counts, cand_counts = counts.get(self.own.name, {}), counts.get(row.sampler, {})
+        for label in self.recipe.label_names:
+            ref, cand = own_counts.get(label, _Counts()), cand_counts.get(label, _Counts())
+            if not ref.judged or not cand.judged:
+                continue
+            _, upper = acceptance_interval(cand.kept, cand.judged, ref.kept, ref.judged)
+            if upper < -MARGIN:
+                name = row.sampler
+                row.state, row.sampler = "probing", None
+                self._reject(row, name, f"withdrawn: label {label}'s acceptance "
+                             f"{cand.kept}/{cand.judged} fell below the recipe's "
+                             f"{ref.kept}/{ref.judged} by more than {MARGIN:g}")
+                return
+
+    def _diversity_ratio(self, counts: dict[str, dict[str, _Counts]], name: str,
+                         label: str) -> float | None:
+        """The candidate's diversity over the recipe sampler's on ``label``, from every
+        probe's embedding (the tallies' sums); None when either has no sum (images judged
+        before the tallies kept one)."""
+        cand = counts.get(name, {}).get(label)
+        ref = counts.get(self.own.name, {}).get(label)
+        if cand is None or ref is None or cand.embedding is None or ref.embedding is None:
+            return None
+        mine = diversity_of_sum(cand.judged, cand.embedding)
+        theirs = diversity_of_sum(ref.judged, ref.embedding)
+        return mine / theirs if theirs > 0 else None
+
+    # -- the pool database ---------------------------------------------------------------------
+
+    def _read(self) -> _Row | None:
+        with self.store.unit_of_work(write=False) as uow:
+            got = uow.execute("SELECT basis, state, sampler, reason, evidence FROM samplers"
+                              " WHERE pool_id = ?", (self.pool_id,)).fetchone()
+        if got is None:
+            return None
+        basis, state, sampler, reason, evidence = got
+        return _Row(str(basis), str(state), sampler, str(reason), json.loads(evidence))
+
+    def _write(self, row: _Row) -> None:
+        with self.store.unit_of_work(write=True) as uow:
+            uow.execute(
+                "INSERT INTO samplers (pool_id, basis, state, sampler, reason, evidence,"
+                " decided) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pool_id) DO UPDATE SET"
+                " basis = excluded.basis, state = excluded.state,"
+                " sampler = excluded.sampler, reason = excluded.reason,"
+                " evidence = excluded.evidence, decided = excluded.decided",
+                (self.pool_id, row.basis, row.state, row.sampler, row.reason,
+                 json.dumps(row.evidence, sort_keys=True), time.time()))
+
+    def _counts(self) -> dict[str, dict[str, _Counts]]:
+        """Judged and kept images per sampler and label, under this judge and each label's
+        adapter (the store's tallies)."""
+        with self.store.unit_of_work(write=False) as uow:
+            rows = uow.execute(
+                "SELECT sampler, label, adapter_hash, judged, kept, embedding FROM"
+                " sampler_tallies WHERE pool_id = ? AND judge_key = ?",
+                (self.pool_id, self.judge_key)).fetchall()
+        out: dict[str, dict[str, _Counts]] = {}
+        for name, label, adapter, judged, kept, embedding in rows:
+            if self.adapters.get(str(label)) == str(adapter):
+                total = None if embedding is None else np.asarray(json.loads(embedding))
+                out.setdefault(str(name), {})[str(label)] = _Counts(int(judged), int(kept),
+                                                                     total)
+        return out
