@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 _LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -125,3 +126,16 @@ def split_commas(value: object) -> object:
 
 #: A shorter webhook secret could be guessed offline from one signed body.
 MIN_SECRET_CHARS = 16
+
+
+def check_turbo(lora: Path | None, kind: str | None) -> None:
+    """``GENAUG_TURBO_LORA`` and ``GENAUG_TURBO_KIND`` go together (the file's keys do not say
+    which distillation it is)."""
+    if lora is not None and kind is None:
+        raise ValueError(
+            f"GENAUG_TURBO_LORA={lora} needs GENAUG_TURBO_KIND: lcm, lightning, hyper-sd or "
+            "tcd (the file's keys do not say which distillation it is)")
+    if kind is not None and lora is None:
+        raise ValueError(
+            f"GENAUG_TURBO_KIND={kind} names the kind of GENAUG_TURBO_LORA, which is unset; "
+            "set it to the LoRA file, or unset GENAUG_TURBO_KIND")

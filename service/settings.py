@@ -28,6 +28,7 @@ from .setting_values import (
     MIN_SECRET_CHARS,
     WarmupShape,
     check_lora_names,
+    check_turbo,
     parse_loras,
     parse_warmup_shapes,
     split_commas,
@@ -267,23 +268,17 @@ class Settings(BaseSettings):
     )
 
     turbo_lora: Path | None = Field(
-        default=None,
-        description="A few-step distillation LoRA of the model (LCM-LoRA, SDXL-Lightning, "
-        "Hyper-SD or TCD, in its published layout), fused into a second copy of the UNet and "
-        "drawn by requests and recipes with speed turbo. Unset: a built-in model's own "
-        "few-step setting; a model folder then serves no turbo.",
-    )
+        default=None, description="A few-step distillation LoRA of the model (LCM-LoRA, "
+        "SDXL-Lightning, Hyper-SD or TCD, as published), fused into a second UNet for speed "
+        "turbo. Unset: a built-in model's few-step setting; a model folder serves no turbo.")
     turbo_kind: Literal["lcm", "lightning", "hyper-sd", "tcd"] | None = Field(
         default=None,
         description="The kind of GENAUG_TURBO_LORA (its keys do not say it): the scheduler "
         "and guidance turbo draws with (lcm: LCM, no guidance; lightning and hyper-sd: Euler "
         "over trailing timesteps; tcd: TCD).",
     )
-    turbo_steps: int | None = Field(
-        default=None, ge=1, le=50,
-        description="Denoising steps of speed turbo (default 4 with GENAUG_TURBO_LORA, 2 on "
-        "the built-in models).",
-    )
+    turbo_steps: int | None = Field(default=None, ge=1, le=50, description="Steps of speed "
+                                    "turbo (4 with GENAUG_TURBO_LORA, 2 on a built-in model).")
 
     lora_max_rank: int | None = Field(
         default=None, ge=1, le=1024,
@@ -379,14 +374,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_turbo(self) -> Settings:
-        if self.turbo_lora is not None and self.turbo_kind is None:
-            raise ValueError(
-                f"GENAUG_TURBO_LORA={self.turbo_lora} needs GENAUG_TURBO_KIND: lcm, lightning, "
-                "hyper-sd or tcd (the file's keys do not say which distillation it is)")
-        if self.turbo_kind is not None and self.turbo_lora is None:
-            raise ValueError(
-                f"GENAUG_TURBO_KIND={self.turbo_kind} names the kind of GENAUG_TURBO_LORA, "
-                "which is unset; set it to the LoRA file, or unset GENAUG_TURBO_KIND")
+        check_turbo(self.turbo_lora, self.turbo_kind)
         return self
 
     @model_validator(mode="after")

@@ -173,13 +173,10 @@ class GenerationFields(Body):
         Bound(ge=0, le=MAX_ADAPTER_SCALE, needs="adapters", absent="No adapters."),
         Fix("use a number from 0 to {MAX_ADAPTER_SCALE:g}")] = None
     speed: Annotated[
-        str | None,
-        Field(description="quality (default: the given or default steps, scheduler and "
-              "guidance) or turbo (the model's few-step setting: GET /v1/info's turbo; "
-              "steps, scheduler or guidance given here still win)."),
+        str | None, Field(description="quality (default) or turbo: the model's few-step setting "
+                          "(GET /v1/info's turbo); steps, scheduler or guidance given win."),
         Bound(one_of="speeds"),
-        Fix("use quality or turbo; turbo is served where GET /v1/info names it (a model "
-            "folder needs GENAUG_TURBO_LORA)")] = None
+        Fix("use quality or turbo (a model folder serves turbo with GENAUG_TURBO_LORA)")] = None
 
 
 class GenerateRequest(GenerationFields):
@@ -385,8 +382,7 @@ class ApiModels:
 
     ``sample``, ``fill``, ``feedback`` and ``verdicts`` hold one model per recipe (its labels are an
     enum); ``hints`` the fix a 422 names, per route and field; ``defaults`` the (size, steps,
-    guidance) that omitted fields take; ``turbo`` the few-step setting ``speed: turbo`` draws
-    with (None: this model serves no turbo).
+    guidance) that omitted fields take; ``turbo`` what ``speed: turbo`` draws with (or None).
     """
 
     generate: type[GenerateRequest]

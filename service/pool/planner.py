@@ -18,8 +18,8 @@ raised): it never spins.
 
 The planner does not hold the batcher: it is given a ``wake`` callback (``connect``; the app
 wires it to the batcher's poke) to call, from any thread, when there is work again, and a
-``stored`` callback for samples waiting for images. Sampling, waiting and the routes' reports
-live in :mod:`genaug.service.pool.serving`.
+``stored`` callback for samples waiting for images (sampling, waiting, the routes' reports:
+:mod:`genaug.service.pool.serving`).
 
 Its parts, each a module of its own: targets and demand
 (:mod:`~genaug.service.pool.targets`, pure, given ``now``), which label next
@@ -35,13 +35,12 @@ Fills. A shared fill is a job of the jobs room (:mod:`genaug.service.jobs`), whi
 with the shared targets the planner works out for it (:meth:`PoolPlanner.plan_fill`,
 :meth:`PoolPlanner.plan_budget`) in one transaction; in-process ``genaug pregenerate`` raises
 this planner's own targets (:meth:`PoolPlanner.raise_target`). Each stored image keeps what
-made it (:class:`~genaug.service.pool.types.Provenance`: steps,
-guidance, strength, the adapter's and the judge's hashes).
+made it (:class:`~genaug.service.pool.types.Provenance`: the sampler its recipe's speed chose,
+:mod:`~genaug.service.pool.samplers`; steps, guidance, strength, adapter and judge hashes).
 
-Variants. A label with ``images: <folder>`` is filled with img2img variants of the folder's
-images (read under ``GENAUG_DATA_ROOT`` once, at the recipe's generation size): plan index k
-takes source ``k mod len(images)`` and the k-th seed, and the pool keeps each variant's source
-hash.
+Variants. A label with ``images: <folder>`` is filled with img2img variants of its images
+(read under ``GENAUG_DATA_ROOT`` once, at the generation size): plan index k takes source
+``k mod len(images)`` and the k-th seed; the pool keeps each variant's source hash.
 
 Outages. When the pool database is unreachable, pre-generation pauses (``None``, and the
 batcher is woken again after a back-off) and finished batches wait in
@@ -69,15 +68,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..batching.items import IdleWork
 from ..errors import InvalidRequestError, PoolFullError
-from ..intake.plan import plan_pool_batch, recipe_sampling
+from ..intake.plan import plan_pool_batch
 from ..recipes.sources import SourceImage, load_label_sources, sources_digest
 from ..recipes.spec import Recipe, pool_id
-from ..turbo import Sampling, Turbo, turbo_refusal
+from ..turbo import Turbo
 from .acceptance import AcceptanceStop
-from .auto import AutoSampler
 from .choice import allocate, choose_label, label_score, label_weight
 from .need import NeedBoard
 from .outcomes import BatchOutcomes
+from .samplers import Candidate, PoolSamplers
 from .stops import SharedStops, judge_keys
 from .store import PoolStore
 from .targets import DemandBoard, asked_fill, fill_target, label_limit
@@ -95,10 +94,7 @@ _SHARED_POLL_S = 1.0
 
 
 def _no_wake(delay: float = 0.0) -> None:
-    return None
-
-
-def _no_news() -> None:
+    """Before :meth:`PoolPlanner.connect`: nobody to wake, nobody waiting for images."""
     return None
 
 
@@ -151,7 +147,7 @@ class PoolPlanner:
         self.last_stats: dict[str, dict[str, LabelStats]] = {}
         self._lock = threading.Lock()
         self._wake: Callable[[float], None] = _no_wake
-        self._stored: Callable[[], None] = _no_news
+        self._stored: Callable[[], None] = _no_wake
         self._backoff_s = 0.0
         #: True while pre-generation waits for the pool database to come back.
         self.paused = False
@@ -169,14 +165,10 @@ class PoolPlanner:
         self._outcomes = BatchOutcomes(
             store, model_hash=model_hash, judges=self.judges, added=self._images_added,
             outage=self._pause, rejected=lambda: self._wake(0.0))
-        #: ``speed: turbo`` recipes draw with ``turbo``; ``auto`` ones with their pool's choice.
-        self.turbo = turbo
-        self.auto = {
-            name: AutoSampler(store, self.pool_ids[name], r,
-                              judge_key=self._judge_made[name][0], turbo=turbo,
-                              adapters={label: self._adapter_hash(r, label)
-                                        for label in r.label_names})
-            for name, r in recipes.items() if r.speed == "auto" and name in self.judges}
+        #: The sampler each pool is drawn with: its own, turbo, or auto's choice.
+        self.samplers = PoolSamplers(
+            recipes, store, self.pool_ids, turbo=turbo, adapter_hash=self._adapter_hash,
+            judge_keys={name: key for name, (key, _) in self._judge_made.items()})
         #: Test hook: called between reading a label's counts and reserving its batch.
         self.before_reserve: Callable[[str, str], None] | None = None
 
@@ -330,9 +322,8 @@ class PoolPlanner:
 
     def _plan(self, max_images: int) -> IdleWork | None:
         now = time.monotonic()
-        # (tier, score, recipe, label, missing, target): tier 0 is what was asked for (fill
-        # requests, waiting samples), tier 1 the background work up to the capacity.
-        candidates: list[tuple[int, float, str, str, int, int]] = []
+        # Tier 0: what was asked for (fills, waiting samples); 1: background, to the capacity.
+        candidates: list[Candidate] = []
         for name, recipe in self.recipes.items():
             stats = self.store.stats(self.pool_ids[name], recipe.label_names)
             self.last_stats[name] = stats
@@ -363,7 +354,7 @@ class PoolPlanner:
                                        targets[label] - tier_planned[label].fill,
                                        targets[label]))
                     tier_planned[label] = replace(tier_planned[label], fill=targets[label])
-        self._probe_work(candidates)
+        candidates += self.samplers.probe_work(self.last_stats, self.stopped)
         # Asked-for work first, then the best score; the reservation re-checks under the
         # label's lock and may refuse.
         candidates.sort(key=lambda c: (c[0], -c[1]))
@@ -376,38 +367,18 @@ class PoolPlanner:
                 return self._work(name, label, reservation)
         return None
 
-    def _probe_work(self, candidates: list[tuple[int, float, str, str, int, int]]) -> None:
-        """``auto``'s probes (:meth:`AutoSampler.probe_needs`) as background work, even for a
-        label at its target and with pre-generation off: a decision cannot wait for the pool
-        to empty or for the next fill. They are bounded (a round per candidate and label, at
-        most :data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES` each) and end with the
-        decision."""
-        for name, auto in self.auto.items():
-            needs = auto.probe_needs()
-            stats = self.last_stats.get(name, {})
-            stopped = self.stopped(name)
-            for label, missing in needs.items():
-                if label in stopped or label not in stats:
-                    continue
-                planned = stats[label].fill + stats[label].reserved
-                candidates.append((1, 0.0, name, label, missing, planned + missing))
-
     def _work(self, name: str, label: str, reservation: Reservation) -> IdleWork:
-        recipe = self.recipes[name]
-        pid = self.pool_ids[name]
-        sources = self.sources[name][label]
-        indices = reservation.indices
-        drawn = self.sampling(name, label)
-        key, items = plan_pool_batch(recipe, label, indices, sources, drawn)
+        recipe, pid, sources = self.recipes[name], self.pool_ids[name], self.sources[name][label]
+        drawn = self.samplers.sampling(name, label)
+        key, items = plan_pool_batch(recipe, label, reservation.indices, sources, drawn)
         judge_key_, settings = self._judge_made.get(name, (None, None))
         meta: dict[str, Any] = {
             "scheduler": key.scheduler,
             "adapter": key.adapter,
             "adapter_scale": key.adapter_scale if key.adapter is not None else None,
-            # What the worker runs this batch with: the key's steps and strength, the
-            # items' guidance (one recipe value for a pool batch).
+            # What the worker runs this batch with: the key's steps and strength, its sampler.
             "provenance": Provenance(
-                steps=key.steps, guidance=items[0].guidance if items else recipe.guidance,
+                steps=key.steps, guidance=drawn.guidance,
                 strength=key.strength if key.mode == "img2img" else None,
                 adapter_hash=self._adapter_hash(recipe, label), judge_key=judge_key_,
                 judge_settings=settings, speed=drawn.speed, sampler=drawn.name),
@@ -416,31 +387,6 @@ class PoolPlanner:
             name, pid, label, items, reservation, meta=meta, size=recipe.output_size,
             channels=recipe.output_channels, sources=bool(sources))
         return IdleWork(key=key, items=items, on_done=on_done, on_failed=on_failed)
-
-    def sampling(self, name: str, label: str) -> Sampling:
-        """How ``label`` of recipe ``name`` is drawn now: the recipe's own sampler, the turbo
-        setting (``speed: turbo``) or its pool's ``auto`` choice
-        (:mod:`~genaug.service.pool.auto`)."""
-        recipe = self.recipes[name]
-        if name in self.auto:
-            return self.auto[name].sampling_for(label)
-        if recipe.speed == "turbo":
-            if self.turbo is None:
-                raise InvalidRequestError(turbo_refusal())
-            return self.turbo.sampling
-        return recipe_sampling(recipe)
-
-    def describe_sampling(self, name: str) -> dict[str, Any]:
-        """How recipe ``name``'s pool is drawn, for its detail and the status page: the
-        recipe's ``speed``, and ``auto``'s state, chosen sampler, reason and candidates, or
-        the one sampler (``state`` ``fixed``)."""
-        speed = self.recipes[name].speed
-        if name in self.auto:
-            return {"speed": speed, **self.auto[name].describe()}
-        fixed = (self.turbo.sampling if speed == "turbo" and self.turbo is not None
-                 else recipe_sampling(self.recipes[name]))
-        return {"speed": speed, "state": "fixed", "sampler": fixed.as_dict(),
-                "reason": f"the recipe's speed {speed}", "cheaper": None, "candidates": []}
 
     # -- the low-acceptance stop and outcomes (their own modules) ---------------------------
 
@@ -476,11 +422,9 @@ class PoolPlanner:
 
     def _images_added(self, name: str, count: int) -> None:
         """Store thread: note the rate and tell samplers waiting for images."""
-        if name in self.auto:
-            self.auto[name].stored()
+        self.samplers.stored(name)
         with self._lock:
-            added = self._added[name]
-            now = time.monotonic()
+            added, now = self._added[name], time.monotonic()
             added.append((now, count))
             while added and added[0][0] < now - _RATE_WINDOW_S:
                 added.popleft()

@@ -302,7 +302,7 @@ class PoolServing:
                                  for label, s in stats.items()},
             "fill": {label: s.fill for label, s in stats.items()},
             **self._need(name, recipe),
-            "sampling": self.planner.describe_sampling(name),
+            "sampling": self.planner.samplers.describe(name),
         }
 
     def detail(self, name: str) -> dict[str, Any]:

@@ -1,0 +1,97 @@
+"""Which sampler each recipe's pool is drawn with: the recipe's own, turbo, or ``auto``'s.
+
+:class:`PoolSamplers` is the planner's one place for it (:mod:`~genaug.service.pool.planner`
+asks it per batch): a ``speed: quality`` recipe draws with its own scheduler, steps and
+guidance, ``speed: turbo`` with the service's turbo :class:`~genaug.service.turbo.Sampling`,
+``speed: auto`` with its pool's :class:`~genaug.service.pool.auto.AutoSampler`, whose probes
+are offered to the planner as background work (:meth:`PoolSamplers.probe_work`).
+
+Example::
+
+    samplers = PoolSamplers(recipes, store, pool_ids, turbo=None,
+                            judge_keys={"digits": "3f9c..."}, adapter_hash=hash_of)
+    samplers.sampling("digits", "7")     # the Sampling label 7's next batch is drawn with
+    samplers.describe("digits")          # the recipe detail's ``sampling``
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidRequestError
+from ..intake.plan import recipe_sampling
+from ..turbo import Sampling, Turbo, turbo_refusal
+from .auto import AutoSampler
+from .types import LabelStats
+
+if TYPE_CHECKING:
+    from ..recipes.spec import Recipe
+    from .unit_of_work import Units
+
+__all__ = ["Candidate", "PoolSamplers"]
+
+#: A planning candidate: (tier, score, recipe, label, missing, target), the planner's.
+Candidate = tuple[int, float, str, str, int, int]
+
+
+class PoolSamplers:
+    """The sampler of every recipe's pool (module doc); ``auto`` for the judged ``auto``
+    recipes (``judge_keys``: their judges' keys)."""
+
+    def __init__(self, recipes: Mapping[str, Recipe], store: Units, pool_ids: Mapping[str, str],
+                 *, turbo: Turbo | None, judge_keys: Mapping[str, str],
+                 adapter_hash: Callable[[Recipe, str], str | None]) -> None:
+        self.recipes = recipes
+        self.turbo = turbo
+        self.auto = {
+            name: AutoSampler(store, pool_ids[name], r, judge_key=judge_keys[name], turbo=turbo,
+                              adapters={label: adapter_hash(r, label)
+                                        for label in r.label_names})
+            for name, r in recipes.items() if r.speed == "auto" and name in judge_keys}
+
+    def sampling(self, name: str, label: str) -> Sampling:
+        """How ``label`` of recipe ``name`` is drawn now: the recipe's own sampler, the turbo
+        setting (``speed: turbo``) or its pool's ``auto`` choice."""
+        recipe = self.recipes[name]
+        if name in self.auto:
+            return self.auto[name].sampling_for(label)
+        if recipe.speed == "turbo":
+            if self.turbo is None:
+                raise InvalidRequestError(turbo_refusal())
+            return self.turbo.sampling
+        return recipe_sampling(recipe)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """How recipe ``name``'s pool is drawn, for its detail and the status page: the
+        recipe's ``speed``, and ``auto``'s state, chosen sampler, reason and candidates, or
+        the one sampler (``state`` ``fixed``)."""
+        speed = self.recipes[name].speed
+        if name in self.auto:
+            return {"speed": speed, **self.auto[name].describe()}
+        fixed = (self.turbo.sampling if speed == "turbo" and self.turbo is not None
+                 else recipe_sampling(self.recipes[name]))
+        return {"speed": speed, "state": "fixed", "sampler": fixed.as_dict(),
+                "reason": f"the recipe's speed {speed}", "cheaper": None, "candidates": []}
+
+    def stored(self, name: str) -> None:
+        """Images of ``name``'s pool were stored (the store thread)."""
+        if name in self.auto:
+            self.auto[name].stored()
+
+    def probe_work(self, stats: Mapping[str, Mapping[str, LabelStats]],
+                   stopped: Callable[[str], Mapping[str, str]]) -> list[Candidate]:
+        """``auto``'s probes (:meth:`AutoSampler.probe_needs`) as background work, even for a
+        label at its target and with pre-generation off: a decision cannot wait for the pool
+        to empty or for the next fill. They are bounded (a round per candidate and label, at
+        most :data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES` each) and end with the
+        decision. ``stats``: the counts last read per recipe."""
+        work: list[Candidate] = []
+        for name, auto in self.auto.items():
+            counts, halted = stats.get(name, {}), stopped(name)
+            for label, missing in auto.probe_needs().items():
+                if label in halted or label not in counts:
+                    continue
+                planned = counts[label].fill + counts[label].reserved
+                work.append((1, 0.0, name, label, missing, planned + missing))
+        return work
