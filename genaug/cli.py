@@ -18,6 +18,12 @@ loads torch, ``train`` loads tensorflow, no command loads both.
     genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors [--steps N] ...
     genaug doctor [--url URL] [--recipe NAME] [--json]   check this host and the service
 
+A flag's value is checked by the type its parser gives it (:func:`service_url`,
+:func:`whole_number`, :func:`seconds`, :func:`port`): a bad one is argparse's error line, naming
+the flag, the value and what is allowed, and exit status 2, before anything runs.
+:func:`genaug.urls.env_url_refusal` says the same of ``GENAUG_URL`` where a command falls back
+on it.
+
 A command whose extra is not installed ends in one line naming it (:class:`MissingExtraError`,
 exit status 2). Ctrl-C ends every command in one line on stderr, ``genaug COMMAND:
 interrupted; <what was kept, what to run>``, and exit status 130 (SIGTERM: ``terminated``,
@@ -34,13 +40,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType, ModuleType
 from typing import NamedTuple
+
+from genaug.urls import url_problem
 
 
 class Command(NamedTuple):
@@ -79,6 +88,59 @@ COMMANDS: dict[str, Command] = {
                       "Check the service, the recipe's pool, GPUs, XLA, versions and memory "
                       "before training", "client"),
 }
+
+
+# -- flag types: a bad value is one argparse error line and exit status 2 --------------------
+
+
+def service_url(text: str) -> str:
+    """``--url``'s type: an http(s) URL with a host, refused before anything is sent."""
+    problem = url_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text.strip()
+
+
+def whole_number(low: int, high: int | None = None, *,
+                 fix: str = "") -> Callable[[str], int]:
+    """A flag's type: a whole number from ``low`` (to ``high``); ``fix`` ends the refusal."""
+    allowed = f"in {low}..{high}" if high is not None else f">= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number {allowed}" + (f"; {fix}" if fix else ""))
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def seconds(*, most: float | None = 86_400.0, fix: str = "") -> Callable[[str], float]:
+    """A flag's type: a number of seconds > 0, at most ``most`` (a day by default: a socket or
+    a sleep refuses far larger ones; None: any finite number); ``fix`` ends the refusal."""
+    allowed = f"> 0 and <= {most:g}" if most is not None else "> 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (0 < value < math.inf and (most is None or value <= most)):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of seconds {allowed}" + (f"; {fix}" if fix else ""))
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
+
+
+#: ``--port``'s type: 0 (a free port) to 65535.
+port = whole_number(0, 65535, fix="0 picks a free port")
 
 
 class MissingExtraError(Exception):

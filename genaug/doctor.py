@@ -348,24 +348,28 @@ def _default_url() -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``genaug doctor``."""
-    parser.add_argument("--url", default=None,
+    """The flags of ``genaug doctor``; a bad value is one argparse line and exit status 2."""
+    from genaug.cli import seconds, service_url, whole_number
+
+    parser.add_argument("--url", type=service_url, default=None,
                         help=f"the service (default: GENAUG_URL, else {DEFAULT_URL})")
     parser.add_argument("--recipe", default=None,
                         help="the recipe training will sample: checks it, its pool and the "
                              "reservoir's memory")
     parser.add_argument("--api-key", default=None,
                         help="API key to send (default: GENAUG_API_KEY)")
-    parser.add_argument("--slots-per-class", type=int, default=_default_slots(),
+    parser.add_argument("--slots-per-class", default=_default_slots(),
+                        type=whole_number(1, fix="the reservoir holds at least one image "
+                                                 "per class"),
                         help="the reservoir's slots per class, as genaug train's flag "
                              "(default %(default)s)")
-    parser.add_argument("--epoch-s", type=float, default=None,
+    parser.add_argument("--epoch-s", type=seconds(most=None), default=None,
                         help="how long the first epoch takes: is the pool full by then?")
     parser.add_argument("--trainer", choices=("tensorflow", "torch"), default="tensorflow",
                         help="the trainer's framework: torch checks torch and its CUDA instead "
                              "of TensorFlow, Keras and XLA (genaug.torch; default "
                              "%(default)s)")
-    parser.add_argument("--timeout", type=float, default=2.0,
+    parser.add_argument("--timeout", type=seconds(fix="e.g. 2"), default=2.0,
                         help="seconds to wait for each answer of the service")
     parser.add_argument("--json", action="store_true",
                         help='print {"checks": [{"name", "status", "message", "fix"}]}')
@@ -379,7 +383,14 @@ def _default_slots() -> int:
 
 def run(args: argparse.Namespace, *, host: Host | None = None,
                write: Callable[[str], Any] | None = None) -> int:
-    """Run the checks for parsed arguments; print them; 1 when any failed, else 0."""
+    """Run the checks for parsed arguments; print them; 1 when any failed, else 0; 2 (one
+    line) when ``GENAUG_URL``, used without ``--url``, is no service URL."""
+    from genaug.urls import env_url_refusal
+
+    refused = env_url_refusal() if args.url is None else None
+    if refused is not None:
+        sys.stderr.write(f"genaug doctor: {refused}\n")
+        return 2
     options = Options(url=(args.url or _default_url()).rstrip("/"), recipe=args.recipe,
                       api_key=args.api_key, slots_per_class=args.slots_per_class,
                       epoch_s=args.epoch_s, timeout=args.timeout, trainer=args.trainer)

@@ -56,36 +56,13 @@ EXIT_STATUSES = (
 )
 
 
-def _limit(text: str) -> int:
-    """``--limit``'s type: 1..1000, refused in one line naming the value, bound and fix."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LIMIT:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a whole number in 1..{MAX_LIMIT}; list at most {MAX_LIMIT} jobs "
-            "at once (filter with --recipe / --state)")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """``--poll``'s type: seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds > 0; poll every second or so (--poll 1)")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``genaug jobs``' subcommands and their flags."""
+    from .cli import seconds, service_url, whole_number
+
     parser.epilog = EXIT_STATUSES
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=None,
+    common.add_argument("--url", type=service_url, default=None,
                         help=f"the service (default: GENAUG_URL, else {DEFAULT_URL})")
     common.add_argument("--api-key", default=None,
                         help="API key to send (default: GENAUG_API_KEY)")
@@ -97,7 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--recipe", default=None, help="only this recipe's jobs")
     listing.add_argument("--state", choices=STATES, default=None,
                          help="only jobs in this state")
-    listing.add_argument("--limit", type=_limit, default=50,
+    listing.add_argument("--limit", default=50, type=whole_number(
+                             1, MAX_LIMIT, fix=f"list at most {MAX_LIMIT} jobs at once (filter "
+                                               "with --recipe / --state)"),
                          help=f"at most this many (1..{MAX_LIMIT}, default %(default)s)")
     listing.add_argument("--json", action="store_true", help='print {"jobs": [job, ...]}')
     show = sub.add_parser("show", parents=[common], epilog=EXIT_STATUSES,
@@ -112,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           description="Follow a job (a progress bar where a terminal is "
                                       "attached) until it ends; exit with its state.")
     wait.add_argument("id", help="the job's id")
-    wait.add_argument("--poll", type=_seconds, default=1.0,
+    wait.add_argument("--poll", type=seconds(most=3600, fix="poll every second or so "
+                                                        "(--poll 1)"), default=1.0,
                       help="seconds between polls (default %(default)s)")
     cancel = sub.add_parser("cancel", parents=[common], epilog=EXIT_STATUSES,
                             help="cancel a queued or running job",
@@ -141,7 +121,13 @@ def run(args: argparse.Namespace, *, write: Callable[[str], Any] | None = None) 
     """Run ``genaug jobs ACTION``; the exit status (module doc)."""
     from genaug.client import Client, GenaugError
 
+    from .urls import env_url_refusal
+
     out = write or sys.stdout.write
+    refused = env_url_refusal() if args.url is None else None
+    if refused is not None:  # said before anything is sent, as a bad --url is
+        _say(refused)
+        return 2
     # One look answers at once, a service that is not there included; a wait rides out a
     # restart (jobs survive one) with the client's usual retries.
     retry_s = WAIT_RETRY_S if args.action == "wait" else 0.0

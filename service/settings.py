@@ -36,6 +36,8 @@ from .setting_values import (
 
 TINY_DEFAULTS = {"size": 64, "steps": 4, "guidance": 5.0}
 SDXL_DEFAULTS = {"size": 1024, "steps": 30, "guidance": 5.0}
+#: What GENAUG_LOG_LEVEL may be (any case): the levels logging and uvicorn both know.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 # -- digits --
 # The built-in models GENAUG_MODEL may name instead of a path. tiny-digits (also: unset) is the
@@ -236,6 +238,15 @@ class Settings(BaseSettings):
 
     log_level: str = Field(default="info", description="debug, info, warning or error.")
 
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level not in LOG_LEVELS:  # logging and uvicorn would fail at start, in a traceback
+            raise ValueError(f"GENAUG_LOG_LEVEL={value!r} is no log level; use "
+                             f"{', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}")
+        return level
+
     @field_validator("model", mode="before")
     @classmethod
     def _model_name_or_path(cls, value: object) -> object:
@@ -413,11 +424,13 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_defaults_within_limits(self) -> Settings:
         if self.default_size is not None and self.default_size % 8:
-            raise ValueError(f"default_size {self.default_size} is not a multiple of 8")
+            raise ValueError(
+                f"GENAUG_DEFAULT_SIZE={self.default_size} is not a multiple of 8 (the VAE "
+                "downsamples by 8); use e.g. 64 or 1024")
         if self.default_size is not None and self.default_size > self.max_side:
             raise ValueError(
-                f"default_size {self.default_size} exceeds max_side {self.max_side}; "
-                "raise GENAUG_MAX_SIDE or lower GENAUG_DEFAULT_SIZE"
+                f"GENAUG_DEFAULT_SIZE={self.default_size} exceeds GENAUG_MAX_SIDE="
+                f"{self.max_side}; raise GENAUG_MAX_SIDE or lower GENAUG_DEFAULT_SIZE"
             )
         return self
 

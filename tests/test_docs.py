@@ -1,4 +1,6 @@
-"""The docs move with the code: README's settings table and route table match the service."""
+"""The docs move with the code: docs/settings.md's table and docs/api.md's route table match
+the service, and every relative link of the README and the docs lands on a file and a
+heading that exist."""
 
 from __future__ import annotations
 
@@ -14,38 +16,42 @@ from genaug.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+SETTINGS_PAGE = ROOT / "docs" / "settings.md"
+API_PAGE = ROOT / "docs" / "api.md"
 
 
-def test_every_setting_is_in_the_readme_table() -> None:
-    rows = set(re.findall(r"^\| `(GENAUG_[A-Z_]+)` \|", README, flags=re.M))
+def test_every_setting_is_in_the_settings_table() -> None:
+    rows = set(re.findall(r"^\| `(GENAUG_[A-Z_]+)` \|", SETTINGS_PAGE.read_text(), flags=re.M))
     fields = {f"GENAUG_{name.upper()}" for name in Settings.model_fields}
-    assert fields - rows == set(), "settings missing from README"
-    assert rows - fields == set(), "README lists settings that do not exist"
+    assert fields - rows == set(), "settings missing from docs/settings.md"
+    assert rows - fields == set(), "docs/settings.md lists settings that do not exist"
+    assert "](docs/settings.md)" in README, "the README no longer links the settings"
 
 
 def test_every_setting_has_a_description() -> None:
     assert [n for n, f in Settings.model_fields.items() if not f.description] == []
 
 
-def test_every_route_is_in_the_readme(make_service: Any, shapes_recipes_file: Path,
-                                      tmp_path: Path) -> None:
+def test_every_route_is_in_the_api_page(make_service: Any, shapes_recipes_file: Path,
+                                        tmp_path: Path) -> None:
     """Each method and path the schema serves (with a recipe, so the recipe routes are there)
-    is a `METHOD /path` cell of the README's HTTP API table, and the table names no route the
-    service lacks."""
+    is a `METHOD /path` cell of docs/api.md's table, and the table names no route the service
+    lacks."""
     import httpx
 
     live = make_service(recipes=shapes_recipes_file, pool_path=tmp_path / "pool.db",
                         pregenerate=False)
     spec = httpx.get(live.url + "/openapi.json").json()
-    # the schema writes one path per configured recipe (names are an enum); the README, one
+    # the schema writes one path per configured recipe (names are an enum); the page, one
     served = {(method.upper(), path.replace("/v1/recipes/shapes", "/v1/recipes/{name}"))
               for path, ops in spec["paths"].items() for method in ops}
-    table = README.split("## HTTP API", 1)[1].split("\n## ", 1)[0]
+    table = "\n".join(line for line in API_PAGE.read_text().splitlines()
+                      if line.startswith("| `"))
     listed = set(re.findall(r"`(GET|POST|PUT|PATCH|DELETE) (/[^`\s]*)`", table))
-    assert served - listed == set(), "routes missing from the README's HTTP API table"
+    assert served - listed == set(), "routes missing from docs/api.md's table"
     # served, but not API routes in the schema
     pages = {("GET", "/"), ("GET", "/docs"), ("GET", "/pool/{name}")}
-    assert listed - served - pages == set(), "the README lists routes the service lacks"
+    assert listed - served - pages == set(), "docs/api.md lists routes the service lacks"
 
 
 def test_cli_help_lists_the_commands() -> None:
@@ -67,20 +73,45 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_links_between_the_docs_land_on_a_heading() -> None:
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-             ROOT / "bench" / "README.md"]
-    anchors = {
-        page.resolve(): {_slug(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
-        for page in pages
-    }
+LINKED_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+                ROOT / "bench" / "README.md", ROOT / "examples" / "README.md"]
+
+
+def broken_links(pages: dict[Path, str]) -> list[str]:
+    """The relative links of ``pages`` (path -> text) whose file or folder does not exist, or
+    whose anchor is no heading of the page it names. Links to a scheme (``https:``,
+    ``mailto:``) are not checked; an anchor only on the pages given."""
+    anchors = {page.resolve(): {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+               for page, text in pages.items()}
     broken = []
-    for page in pages:
-        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
+    for page, text in pages.items():
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):
+                continue
             linked = (page.parent / target).resolve() if target else page.resolve()
-            if linked in anchors and anchor not in anchors[linked]:
-                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
-    assert broken == []
+            where = f"{page.relative_to(ROOT)}: {target}" + (f"#{anchor}" if anchor else "")
+            if not linked.exists():
+                broken.append(where)
+            elif anchor and linked in anchors and anchor not in anchors[linked]:
+                broken.append(where)
+    return broken
+
+
+def test_links_between_the_docs_land_on_a_file_and_a_heading() -> None:
+    assert broken_links({page: page.read_text() for page in LINKED_PAGES}) == []
+
+
+@pytest.mark.parametrize(("right", "wrong"), [
+    ("](docs/settings.md)", "](docs/setting.md)"),                 # a file that is not there
+    ("](docs/trainer.md#in-a-pytorch-trainer)", "](docs/trainer.md#in-pytorch)"),  # an anchor
+])
+def test_a_broken_link_is_named(right: str, wrong: str) -> None:
+    """The check above can fail: the README with one link changed is caught on that link."""
+    readme = ROOT / "README.md"
+    assert right in README, f"{right!r} is no longer in README.md: pick another"
+    pages = {page: page.read_text() for page in LINKED_PAGES}
+    pages[readme] = README.replace(right, wrong, 1)
+    assert broken_links(pages) == [f"README.md: {wrong[2:-1]}"]
 
 
 # A path docs/architecture.md names: a backticked name with a folder or a file suffix

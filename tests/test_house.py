@@ -30,12 +30,14 @@ PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.c
 #: plans with intake's plan and stores what the pipeline made, then the judge, which scores it
 #: before the pool stores it; the request's own way below it
 #: (intake, then the pipeline); and at the bottom the vocabulary every room shares: recipes,
-#: settings (and the parsers of its composite values, ``setting_values.py``; the
+#: settings (how an invalid one is said, ``setting_errors.py``, above them; the parsers of
+#: its composite values, ``setting_values.py``, below; the
 #: ``notify_url`` rule, which the settings, the intake and the webhooks share; ``turbo``, the
 #: speed modes' words: a request's, a recipe's, the pool's and the pipeline's), batching
 #: (``items.py``, the queue, the batcher), errors and metrics.
 ORDER = ("testing", "__main__", "commands", "adapt", "app", "api", "jobs", "pool", "judge",
-         "intake", "pipeline", "recipes", "settings", "setting_values", "notify_url",
+         "intake", "pipeline", "recipes", "setting_errors", "settings", "setting_values",
+         "notify_url",
          "turbo", "batching", "errors", "metrics")
 
 #: trainer/'s rooms from the top down, the same way: the reference trainer, the checks,
@@ -53,7 +55,7 @@ FENCES = {
                        "genaug.local_service", "genaug"),
     # PyTorch trainers: the client and the TensorFlow-free half of the trainer's feeding (the
     # feeder, its preflight, the class-error measure), never its TensorFlow rooms.
-    "genaug.torch": ("genaug.torch", "genaug.client", "genaug.wire",
+    "genaug.torch": ("genaug.torch", "genaug.client", "genaug.wire", "genaug.urls",
                      "genaug.trainer.feeding.feeder", "genaug.trainer.feeding.cycle",
                      "genaug.trainer.feeding.preflight", "genaug.trainer.feeding.class_error",
                      "genaug.trainer.feeding.labels", "genaug"),
@@ -62,7 +64,8 @@ FENCES = {
 #: genaug/'s ground: what every package beside it may import (the wire format, the digits,
 #: the child-process helper). It imports nothing of genaug but itself, never service/,
 #: trainer/, client/ or genaug/'s roof.
-GROUND = ("genaug", "genaug.wire", "genaug.job_states", "genaug.digits", "genaug.local_service")
+GROUND = ("genaug", "genaug.wire", "genaug.job_states", "genaug.digits", "genaug.local_service",
+          "genaug.urls")
 #: genaug/'s roof: the command table, the doctor, the jobs command and the experiments. They
 #: use everything; nothing of service/, trainer/ or client/ imports them (the fences above and
 #: below).

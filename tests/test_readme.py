@@ -1,24 +1,34 @@
-"""Every code block of the README runs as written against a default ``genaug serve``.
+"""Every code block of the README, and of the pages that carry its walkthroughs, runs as
+written against a default ``genaug serve``.
+
+The README is what a newcomer reads in a minute: its first screen says what genaug is, gives
+the two commands and a trainer sampling from the pool; the walkthroughs it links to live in
+``docs/trainer.md`` (TensorFlow and PyTorch trainers), ``docs/embedded-model.md`` (the
+embedded model and its data) and ``docs/adapt.md``. Their code blocks are run here as the
+README's are (``PAGES``).
 
 The service is the real thing, started as a user would (``genaug serve --recipes
 recipes/wound_phases.yaml``, the embedded default model, default settings) with only its port
-and pool file chosen by the test. The blocks are taken from README.md as they are; the only
+and pool file chosen by the test. The blocks are taken from the pages as they are; the only
 substitutions are these, so a block that stops working fails this test:
 
-* the README's ``http://127.0.0.1:8000`` becomes the test service's URL, and ``/tmp/`` a
+* the pages' ``http://127.0.0.1:8000`` becomes the test service's URL, and ``/tmp/`` a
   folder of the test's own;
+* the README's first trainer block gets what its user has: ``real_ds`` (a ``tf.data``
+  dataset of float images in [0, 1] and their labels) and ``model`` (a compiled Keras
+  classifier);
 * the variants block gets what a user has: a ``client`` and ``real_images`` (uint8 images);
-* the curl line gets what its user has: ``three.png`` (a real three, written by the README's
-  ``python -m genaug.digits`` line) in the folder it runs in.
+* the curl line gets what its user has: ``three.png`` (a real three, written by
+  ``docs/embedded-model.md``'s ``python -m genaug.digits`` line) in the folder it runs in.
 
-The trainer blocks (the reservoir, feeder and strategy block, then the need block that
-continues it) run in one TensorFlow child process, as a user's script would: TensorFlow
-never loads in the pytest process. The PyTorch block runs in a child process of its own, where
-an import of TensorFlow fails. The bash lines run in ``bash`` with the checkout's
-environment first on ``PATH`` (``genaug``, ``python``), except the ones in ``NOT_RUN``, each
-with its reason; the ``genaug`` and training-script lines among those are still parsed by
-their own argument parsers, so a flag the README names and they lack fails here. After all
-of it, the service's log holds no warning.
+The TensorFlow blocks run in one TensorFlow child process, as a user's script would: first
+the README's trainer block, then ``docs/trainer.md``'s trainer block and the need block that
+continues it, in a namespace of their own; TensorFlow never loads in the pytest process. The
+PyTorch block runs in a child process of its own, where an import of TensorFlow fails. The
+bash lines run in ``bash`` with the checkout's environment first on ``PATH`` (``genaug``,
+``python``), except the ones in ``NOT_RUN``, each with its reason; the ``genaug`` and
+training-script lines among those are still parsed by their own argument parsers, so a flag
+a page names and they lack fails here. After all of it, the service's log holds no warning.
 """
 
 from __future__ import annotations
@@ -43,7 +53,13 @@ from genaug.local_service import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+TRAINER_PAGE = ROOT / "docs" / "trainer.md"
+# The README and the pages that carry its walkthroughs: every code block of these runs here.
+PAGES = (README, TRAINER_PAGE, ROOT / "docs" / "embedded-model.md", ROOT / "docs" / "adapt.md")
 URL_IN_README = "http://127.0.0.1:8000"
+# What a newcomer sees without scrolling: what genaug is, the two commands, a trainer.
+FIRST_SCREEN_LINES = 40
+README_MOST_LINES = 250
 BIN = Path(sys.executable).parent
 
 # Bash lines (after joining continued lines) that do not run here, by how they start, and
@@ -71,13 +87,15 @@ NOT_RUN = {
 }
 
 
-def code_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+def code_blocks(language: str, *pages: Path) -> list[str]:
+    """The ``language`` blocks of ``pages`` (default: all of ``PAGES``), in page order."""
+    return [block for page in pages or PAGES
+            for block in re.findall(rf"```{language}\n(.*?)```", page.read_text(), flags=re.S)]
 
 
 def bash_lines() -> list[str]:
-    """The README's bash commands, one per line once continued lines are joined (lines
-    that are only a comment left out)."""
+    """The pages' bash commands, one per line once continued lines are joined (lines that
+    are only a comment left out)."""
     lines: list[str] = []
     for block in code_blocks("bash"):
         lines += [line.strip() for line in block.replace("\\\n", " ").splitlines()
@@ -134,22 +152,52 @@ def run(code: str, url: str, **names: Any) -> dict[str, Any]:
     return namespace
 
 
+def first_trainer_block() -> str:
+    """The README's own trainer block: the one of its first screen."""
+    return next(b for b in code_blocks("python", README) if "from genaug.trainer import" in b)
+
+
 def test_every_block_is_run_or_listed() -> None:
-    python = code_blocks("python")
-    assert len(python) == 5, "a new python block: run it below"
-    assert sum("from genaug.torch import" in b for b in python) == 1
-    assert sum("from genaug.client import Client\n\nwith Client(" in b for b in python) == 1
-    assert sum(b.startswith("out = client.variants(real_images") for b in python) == 1
-    assert sum("from genaug.trainer import" in b for b in python) == 2
-    # Fences with no language are listings (a folder layout), not code
-    languages = set(re.findall(r"^```(\w+)$", README.read_text(), flags=re.M))
-    assert languages == {"bash", "python"}, languages
+    readme = code_blocks("python", README)
+    assert len(readme) == 3, "a new python block in the README: run it below"
+    assert sum("from genaug.trainer import" in b for b in readme) == 1
+    assert sum("from genaug.client import Client\n\nwith Client(" in b for b in readme) == 1
+    assert sum(b.startswith("out = client.variants(real_images") for b in readme) == 1
+    trainer = code_blocks("python", TRAINER_PAGE)
+    assert len(trainer) == 3, "a new python block in docs/trainer.md: run it below"
+    assert sum("from genaug.trainer import" in b for b in trainer) == 2
+    assert sum("from genaug.torch import" in b for b in trainer) == 1
+    assert code_blocks("python", *PAGES[2:]) == [], "a python block in a page: run it below"
+    # Fences with no language are listings (a folder layout, a command's output), not code
+    for page in PAGES:
+        languages = set(re.findall(r"^```(\w+)$", page.read_text(), flags=re.M))
+        assert languages <= {"bash", "python"}, (page.name, languages)
+    assert set(re.findall(r"^```(\w+)$", README.read_text(), flags=re.M)) == {"bash", "python"}
     lines = bash_lines()
     ran = [line for line in lines if not_run_reason(line) is None]
     assert any(line.startswith("python -m genaug.digits") for line in ran), ran
     assert any(line.startswith("curl ") for line in ran), ran
-    for start in NOT_RUN:  # every entry still names a line of the README
+    for start in NOT_RUN:  # every entry still names a line of a page
         assert any(line.startswith(start) for line in lines), start
+
+
+def test_the_readme_is_read_in_a_minute() -> None:
+    """The first screen holds what genaug is, the two commands and the whole first trainer
+    block; the README stays short (a section the lead writes, `genaug gain`, counts for at
+    most 15 lines), the rest lives in docs/ behind links."""
+    text = README.read_text()
+    lines = text.splitlines()
+    first = "\n".join(lines[:FIRST_SCREEN_LINES])
+    assert "make demo" in first and "make test" in first, "the two commands left the first screen"
+    assert first_trainer_block() in first, "the trainer block left the first screen"
+    statements = [line for line in first_trainer_block().splitlines()
+                  if line.strip() and not line.startswith(("from ", "import ", "#", " "))]
+    assert len(statements) <= 5, statements
+    gain = text.split("\n## Does it help? `genaug gain`\n", 1)
+    assert len(gain) == 2, "the README lost its section '## Does it help? `genaug gain`'"
+    assert first_trainer_block() in gain[0], "the gain section comes after the trainer block"
+    gain_lines = len(gain[1].split("\n## ", 1)[0].splitlines())
+    assert len(lines) - max(0, gain_lines - 15) <= README_MOST_LINES, len(lines)
 
 
 def test_the_lines_not_run_parse_and_the_make_targets_exist(
@@ -185,7 +233,9 @@ def test_the_lines_not_run_parse_and_the_make_targets_exist(
 
 def test_the_bash_lines(url: str, work: Path) -> None:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    for line in bash_lines():
+    # The curl line's three comes from the digits line, which runs first wherever it is
+    lines = sorted(bash_lines(), key=lambda line: not line.startswith("python -m genaug.digits"))
+    for line in lines:
         if not_run_reason(line) is not None:
             continue
         if line.startswith("curl "):  # its user's own image of a three
@@ -201,7 +251,8 @@ def test_the_bash_lines(url: str, work: Path) -> None:
 
 
 def test_the_client_block(url: str) -> None:
-    block = next(b for b in code_blocks("python") if "from genaug.client import Client" in b)
+    block = next(b for b in code_blocks("python", README)
+                 if "from genaug.client import Client\n\nwith Client(" in b)
     names = run(block, url)
     assert names["batch"].images.shape[0] == 8 and names["png"].startswith(b"\x89PNG")
     assert names["pool"].label_names == ["I", "P", "R"]
@@ -220,36 +271,91 @@ def test_the_variants_block(url: str) -> None:
 
 CHILD = """
 import json, sys
+pages, first, stand_ins = json.loads(sys.argv[1])
+
+def stats(namespace):
+    feeder, reservoir = namespace["feeder"], namespace["reservoir"]
+    return {"received": feeder.stats.images_received,
+            "fill": [int(n) for n in reservoir.fill_counts()],
+            "mixed": float(reservoir.mixed_fraction())}
+
+# docs/trainer.md first: its configure_devices() must come before TensorFlow initialises
 namespace = {}
-for block in json.loads(sys.argv[1]):
-    exec(compile(block, "README.md", "exec"), namespace)
-feeder, reservoir = namespace["feeder"], namespace["reservoir"]
-print(json.dumps({"received": feeder.stats.images_received,
-                  "fill": [int(n) for n in reservoir.fill_counts()],
-                  "mixed": float(reservoir.mixed_fraction())}))
+for block in pages:
+    exec(compile(block, "docs/trainer.md", "exec"), namespace)
+out = {"trainer_page": stats(namespace)}
+namespace = {}
+exec(compile(stand_ins, "stand-ins", "exec"), namespace)
+exec(compile(first, "README.md", "exec"), namespace)
+out["first_screen"] = stats(namespace)
+print(json.dumps(out))
+"""
+
+# What the README's first trainer block takes as given: the user's data and compiled model.
+STAND_INS = """
+import tensorflow as tf
+x, y = tf.random.uniform([128, 64, 64, 3], seed=0), tf.range(128) % 3
+real_ds = tf.data.Dataset.from_tensor_slices((x, y))
+model = tf.keras.Sequential([tf.keras.Input((64, 64, 3)),
+                             tf.keras.layers.Conv2D(8, 3, strides=2, activation="relu"),
+                             tf.keras.layers.GlobalAveragePooling2D(),
+                             tf.keras.layers.Dense(3, activation="softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 """
 
 
-def test_the_trainer_blocks(url: str) -> None:
-    """The trainer block, then the need block that continues it, in one TensorFlow process;
-    then the service shows what they did: the feeder's images, the need, the fill."""
+def least_fill(url: str) -> int:
+    fill = httpx.get(url + "/v1/recipes/wound-phases").json()["fill"]
+    return min(fill.get(label, 0) for label in "IPR")
+
+
+def wait_for_the_pool(url: str) -> None:
+    """The service has had a while to pre-generate, as a trainer finds it: every label holds
+    images (else a feeder or diagnose rightly says the mix is starved of the empty ones)."""
+    deadline = time.monotonic() + 120
+    while least_fill(url) < 8:
+        assert time.monotonic() < deadline, "the wound-phases pool did not fill"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def tensorflow_blocks(url: str) -> dict[str, Any]:
+    """docs/trainer.md's trainer block and the need block that continues it, then the
+    README's first trainer block on stand-ins for the user's data and model, in one
+    TensorFlow process; what each feeder and reservoir counted."""
     import importlib.util
 
     if importlib.util.find_spec("tensorflow") is None:
         pytest.skip("tensorflow is not installed (pip install 'genaug[trainer]')")
-    blocks = [b.replace(URL_IN_README, url) for b in code_blocks("python")
-              if "from genaug.trainer import" in b]
+    wait_for_the_pool(url)
+    pages = [b.replace(URL_IN_README, url) for b in code_blocks("python", TRAINER_PAGE)
+             if "from genaug.trainer import" in b]
+    first = first_trainer_block().replace(URL_IN_README, url)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
            "KERAS_BACKEND": "tensorflow", "TF_NUM_INTEROP_THREADS": "2",
            "TF_NUM_INTRAOP_THREADS": "2"}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(blocks)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([pages, first, STAND_INS])],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_the_trainer_page_blocks(url: str, tensorflow_blocks: dict[str, Any]) -> None:
+    """docs/trainer.md's trainer and need blocks: the feeder's images reached the batches,
+    and the service shows the need and the fill they asked for."""
+    out = tensorflow_blocks["trainer_page"]
     assert out["received"] > 0 and sum(out["fill"]) > 0 and out["mixed"] > 0, out
     detail = httpx.get(url + "/v1/recipes/wound-phases").json()
     assert set(detail["need"]) == {"I", "P", "R"} and detail["need"]["P"] > 0, detail["need"]
     assert any(v["asked"] > 0 for v in detail["per_label"].values()), detail["per_label"]
+
+
+def test_the_first_screen_trainer_block(tensorflow_blocks: dict[str, Any]) -> None:
+    """The README's five lines: pool images reached the reservoir and replaced real ones in
+    the batches fit trained on."""
+    out = tensorflow_blocks["first_screen"]
+    assert out["received"] > 0 and min(out["fill"]) > 0 and out["mixed"] > 0, out
 
 
 TORCH_CHILD = """
@@ -257,7 +363,7 @@ import json, sys
 sys.modules["tensorflow"] = None  # the PyTorch path: an import of TensorFlow fails
 sys.modules["keras"] = None
 namespace = {}
-exec(compile(sys.argv[1], "README.md", "exec"), namespace)
+exec(compile(sys.argv[1], "docs/trainer.md", "exec"), namespace)
 print(json.dumps({k: float(v) for k, v in namespace["train"].stats().items()}))
 """
 
@@ -270,17 +376,8 @@ def test_the_torch_block(url: str) -> None:
 
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed (pip install 'genaug[torch]')")
-    block = next(b for b in code_blocks("python") if "from genaug.torch import" in b)
-    # The service has had a while to pre-generate, as a trainer finds it: every label holds
-    # images (else diagnose rightly says the mix is starved of the empty ones).
-    deadline = time.monotonic() + 120
-    def least() -> int:
-        fill = httpx.get(url + "/v1/recipes/wound-phases").json()["fill"]
-        return min(fill.get(label, 0) for label in "IPR")
-
-    while least() < 8:
-        assert time.monotonic() < deadline, "the wound-phases pool did not fill"
-        time.sleep(0.2)
+    block = next(b for b in code_blocks("python", TRAINER_PAGE) if "from genaug.torch import" in b)
+    wait_for_the_pool(url)
     done = subprocess.run([sys.executable, "-c", TORCH_CHILD, block.replace(URL_IN_README, url)],
                           capture_output=True, text=True, timeout=240,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

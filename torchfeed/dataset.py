@@ -121,6 +121,9 @@ class PoolDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         if memory_mb <= 0 or batch < 1 or interval_s < 0 or first_fill_s <= 0:
             raise ValueError("memory_mb and first_fill_s must be > 0, batch >= 1, "
                              "interval_s >= 0")
+        refused = _url_refusal(url)
+        if refused is not None:  # said now, not after first_fill_s of "is the service up?"
+            raise ValueError(refused)
         self.config = StreamConfig(
             url=url, recipe=recipe, trainer=trainer_id or default_trainer_id(),
             label_map=dict(label_map) if label_map is not None else None,
@@ -199,8 +202,9 @@ class PoolDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     def report_need(self, need: Mapping[str, float]) -> None:
         """Tell the service what this trainer needs (recipe label name -> number >= 0, e.g.
         :func:`~genaug.torch.need.class_need`), without waiting: a thread posts the newest
-        report under the trainer's name (its ranks and workers are one trainer there).
-        Labels the recipe lacks, and values that are not finite numbers >= 0, are left out."""
+        report under the trainer's name (its ranks and workers are one trainer there). Never
+        raises: labels the recipe lacks, and values that are not finite numbers >= 0, are
+        left out, and said once in the log."""
         self._need.post(need)
 
     @property
@@ -210,9 +214,9 @@ class PoolDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def stats(self) -> dict[str, float]:
         """What every process of this trainer drew: ``synthetic``, ``received`` (fresh pool
-        images), ``failures`` (requests that failed, outages included), ``iterations``, and
+        images), ``failures`` (requests that failed, outages included), ``iterations``,
         ``bytes``, the memory its reservoirs hold (at most ``memory_mb``, however many
-        workers)."""
+        workers), and the mix's counters (:meth:`MixedDataset.stats`)."""
         return self.tally.totals()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -231,9 +235,11 @@ class MixedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
 
     ``dataset``: map-style (``len`` and ``[i]``), each item ``(image, label)``: ``image`` a
     tensor ``[C, H, W]`` (float in [0, 1], or uint8, made float) of the recipe's size,
-    ``label`` an int (or a 0-d tensor) of the same numbering as the pool's labels. ``shuffle``
-    shuffles each epoch (from ``seed`` when given); :meth:`set_epoch` is there for the
-    ``DistributedSampler`` habit, but the epoch is counted without it.
+    ``label`` an int (or a 0-d tensor) of the same numbering as the pool's labels; an
+    example whose label is none of the recipe's stays real (said once in the log, counted in
+    ``stats()["outside"]``). ``shuffle`` shuffles each epoch (from ``seed`` when given);
+    :meth:`set_epoch` is there for the ``DistributedSampler`` habit, but the epoch is counted
+    without it.
     """
 
     def __init__(self, dataset: Any, pool: PoolDataset, p: float = 0.5, *,
@@ -250,6 +256,7 @@ class MixedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self.seed = seed
         self.transform = transform
         self._epoch: int | None = None
+        self._said_outside = False  # this process has said (or heard) that labels fall outside
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration's order (else each process counts its own)."""
@@ -278,6 +285,7 @@ class MixedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         epoch = self._epoch if self._epoch is not None else iteration
         rng = (np.random.default_rng() if self.seed is None
                else np.random.default_rng([self.seed, where.rank, where.worker, epoch, 1]))
+        drawable: frozenset[int] | None = None  # the recipe's labels, once the stream read them
         for index in self._order(where, epoch):
             stream.check()  # a configuration mistake stops training; an outage never does
             image, label = self.dataset[int(index)]
@@ -285,9 +293,15 @@ class MixedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             out: torch.Tensor | None = None
             if self.p > 0 and rng.random() < self.p:
                 tally.add(row, "asked")
-                drawn = (stream.reservoir.draw(label, rng)
-                         if stream.reservoir is not None
-                         and 0 <= label < stream.reservoir.num_classes else None)
+                drawn = None
+                if stream.reservoir is not None:  # else the stream is still reading the recipe
+                    if drawable is None:
+                        drawable = frozenset(stream.label_map.values())
+                    if label in drawable:
+                        drawn = stream.reservoir.draw(label, rng)
+                    else:
+                        self._say_outside(stream, label)
+                        tally.add(row, "outside")
                 if drawn is not None:
                     out = _tensor(drawn)
                     _check_shape(out, image)
@@ -298,14 +312,33 @@ class MixedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             yield (self.transform(out) if self.transform else out,
                    torch.tensor(label, dtype=torch.int64))
 
+    def _say_outside(self, stream: Stream, label: int) -> None:
+        """Say once, for every process of the trainer, that ``label`` (and any other of the
+        dataset's outside the recipe's) is never replaced: without it a mix quietly hands out
+        fewer synthetic images than ``p`` says."""
+        if self._said_outside:
+            return
+        self._said_outside = True
+        if self.pool.tally.totals()["outside"]:  # another worker, or an earlier epoch, said it
+            return
+        ours = ", ".join(f"{index} {name!r}" for name, index in
+                         sorted(stream.label_map.items(), key=lambda item: item[1]))
+        log.warning(
+            "genaug.torch: the dataset's label %d is none of recipe %r's labels (%s): its "
+            "examples, and those of any other label outside them, stay real whatever p is "
+            "(stats()['outside'] counts them). To mix them, number the dataset's classes as "
+            "the recipe's labels (label_map= or classes= on the PoolDataset), or add the "
+            "label to the recipe", label, stream.config.recipe, ours)
+
     def report_need(self, need: Mapping[str, float]) -> None:
         """:meth:`PoolDataset.report_need`."""
         self.pool.report_need(need)
 
     def stats(self) -> dict[str, float]:
         """:meth:`PoolDataset.stats` plus ``real`` (examples kept), ``asked`` (examples the
-        coin gave to the pool) and ``share`` (synthetic / all handed out: ``p`` once every
-        class holds images)."""
+        coin gave to the pool), ``outside`` (of those, the ones whose label is none of the
+        recipe's: kept real) and ``share`` (synthetic / all handed out: ``p`` once every
+        class holds images and every label is the recipe's)."""
         totals = self.pool.stats()
         handed = totals["synthetic"] + totals["real"]
         return {**totals, "share": totals["synthetic"] / handed if handed else 0.0}
@@ -327,6 +360,19 @@ def _check_shape(synthetic: torch.Tensor, real: Any) -> None:
             "output_height/output_width/output_channels to theirs)")
 
 
+def _url_refusal(url: str | None) -> str | None:
+    """Why ``url`` (or, when None, an entry of ``GENAUG_URL``) is not a service URL, in one
+    line naming the argument, the value and the fix; None when it is one. The check is the
+    command line's (:func:`genaug.urls.url_problem`), its fix told in this argument's name."""
+    from genaug.urls import env_url_refusal, url_problem
+
+    if url is not None:
+        problem = url_problem(url)
+        return None if problem is None else f"PoolDataset url {problem}"
+    refusal = env_url_refusal()
+    return None if refusal is None else "PoolDataset: " + refusal.replace("--url URL", "url=...")
+
+
 def _share(length: int | None, where: Place) -> int | None:
     """Items this process hands out of ``length`` per epoch (its share over the workers)."""
     if length is None:
@@ -343,6 +389,7 @@ class _NeedPoster:
 
     def __init__(self, config: StreamConfig) -> None:
         self.config = config
+        self._said: set[str] = set()  # what was left out, said once each: "values", "labels"
         self._lock = threading.Lock()
         self._pending: dict[str, float] | None = None
         self._thread: threading.Thread | None = None
@@ -350,8 +397,23 @@ class _NeedPoster:
         self.sent: dict[str, float] | None = None
 
     def post(self, need: Mapping[str, float]) -> None:
-        clean = {str(k): float(v) for k, v in need.items()
-                 if math.isfinite(float(v)) and float(v) >= 0}
+        if not isinstance(need, Mapping):  # (typed, but called from a training loop)
+            self._say_once("values", "genaug.torch: report_need takes a mapping of recipe "
+                           "label -> need (a number >= 0), not %s; nothing was reported "
+                           "(said once)", type(need).__name__)
+            return
+        clean: dict[str, float] = {}
+        dropped: dict[str, Any] = {}
+        for key, value in need.items():
+            number = _need_value(value)
+            if number is None:
+                dropped[str(key)] = value
+            else:
+                clean[str(key)] = number
+        if dropped:
+            self._say_once("values", "genaug.torch: report_need left out %s: a need is a "
+                           "finite number >= 0 per recipe label, as class_need() gives "
+                           "(said once)", _shown(dropped))
         with self._lock:
             self._pending = clean
             if self._thread is None:  # else the running thread takes it next
@@ -377,8 +439,33 @@ class _NeedPoster:
                     known = (self.config.label_map if self.config.label_map is not None
                              else client.recipe(self.config.recipe)["labels"])
                     mine = {k: v for k, v in need.items() if k in known}  # as the feeder does
+                    unknown = sorted(set(need) - set(mine))
+                    if unknown:
+                        self._say_once("labels", "genaug.torch: report_need left out %s, "
+                                       "which recipe %r lacks (its labels: %s; said once)",
+                                       unknown, self.config.recipe, sorted(known))
                     client.feedback(self.config.recipe, mine)
                 self.sent = mine
             except Exception as exc:
                 log.warning("genaug.torch: the need report was not taken (%s); the next one "
                             "tries again", exc)
+
+    def _say_once(self, what: str, message: str, *args: Any) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            log.warning(message, *args)
+
+
+def _need_value(value: Any) -> float | None:
+    """``value`` as a need (a finite number >= 0: a float, an int, a 0-d tensor), or None."""
+    try:
+        number = float(value)
+    except Exception:  # a string, None, a tensor of many values...: left out, never raised
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _shown(entries: Mapping[str, Any]) -> str:
+    """Left-out entries of a need report, briefly (a value's repr cut to 40 characters)."""
+    return "{" + ", ".join(f"{k!r}: {repr(v)[:40]}" for k, v in list(entries.items())[:8]) + (
+        ", ...}" if len(entries) > 8 else "}")

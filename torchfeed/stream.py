@@ -44,9 +44,11 @@ log = logging.getLogger(__name__)
 
 #: Counters per process (one row each: the process that trains is row 0, worker ``w`` row
 #: ``w + 1``): synthetic images handed out, real ones kept (mixing), synthetic ones asked for
-#: (mixing: the coin said synthetic), fresh images received from the pool, feeder failures,
-#: iterations begun (the epochs this row's process started), the bytes its reservoir holds.
-FIELDS = ("synthetic", "real", "asked", "received", "failures", "iterations", "bytes")
+#: (mixing: the coin said synthetic), of those the ones whose label is none of the recipe's
+#: (mixing: kept real), fresh images received from the pool, feeder failures, iterations
+#: begun (the epochs this row's process started), the bytes its reservoir holds.
+FIELDS = ("synthetic", "real", "asked", "outside", "received", "failures", "iterations",
+          "bytes")
 _ROWS = 65
 
 

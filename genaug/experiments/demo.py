@@ -316,8 +316,10 @@ def full_demo(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from genaug.cli import port
+
     parser.add_argument("--out", default="genaug-demo.png", help="where to write the grid PNG")
-    parser.add_argument("--port", type=int, default=0, help="port (0: a free one)")
+    parser.add_argument("--port", type=port, default=0, help="port (0: a free one)")
     parser.add_argument("--no-train", action="store_true",
                         help="stop after the grid and the pool (no TensorFlow needed)")
     parser.add_argument("--trainer", choices=TRAINERS, default="tensorflow",

@@ -31,19 +31,19 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, Response
 
-from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
+from genaug.wire import encode_png_grid
 
 from ..intake.fields import SEED_MAX
 from ..intake.parse import read_body
 from ..intake.schemas import MAX_BROWSE_LIMIT
+from .negotiation import IMAGE
 from .recipes import _hints, _pools_for
-from .requests import binary_media, known_query, state_of
+from .requests import known_query, state_of
 from .responses import (
     RECIPE_ERRORS,
     ImagePage,
     PoolImageInfo,
     VerdictResponse,
-    binary_answer,
     error_responses,
 )
 
@@ -108,8 +108,7 @@ async def list_images(
     "/v1/recipes/{name}/images/{label}/{seed}.png",
     tags=["recipes"],
     response_class=Response,
-    responses={**binary_answer("The image as a PNG (greyscale for one-channel recipes).",
-                               PNG_MEDIA_TYPE),
+    responses={**IMAGE.responses("The image as a PNG (greyscale for one-channel recipes)."),
                **error_responses(404, 422, 503)},
 )
 async def image_png(
@@ -119,10 +118,11 @@ async def image_png(
     request: Request,
 ) -> Response:
     """One pool image, accepted or rejected, as a PNG (not counted as served)."""
+    answer = IMAGE.choose(request)
     pools = _pools_for(state_of(request), name)
     image = await asyncio.to_thread(pools.image, name, label, seed)
     payload = encode_png_grid(image[None])
-    return Response(payload, media_type=binary_media(request, PNG_MEDIA_TYPE),
+    return Response(payload, media_type=answer.media_type,
                     headers={"Cache-Control": "private, max-age=3600", "Vary": "Accept"})
 
 

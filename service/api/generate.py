@@ -1,11 +1,13 @@
 """The generation routes: ``POST /v1/generate`` (text to image) and ``POST /v1/variants``
 (img2img variants of uploaded sources).
 
-Each route reads its body (:mod:`~genaug.service.intake.parse`,
-:mod:`~genaug.service.intake.uploads`) and plans the work
-(:mod:`~genaug.service.intake.plan`); from there both take one way, :func:`serve_request`: submit
-to the batcher, wait (499 if the client leaves, 504 past the deadline), encode a PNG or a
-safetensors batch with its metadata, and answer with the seeds in ``X-Genaug-Seeds``.
+Each route first chooses its answer's media type from ``Accept``
+(:data:`~genaug.service.api.negotiation.BATCH`: a 406 before anything is read or queued), then
+reads its body (:mod:`~genaug.service.intake.parse`, :mod:`~genaug.service.intake.uploads`)
+and plans the work (:mod:`~genaug.service.intake.plan`); from there both take one way,
+:func:`serve_request`: submit to the batcher, wait (499 if the client leaves, 504 past the
+deadline), encode a PNG or a safetensors batch with its metadata, and answer with the seeds
+in ``X-Genaug-Seeds``.
 
 Example::
 
@@ -24,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from genaug import __version__
-from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, encode_png_grid
+from genaug.wire import PNG_MEDIA_TYPE, encode_batch, encode_png_grid
 
 from ..batching.batcher import Batcher
 from ..batching.items import GroupKey, Item
@@ -34,8 +36,9 @@ from ..intake.parse import read_body
 from ..intake.plan import plan_items, plan_variants
 from ..intake.schemas import GenerationFields
 from ..intake.uploads import read_upload
-from .requests import binary_media, client_identity, state_of, wants_png
-from .responses import GENERATE_ERRORS, SAFETENSORS_LAYOUT, binary_answer, encoded
+from .negotiation import BATCH, Answer
+from .requests import client_identity, state_of
+from .responses import GENERATE_ERRORS, SAFETENSORS_LAYOUT, encoded
 
 router = APIRouter()
 
@@ -45,20 +48,20 @@ router = APIRouter()
     tags=["generation"],
     response_class=Response,
     responses={
-        **binary_answer(
+        **BATCH.responses(
             "The images as a safetensors batch, or with Accept: image/png one PNG (a grid when "
             "n > 1); the seeds also in X-Genaug-Seeds. " + SAFETENSORS_LAYOUT + "Tensors: "
             "images uint8 [n, h, w, c] (c 3, RGB), seeds int64 [n] (image i's seed). "
             "Metadata: request_json (the request), resolved_json (height, width, steps, "
             "guidance, output size, scheduler and speed the defaults resolved to), model_hash, "
-            "genaug_version.",
-            SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE),
+            "genaug_version."),
         **GENERATE_ERRORS,
     },
 )
 async def generate(request: Request) -> Response:
     """Generate ``n`` images; batched with other requests of the same size and steps."""
     started = time.monotonic()
+    answer = BATCH.choose(request)  # a 406 before the body is read or anything queued
     state = state_of(request)
     body = await read_body(request, state.api.generate, state.api.hints["generate"])
     key, items = plan_items(body, state.defaults(), state.api.turbo)
@@ -72,8 +75,8 @@ async def generate(request: Request) -> Response:
         "scheduler": key.scheduler,
         "speed": key.speed,
     }
-    return await serve_request(request, "generate", body, key, items, started=started,
-                           resolved=resolved)
+    return await serve_request(request, answer, "generate", body, key, items,
+                               started=started, resolved=resolved)
 
 
 @router.post(
@@ -81,14 +84,13 @@ async def generate(request: Request) -> Response:
     tags=["generation"],
     response_class=Response,
     responses={
-        **binary_answer(
+        **BATCH.responses(
             "The variants as a safetensors batch, or with Accept: image/png one PNG grid; the "
             "seeds also in X-Genaug-Seeds. " + SAFETENSORS_LAYOUT + "Tensors: images uint8 "
             "[n, h, w, 3] (source-major: n_per_image variants of source 0, then of source 1 "
             "...), seeds int64 [n], sources int32 [n] (the index of the source each variant "
             "came from). Metadata: request_json (the params), resolved_json, "
-            "source_hashes_json (a hash of each source's pixels), model_hash, genaug_version.",
-            SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE),
+            "source_hashes_json (a hash of each source's pixels), model_hash, genaug_version."),
         **GENERATE_ERRORS,
     },
 )
@@ -96,6 +98,7 @@ async def variants(request: Request) -> Response:
     """img2img variants of the uploaded sources (Real Guidance / DA-Fusion): ``n_per_image``
     each, ``strength`` of the schedule run from the noised source."""
     started = time.monotonic()
+    answer = BATCH.choose(request)  # a 406 before the upload is read or anything queued
     state = state_of(request)
     settings = state.settings
     upload = await read_upload(
@@ -108,12 +111,14 @@ async def variants(request: Request) -> Response:
                 "scheduler": key.scheduler, "speed": key.speed}
     # Items are source-major, n_per_image each: the first of each names its source's hash.
     hashes = [item.source_hash for item in items[:: upload.params.n_per_image]]
-    return await serve_request(request, "variants", upload.params, key, items, started=started,
-                           resolved=resolved, sources=sources, source_hashes=hashes)
+    return await serve_request(request, answer, "variants", upload.params, key, items,
+                               started=started, resolved=resolved, sources=sources,
+                               source_hashes=hashes)
 
 
 async def serve_request(
     request: Request,
+    answer: Answer,
     route: str,
     body: GenerationFields,
     key: GroupKey,
@@ -125,11 +130,11 @@ async def serve_request(
     source_hashes: list[str | None] | None = None,
 ) -> Response:
     """Submit the planned work for this client, wait for it and answer: 499 when the client
-    left, else a PNG grid (``Accept: image/png``) or a safetensors batch whose metadata holds
-    the request, what its defaults ``resolved`` to (and the ``source_hashes`` of variants),
-    the model's hash and the version (labelled ``application/octet-stream`` when the client
-    prefers that: :func:`~genaug.service.api.requests.binary_media`); the seeds in
-    ``X-Genaug-Seeds``. Records the latency under ``route``."""
+    left, else the ``answer`` negotiated before anything was queued: a PNG grid, or a
+    safetensors batch whose metadata holds the request, what its defaults ``resolved`` to
+    (and the ``source_hashes`` of variants), the model's hash and the version (labelled
+    ``application/octet-stream`` when that was asked for); the seeds in ``X-Genaug-Seeds``.
+    Records the latency under ``route``."""
     state = state_of(request)
     client = client_identity(request)
     batcher = state.require_batcher()
@@ -139,9 +144,8 @@ async def serve_request(
     if images is None:
         return Response(status_code=499)  # client closed the connection; nobody reads this
     seeds = np.array([item.seed for item in items], dtype=np.int64)
-    if wants_png(request):
+    if answer.payload == PNG_MEDIA_TYPE:
         payload = await asyncio.to_thread(encode_png_grid, images)
-        media = PNG_MEDIA_TYPE
     else:
         metadata: dict[str, Any] = {"request": body.model_dump(mode="json"), "resolved": resolved}
         if source_hashes is not None:
@@ -150,9 +154,8 @@ async def serve_request(
         metadata["genaug_version"] = __version__
         payload = await encoded(images, lambda: encode_batch(
             images, seeds, sources=sources, metadata=metadata))
-        media = binary_media(request, SAFETENSORS_MEDIA_TYPE)  # or as plain octets, if asked
     state.metrics.request_latency.labels(route).observe(time.monotonic() - started)
-    return Response(payload, media_type=media,
+    return Response(payload, media_type=answer.media_type,
                     headers={"X-Genaug-Seeds": _seed_header(seeds), "Vary": "Accept"})
 
 

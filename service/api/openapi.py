@@ -12,11 +12,10 @@ models the handlers validate with (:class:`~genaug.service.intake.schemas.ApiMod
   its JSON ``params`` part, with the limits the upload reader enforces;
 - the API-key security schemes, when keys are configured.
 
-The answers that are bytes (images) are declared by their routes
-(:func:`~genaug.service.api.responses.binary_answer`); this module offers each of them also as
-``application/octet-stream`` (:func:`offer_octet_stream`), the one binary type client
-generators read as bytes by default, and the routes answer that type when it is asked for
-(:func:`~genaug.service.api.requests.binary_media`).
+The answers that are bytes (images) are declared by their routes, each from the one
+declaration that also negotiates them (:class:`~genaug.service.api.negotiation.Offers`): every
+media type the route answers, ``application/octet-stream`` last (the one binary type client
+generators read as bytes by default), and the 406 of a request that accepts none.
 
 Example::
 
@@ -35,7 +34,6 @@ from pydantic import BaseModel
 from genaug.wire import CLIENT_ID_PATTERN, PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE
 
 from .guard import is_open
-from .requests import OCTET_STREAM
 from .responses import BINARY_SCHEMA
 from .state import AppState
 
@@ -101,7 +99,6 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
                 if verb in ("feedback", "sample"):  # the need, the sample count: its own
                     operation.setdefault("parameters", []).append(CLIENT_ID_HEADER)
             paths[template.replace("{name}", name)] = concrete
-    offer_octet_stream(paths)
     if state.settings.api_keys:
         doc["components"]["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer"},
@@ -114,24 +111,6 @@ def build_openapi(app: FastAPI, state: AppState) -> dict[str, Any]:
                 operation["security"] = [{"bearer": []}, {"apiKey": []}]
     app.openapi_schema = doc
     return doc
-
-
-def offer_octet_stream(paths: dict[str, Any]) -> None:
-    """Add ``application/octet-stream`` to every 2xx answer that is bytes (its media types all
-    :data:`~genaug.service.api.responses.BINARY_SCHEMA`), after its own types.
-
-    openapi-python-client reads bytes only from ``application/octet-stream`` and takes the
-    first media type it knows: without this a client generated with its defaults leaves every
-    image answer unparsed (``parsed`` None) and warns that the response was omitted. Listed
-    last, the type changes nothing for a generator that knows the specific ones. It is true
-    of the service: a request that prefers it (``Accept: application/octet-stream``) gets the
-    same bytes under that type, and one that does not say (``*/*``) gets the route's own."""
-    for item in paths.values():
-        for operation in item.values():
-            for status, answer in operation.get("responses", {}).items():
-                content = answer.get("content") if str(status).startswith("2") else None
-                if content and all(m.get("schema") == BINARY_SCHEMA for m in content.values()):
-                    content.setdefault(OCTET_STREAM, {"schema": dict(BINARY_SCHEMA)})
 
 
 def variants_body(

@@ -20,13 +20,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from genaug import __version__
-from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, encode_batch, encode_png_grid
+from genaug.wire import PNG_MEDIA_TYPE, encode_batch, encode_png_grid
 
 from ..intake.parse import read_body
 from ..jobs.fill_jobs import FillJobs
 from ..jobs.view import JobRef, job_url
 from ..pool.serving import PoolServing, empty_images, unknown_recipe
-from .requests import binary_media, client_identity, state_of, wants_png
+from .negotiation import BATCH
+from .requests import client_identity, state_of
 from .responses import (
     RECIPE_ERRORS,
     SAFETENSORS_LAYOUT,
@@ -36,7 +37,6 @@ from .responses import (
     RecipeDetail,
     RecipeList,
     RecipeSummary,
-    binary_answer,
     encoded,
     error_responses,
 )
@@ -103,7 +103,7 @@ async def recipe_detail(name: str, request: Request) -> RecipeDetail:
     tags=["recipes"],
     response_class=Response,
     responses={
-        **binary_answer(
+        **BATCH.responses(
             "k <= n images from the pool as a safetensors batch (k also in X-Genaug-Count; "
             "none is not an error). " + SAFETENSORS_LAYOUT + "Tensors: images uint8 "
             "[k, h, w, c] (c 3, or 1 for a recipe with output_channels 1), labels int32 [k] "
@@ -114,8 +114,7 @@ async def recipe_detail(name: str, request: Request) -> RecipeDetail:
             "with its reason and fix: no more images of them are made, and wait_s does not "
             "wait for them; also X-Genaug-Stopped-Labels) and, for variants of real images, "
             "source_hashes_json. With Accept: image/png, one PNG grid instead (each image's "
-            "label in X-Genaug-Labels).",
-            SAFETENSORS_MEDIA_TYPE, PNG_MEDIA_TYPE),
+            "label in X-Genaug-Labels)."),
         204: {"description": "With Accept: image/png and no image to return: no body "
                              "(X-Genaug-Empty-Labels names the labels with none yet, "
                              "X-Genaug-Stopped-Labels those the judge stopped)."},
@@ -132,6 +131,7 @@ async def sample(name: str, request: Request) -> Response:
     a caller that waits can end and say why. ``Accept: image/png``: one PNG grid
     (``X-Genaug-Labels``: each image's label, in grid order; 204 when none)."""
     started = time.monotonic()
+    answer = BATCH.choose(request)  # a 406 before the pool is read or anything generated
     state = state_of(request)
     client = client_identity(request)  # (a bad X-Client-Id: 422 before the pool is read)
     pools = _pools_for(state, name)
@@ -144,7 +144,7 @@ async def sample(name: str, request: Request) -> Response:
     # Labels asked for that none of the images has (a pool still filling): said, not hidden.
     returned = set(result.labels)
     empty = [label for label in labels if label not in returned] if body.n > 0 else []
-    headers = {"X-Genaug-Count": str(len(result))}
+    headers = {"X-Genaug-Count": str(len(result)), "Vary": "Accept"}
     if state.batcher is not None:  # /v1/clients (served images are answered, even at stop)
         state.batcher.activity.sampled(client, name, images=len(result))
     if empty:
@@ -153,13 +153,13 @@ async def sample(name: str, request: Request) -> Response:
     stopped = pools.stopped(name, labels)
     if stopped:
         headers["X-Genaug-Stopped-Labels"] = ",".join(stopped)
-    if wants_png(request):  # one grid, as /v1/generate answers a browser or a notebook
+    if answer.payload == PNG_MEDIA_TYPE:  # one grid, as /v1/generate answers a notebook
         state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
         if not len(result):
             return Response(status_code=204, headers=headers)
         payload = await asyncio.to_thread(encode_png_grid, images)
         headers["X-Genaug-Labels"] = ",".join(result.labels)
-        return Response(payload, media_type=PNG_MEDIA_TYPE, headers=headers)
+        return Response(payload, media_type=answer.media_type, headers=headers)
     metadata = {
         "recipe": name,
         "label_names": recipe.label_names,
@@ -178,8 +178,7 @@ async def sample(name: str, request: Request) -> Response:
         images, result.seeds, labels=result.label_indices(recipe.label_names), metadata=metadata
     ))
     state.metrics.request_latency.labels("sample").observe(time.monotonic() - started)
-    return Response(payload, media_type=binary_media(request, SAFETENSORS_MEDIA_TYPE),
-                    headers={**headers, "Vary": "Accept"})
+    return Response(payload, media_type=answer.media_type, headers=headers)
 
 
 @router.post(

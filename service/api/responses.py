@@ -241,6 +241,9 @@ class SamplingChoice(BaseModel):
     reason: str
     cheaper: float | None = None
     candidates: list[dict[str, Any]] = Field(default_factory=list)
+    since: float | None = Field(
+        default=None, description="auto: when the probing began, or when it was decided "
+        "(seconds since the epoch); null for a fixed sampler.")
 
 
 class RecipeSummary(BaseModel):

@@ -19,11 +19,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from genaug import __version__
-from genaug.wire import PNG_MEDIA_TYPE, encode_png_grid
+from genaug.wire import encode_png_grid
 
 from ..intake.fields import MIN_TIMEOUT_S
+from .negotiation import IMAGE
 from .recipes import summary_of
-from .requests import binary_media, state_of
+from .requests import state_of
 from .responses import (
     READ_ERRORS,
     AdapterInfo,
@@ -39,7 +40,6 @@ from .responses import (
     SpeedInfo,
     StatusResponse,
     TurboInfo,
-    binary_answer,
 )
 from .state import AppState
 
@@ -190,11 +190,12 @@ async def status(request: Request) -> StatusResponse:
     "/v1/recent.png",
     tags=["service"],
     response_class=Response,
-    responses={**binary_answer("The most recent images as one grid PNG.", PNG_MEDIA_TYPE),
+    responses={**IMAGE.responses("The most recent images as one grid PNG."),
                204: {"description": "Nothing generated yet (no body)."}, **READ_ERRORS},
 )
 async def recent_png(request: Request) -> Response:
     """The most recently generated images (requests and pools) as one grid PNG."""
+    answer = IMAGE.choose(request)
     batcher = state_of(request).batcher
     if batcher is None or not batcher.activity.recent:
         return Response(status_code=204)
@@ -202,7 +203,7 @@ async def recent_png(request: Request) -> Response:
     shape = images[-1].shape
     same = np.stack([im for im in images if im.shape == shape])
     payload = await asyncio.to_thread(encode_png_grid, same)
-    return Response(payload, media_type=binary_media(request, PNG_MEDIA_TYPE),
+    return Response(payload, media_type=answer.media_type,
                     headers={"Cache-Control": "no-store", "Vary": "Accept"})
 
 

@@ -64,6 +64,8 @@ CHECK_IMAGES = 50
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from genaug.cli import whole_number
+
     parser.add_argument("data", nargs="?", type=Path, default=None,
                         help="folder with one sub-folder of images per label: DATA/<label>/*.png")
     parser.add_argument("--recipes", type=Path, default=None,
@@ -80,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "1000, at most 12000)")
     parser.add_argument("--rank", type=int, default=DEFAULT_RANK,
                         help=f"LoRA rank (default {DEFAULT_RANK})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    parser.add_argument("--seed", type=whole_number(0, 2**63 - 1, fix="seeds are 63-bit"),
+                        default=0, help="seed of every draw (default 0)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3; "
                         "1e-4 for SDXL)")
     parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
@@ -121,8 +124,13 @@ def run(args: argparse.Namespace) -> int:
     except (AdaptInputError, RecipeError, ModelLoadError) as exc:
         print(f"genaug adapt: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except ValidationError as exc:
-        print(f"genaug adapt: invalid setting: {_one_line(exc)}", file=sys.stderr)
+    except ValidationError as exc:  # GENAUG_* or --model/--device/--recipes: one line each
+        from ..setting_errors import settings_refusal
+
+        given = {field: flag for field, flag in _SETTING_FLAGS.items()
+                 if getattr(args, field, None) is not None}
+        for line in settings_refusal(exc, flags=given):
+            print(f"genaug adapt: {line}", file=sys.stderr)
         return 2
 
 
@@ -136,11 +144,15 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+#: The flags that set a Settings field, by the field.
+_SETTING_FLAGS = {"model": "--model", "device": "--device", "recipes": "--recipes"}
+
+
 def _settings(args: argparse.Namespace) -> Any:
     from ..settings import Settings
 
-    overrides = {k: v for k, v in (("model", args.model), ("device", args.device),
-                                   ("recipes", args.recipes)) if v is not None}
+    overrides = {field: getattr(args, field) for field in _SETTING_FLAGS
+                 if getattr(args, field, None) is not None}
     return Settings(**overrides)
 
 
@@ -178,8 +190,8 @@ def _adapt(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise AdaptInputError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be "
                                   ">= 1")
-    if not args.lr > 0:
-        raise AdaptInputError(f"--lr {args.lr} must be > 0")
+    if not 0 < args.lr < float("inf"):
+        raise AdaptInputError(f"--lr {args.lr} must be a finite number > 0 (e.g. 1e-3)")
     settings = _settings(args)
     if settings.recipes is None:
         raise AdaptInputError("no recipe file: give --recipes FILE (or set GENAUG_RECIPES)")

@@ -200,7 +200,7 @@ def _recipe(args: argparse.Namespace, settings: Settings) -> tuple[Recipe | None
     if path is None:
         return None, None
     try:
-        recipe = load_recipes(Path(path)).get(args.recipe)
+        recipe = load_recipes(Path(path)).get(args.recipe)  # read by run() already: sound
         if recipe is None:
             return None, None
         digest = sources_digest({label: load_label_sources(recipe, label, settings.data_root)
@@ -252,87 +252,142 @@ def _write_whole(path: Path, lines: Iterator[str]) -> None:
     os.replace(tmp, path)
 
 
+def _out_refusal(out: Path) -> str:
+    """Why ``--out`` cannot be the export's folder ("" when it can): a file, or a folder that
+    cannot be made or written (it is made here, parents included)."""
+    if out.exists() and not out.is_dir():
+        return (f"genaug export: --out {out} is a file, not a folder; give a folder (it is "
+                "made if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".genaug-export-{os.getpid()}.tmp"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        why = ("a file is in its path" if isinstance(exc, FileExistsError | NotADirectoryError)
+               else f"{type(exc).__name__}: {exc.strerror or exc}")
+        return (f"genaug export: --out {out} cannot be made or written ({why}); give a "
+                "folder you can write")
+    return ""
+
+
+def _recipes_refusal(args: argparse.Namespace, settings: Settings) -> str:
+    """Why the recipe file named (``--recipes``, else ``GENAUG_RECIPES``) cannot be read ("" when
+    it can, or when none is named): a file named and not read would leave the manifest without
+    what it was given to tell."""
+    from ..recipes.load import load_recipes
+    from ..recipes.spec import RecipeError
+
+    path = args.recipes or settings.recipes
+    if path is None:
+        return ""
+    try:
+        load_recipes(Path(path))
+    except RecipeError as exc:  # its message names the file, the line and the fix
+        return f"genaug export: {' '.join(str(exc).split())}"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
-    """Write a recipe's pool as ``OUT/<label>/<seed>.png`` with its manifest."""
-    from PIL import Image
-
-    from genaug import __version__
-
+    """Write a recipe's pool as ``OUT/<label>/<seed>.png`` with its manifest; exit status 0
+    written, 1 no such pool or the writing failed, 2 a flag, setting, recipe file, pool or
+    output folder that cannot be used (one line)."""
     store, problem = open_store(args, "export")
     if store is None:
         print(problem, file=sys.stderr)
         return 2
     try:
-        candidates = [p for p in store.reads.pools() if p.startswith(args.recipe + "-")]
-        if args.pool:
-            candidates = [p for p in candidates if p == args.pool]
-        if not candidates:
-            print(f"genaug export: {store.location} holds no pool of recipe "
-                  f"{args.recipe!r} (pools: {store.reads.pools()})", file=sys.stderr)
-            return 1
-        sizes = {p: sum(store.fill(p).values()) for p in candidates}
-        chosen = max(candidates, key=lambda p: sizes[p])
-        if len(candidates) > 1:
-            print(f"{len(candidates)} pools of {args.recipe!r} (other prompts or models): "
-                  f"{sizes}; exporting the largest, {chosen} (choose with --pool)")
-        settings = pool_settings(args)
-        stored = store.recipe_specs.read(chosen)
-        if stored is not None:  # what made the pool, from the pool: no file can disagree
-            known = _Known(chosen, stored, None, None, matches=True)
-        else:
-            known = _Known(chosen, *_recipe(args, settings), None)
-            refused = _unknown_prompts(store, chosen, known, args, settings)
-            if refused:
-                print(refused, file=sys.stderr)
-                return 2
-        if sizes[chosen]:
-            known.configured = configured_model(settings)
-        recipe = known.recipe
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        previous = _previous_files(out)
-        rows: list[str] = []
-        written: set[str] = set()
-        model_hashes: dict[str, str | None] = {}
-        for record in store.reads.iter_records(chosen):
-            file = f"{record.label}/{record.seed}.png"
-            folder = out / record.label
-            folder.mkdir(parents=True, exist_ok=True)
-            image = record.image
-            Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(out / file)
-            model = known.model_of(record.model_hash)
-            model_hashes[record.model_hash] = model
-            row = manifest_row(record, file, chosen, args.recipe,
-                               recipe=known.recipe_of(record.model_hash), model=model)
-            rows.append(json.dumps(row) + "\n")
-            written.add(file)
-        stale = sorted(previous - written)
-        for name in stale:  # an earlier export's image this one no longer has
-            (out / name).unlink(missing_ok=True)
-        _write_whole(out / ROWS, iter(rows))
-        matched = [known.recipe_of(h) for h in model_hashes]
-        header = {
-            "genaug": __version__,
-            "exported_at": _iso(datetime.now(UTC).timestamp()),
-            "pool": store.location,
-            "pool_id": chosen,
-            "recipe": args.recipe,
-            "recipe_hash": recipe.spec_hash() if recipe is not None and any(matched) else None,
-            "recipe_spec": recipe.spec() if recipe is not None and any(matched) else None,
-            "models": [{"model": m, "model_hash": h} for h, m in model_hashes.items()],
-            "images": len(rows),
-            "rows": ROWS,
-        }
-        _write_whole(out / HEADER, iter([json.dumps(header, indent=2) + "\n"]))
-        others = [p for p in out.glob("*/*.png")
-                  if p.relative_to(out).as_posix() not in written]
-        removed = f"; removed {len(stale)} PNGs of the previous export" if stale else ""
-        print(f"wrote {len(rows)} images of pool {chosen} to {out}/<label>/<seed>.png and "
-              f"{out / ROWS}{removed}")
-        if others:
-            print(f"genaug export: {len(others)} PNGs under {out} are not this export's (e.g. "
-                  f"{others[0].relative_to(out)}) and a folder reader would train on them; "
-                  "remove them or export into an empty folder", file=sys.stderr)
+        refused = _recipes_refusal(args, pool_settings(args))
+        if refused:
+            print(refused, file=sys.stderr)
+            return 2
+        return _export(args, store)
+    except OSError as exc:  # a disk that fills, a folder removed while writing
+        print(f"genaug export: writing to {args.out} failed ({type(exc).__name__}: {exc}); "
+              "free the space or fix the folder and export again", file=sys.stderr)
+        return 1
     finally:
         store.close()
+
+
+def _export(args: argparse.Namespace, store: PoolStore) -> int:
+    """The export itself: the pool chosen, ``--out`` checked (:func:`_out_refusal`), the
+    PNGs and the manifest written."""
+    from PIL import Image
+
+    from genaug import __version__
+
+    candidates = [p for p in store.reads.pools() if p.startswith(args.recipe + "-")]
+    if args.pool:
+        candidates = [p for p in candidates if p == args.pool]
+    if not candidates:
+        print(f"genaug export: {store.location} holds no pool of recipe "
+              f"{args.recipe!r} (pools: {store.reads.pools()})", file=sys.stderr)
+        return 1
+    sizes = {p: sum(store.fill(p).values()) for p in candidates}
+    chosen = max(candidates, key=lambda p: sizes[p])
+    if len(candidates) > 1:
+        print(f"{len(candidates)} pools of {args.recipe!r} (other prompts or models): "
+              f"{sizes}; exporting the largest, {chosen} (choose with --pool)")
+    out = Path(args.out)
+    refused = _out_refusal(out)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
+    settings = pool_settings(args)
+    stored = store.recipe_specs.read(chosen)
+    if stored is not None:  # what made the pool, from the pool: no file can disagree
+        known = _Known(chosen, stored, None, None, matches=True)
+    else:
+        known = _Known(chosen, *_recipe(args, settings), None)
+        refused = _unknown_prompts(store, chosen, known, args, settings)
+        if refused:
+            print(refused, file=sys.stderr)
+            return 2
+    if sizes[chosen]:
+        known.configured = configured_model(settings)
+    recipe = known.recipe
+    previous = _previous_files(out)
+    rows: list[str] = []
+    written: set[str] = set()
+    model_hashes: dict[str, str | None] = {}
+    for record in store.reads.iter_records(chosen):
+        file = f"{record.label}/{record.seed}.png"
+        folder = out / record.label
+        folder.mkdir(parents=True, exist_ok=True)
+        image = record.image
+        Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(out / file)
+        model = known.model_of(record.model_hash)
+        model_hashes[record.model_hash] = model
+        row = manifest_row(record, file, chosen, args.recipe,
+                           recipe=known.recipe_of(record.model_hash), model=model)
+        rows.append(json.dumps(row) + "\n")
+        written.add(file)
+    stale = sorted(previous - written)
+    for name in stale:  # an earlier export's image this one no longer has
+        (out / name).unlink(missing_ok=True)
+    _write_whole(out / ROWS, iter(rows))
+    matched = [known.recipe_of(h) for h in model_hashes]
+    header = {
+        "genaug": __version__,
+        "exported_at": _iso(datetime.now(UTC).timestamp()),
+        "pool": store.location,
+        "pool_id": chosen,
+        "recipe": args.recipe,
+        "recipe_hash": recipe.spec_hash() if recipe is not None and any(matched) else None,
+        "recipe_spec": recipe.spec() if recipe is not None and any(matched) else None,
+        "models": [{"model": m, "model_hash": h} for h, m in model_hashes.items()],
+        "images": len(rows),
+        "rows": ROWS,
+    }
+    _write_whole(out / HEADER, iter([json.dumps(header, indent=2) + "\n"]))
+    others = [p for p in out.glob("*/*.png")
+              if p.relative_to(out).as_posix() not in written]
+    removed = f"; removed {len(stale)} PNGs of the previous export" if stale else ""
+    print(f"wrote {len(rows)} images of pool {chosen} to {out}/<label>/<seed>.png and "
+          f"{out / ROWS}{removed}")
+    if others:
+        print(f"genaug export: {len(others)} PNGs under {out} are not this export's (e.g. "
+              f"{others[0].relative_to(out)}) and a folder reader would train on them; "
+              "remove them or export into an empty folder", file=sys.stderr)
     return 0

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from genaug.job_states import DONE, STOPPED
 
-from ._pool_args import open_store, pool_arguments, pool_settings
+from ._pool_args import checked_settings, open_store, pool_arguments
 
 if TYPE_CHECKING:
     from ..pool.store import PoolStore
@@ -63,13 +63,16 @@ EXIT_STATUSES = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from genaug.cli import service_url, whole_number
+
     parser.epilog = EXIT_STATUSES
     amount = parser.add_mutually_exclusive_group(required=True)
-    amount.add_argument("--per-label", type=int, help="fill every label to this many images")
-    amount.add_argument("--images", type=int,
+    amount.add_argument("--per-label", type=whole_number(1),
+                        help="fill every label to this many images")
+    amount.add_argument("--images", type=whole_number(1),
                         help="this many more images, split over the labels by the trainers' "
                              "need and recent demand (needs --url)")
-    parser.add_argument("--url", default=None,
+    parser.add_argument("--url", type=service_url, default=None,
                         help="a running service to fill, followed as its job (default: "
                              "generate in this process)")
     pool_arguments(parser)
@@ -313,7 +316,10 @@ def _pregenerate_local(args: argparse.Namespace) -> int:
     from ..recipes.spec import RecipeError
 
     with _StopFlag() as stop:
-        settings = pool_settings(args)
+        settings, refused = checked_settings(args, "pregenerate")
+        if settings is None:
+            print(refused, file=sys.stderr)
+            return 2
         recipes_path = args.recipes or settings.recipes
         if recipes_path is None:
             print("genaug pregenerate: give --recipes FILE or set GENAUG_RECIPES",

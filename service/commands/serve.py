@@ -35,34 +35,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-only", action="store_true",
                         help="load, warm up (filling GENAUG_COMPILE_CACHE with what compiling "
                              "made) and exit, without listening: for an init container or a "
-                             "CI step; exit status 0 once warmed")
+                             "CI step; exit status 0 once warmed and the compile cache holds "
+                             "what compiling made, 1 if it kept nothing, 2 for a setting "
+                             "refused at start (a compile cache that cannot be written "
+                             "included)")
 
 
 def run(args: argparse.Namespace) -> int:
     """``genaug serve``: the flags given, as overrides of the ``GENAUG_*`` settings."""
     overrides = {k: v for k, v in vars(args).items()
                  if k not in {"command", "lora", "warm_only"}}
+    flags = {name: "--" + name.replace("_", "-") for name in overrides}
     loras = list(getattr(args, "lora", []))
     if loras:  # --lora a=x --lora b=y, together with --loras / GENAUG_LORAS if given
         overrides["loras"] = ",".join([*([overrides["loras"]] if "loras" in overrides else []),
                                        *loras])
-    return serve(overrides, warm_only=bool(getattr(args, "warm_only", False)))
+        flags["loras"] = "--loras" if "loras" in flags else "--lora"
+    return serve(overrides, warm_only=bool(getattr(args, "warm_only", False)), flags=flags)
 
 
-def serve(overrides: dict[str, Any] | None = None, *, warm_only: bool = False) -> int:
+def serve(overrides: dict[str, Any] | None = None, *, warm_only: bool = False,
+          flags: dict[str, str] | None = None) -> int:
     """Start the service with ``GENAUG_*`` settings plus ``overrides``; return an exit code.
+    ``flags`` names the command-line flag each override came from (a refusal names it).
 
-    Start-up problems (a wrong device, a missing model path, an invalid setting) print one
-    clear line and exit 2 before anything listens.
+    Start-up problems (a wrong device, a missing model path, an invalid setting, a compile
+    cache that cannot be written) print one clear line each and exit 2 before anything
+    listens, loads or compiles.
     """
     from pydantic import ValidationError
 
+    from ..setting_errors import settings_refusal
     from ..settings import Settings, configure_logging
 
     try:
         settings = Settings(**(overrides or {}))
     except ValidationError as exc:
-        print(f"genaug serve: invalid settings:\n{exc}", file=sys.stderr)
+        for line in settings_refusal(exc, flags=flags):
+            print(f"genaug serve: {line}", file=sys.stderr)
+        return 2
+    refused = _refused_before_loading(settings)
+    if refused:
+        print(f"genaug serve: {refused}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
     failures: list[BaseException] = []
@@ -97,6 +111,29 @@ def serve(overrides: dict[str, Any] | None = None, *, warm_only: bool = False) -
         if code != 0 and new_file:
             _remove_empty_pool(Path(settings.pool_path))
     return int(code) if isinstance(code, int) else 1
+
+
+def _refused_before_loading(settings: Any) -> str:
+    """What the settings name that can never work, found in a second before anything loads
+    ("" when nothing): ``GENAUG_REPLICA`` not written ``i/N``; a ``GENAUG_COMPILE_CACHE`` that
+    cannot keep what ``GENAUG_COMPILE`` compiles (found now rather than by the save after
+    minutes of compiling; nothing is checked when nothing compiles or nothing is kept)."""
+    from ..pipeline.compile_cache import CompileCacheError, check_cache_folder
+    from ..pipeline.speed import compile_cache_root
+    from ..pool.types import PoolConfigError, parse_partition
+
+    try:
+        parse_partition(settings.replica)
+    except PoolConfigError as exc:
+        return str(exc)
+    root = compile_cache_root(settings.compile_cache) if settings.compile != "off" else None
+    if root is None:
+        return ""
+    try:
+        check_cache_folder(root)
+    except CompileCacheError as exc:
+        return str(exc)
+    return ""
 
 
 def _serve(settings: Any, failures: list[BaseException],
@@ -162,11 +199,14 @@ def _serve(settings: Any, failures: list[BaseException],
 
 def _warm_only(settings: Any) -> int:
     """``genaug serve --warm-only``: the service's own start (load, speed options, warm-up
-    through the compile cache) without a socket, then its own shutdown; 0 once warmed."""
+    through the compile cache) without a socket, then its own shutdown; 0 once warmed and,
+    with compilation and a compile cache, once the cache holds what compiling made (1 when
+    it kept nothing: the next start would compile again)."""
     import asyncio
     import time
 
     from ..app import check_startup, create_app, is_refusal
+    from ..pipeline.compile_cache import kept
     from ..pipeline.load import ModelLoadError
     from ..pool.types import PoolError
     from ..recipes.spec import RecipeError
@@ -198,10 +238,20 @@ def _warm_only(settings: Any) -> int:
         return 1
     warmup = info.get("warmup") or {}
     cache = info.get("compile_cache")
-    where = (f"; compile cache {cache['folder']}/{cache['key']}: {cache['state']}" if cache
-             else "; compilation is off (GENAUG_COMPILE), nothing to keep")
-    print(f"genaug serve --warm-only: {warmup.get('text', 'warmed up')} "
-          f"({time.monotonic() - started:.0f} s with loading){where}")
+    took = f"{warmup.get('text', 'warmed up')} ({time.monotonic() - started:.0f} s with loading)"
+    if cache and not kept(str(cache["state"])):
+        print(f"genaug serve --warm-only: {took}, but the compile cache {cache['folder']}/"
+              f"{cache['key']} kept nothing ({cache['state']}): the next start compiles again; "
+              "fix GENAUG_COMPILE_CACHE (the log above says why) and run this again",
+              file=sys.stderr)
+        return 1
+    if cache:
+        where = f"; compile cache {cache['folder']}/{cache['key']}: {cache['state']}"
+    elif settings.compile == "off":
+        where = "; compilation is off (GENAUG_COMPILE), nothing to keep"
+    else:
+        where = "; GENAUG_COMPILE_CACHE is off, nothing kept"
+    print(f"genaug serve --warm-only: {took}{where}")
     return 0
 
 

@@ -185,9 +185,25 @@ class FillJobs:
         return self.planner.pool_ids.get(job.recipe) == job.pool_id
 
     def _progress(self, job: Job, now: float) -> JobProgress:
-        stopped = self.planner.stopped(job.recipe) if self._served(job) else {}
+        served = self._served(job)
+        stopped = self.planner.stopped(job.recipe) if served else {}
         stats = self.store.stats(job.pool_id, list(job.asked))
-        return job_progress(job, stats, stopped, now)
+        sampling = self._sampling(job.recipe) if served and job.live else None
+        return job_progress(job, stats, stopped, now, sampling)
+
+    def _sampling(self, name: str) -> str | None:
+        """An ``auto`` recipe's decision as one line: what it chose, or that it is still
+        deciding and why; None for any other recipe."""
+        told = self.planner.samplers.describe(name)
+        if told.get("speed") != "auto":
+            return None
+        if told["state"] == "decided" and told.get("sampler"):
+            cheaper = told.get("cheaper") or 1.0
+            if cheaper <= 1.0:
+                return f"auto decided: {told['sampler']['name']}, the recipe's own sampler"
+            return (f"auto decided: {told['sampler']['name']} ({cheaper:g}x fewer UNet rows "
+                    "per image than the recipe's own sampler)")
+        return f"auto is still deciding: {told['reason']}"
 
     def _advance(self, job: Job) -> tuple[Job, JobProgress]:
         now = time.time()

@@ -77,6 +77,9 @@ class JobProgress:
     #: When an image the job counts was last added (seconds since the epoch; None: none
     #: yet): a live job's ``updated`` moves with it, not only at a change of state.
     last_image: float | None = None
+    #: For a ``speed: auto`` recipe, what auto decided or that it is still deciding (one
+    #: line); None for any other recipe.
+    sampling: str | None = None
 
     @property
     def made(self) -> int:
@@ -92,23 +95,26 @@ class JobProgress:
         names."""
         return {"state": self.state, "reason": self.reason,
                 "per_label": {label: p.model_dump() for label, p in self.labels.items()},
-                "rate": self.rate, "eta_s": self.eta_s}
+                "rate": self.rate, "eta_s": self.eta_s, "sampling": self.sampling}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobProgress:
         return cls(str(data["state"]), data.get("reason"),
                    {str(label): JobLabel(**p) for label, p in data["per_label"].items()},
-                   float(data.get("rate", 0.0)), data.get("eta_s"))
+                   float(data.get("rate", 0.0)), data.get("eta_s"),
+                   sampling=data.get("sampling"))
 
 
 def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str, str],
-                 now: float) -> JobProgress:
+                 now: float, sampling: str | None = None) -> JobProgress:
     """``job``'s progress from ``stats`` (labels it asked that ``stats`` lacks count as
-    empty) and ``stopped`` (label -> the judge's reason) at ``now``: see the module doc. An
-    ended job with a stored ``result`` answers that: what it had when it ended."""
+    empty) and ``stopped`` (label -> the judge's reason) at ``now``, with ``sampling`` (an
+    ``auto`` recipe's decision, as a line): see the module doc. An ended job with a stored
+    ``result`` answers that: what it had when it ended."""
     if not job.live and job.result is not None:
         ended = JobProgress.from_dict(job.result)
-        return JobProgress(job.state, job.reason, ended.labels, ended.rate, ended.eta_s)
+        return JobProgress(job.state, job.reason, ended.labels, ended.rate, ended.eta_s,
+                           sampling=ended.sampling)
     labels: dict[str, JobLabel] = {}
     added = [stats[label].newest for label in job.asked if label in stats]
     newest = [t for t in added if t is not None and t >= job.created]
@@ -145,4 +151,4 @@ def job_progress(job: Job, stats: Mapping[str, LabelStats], stopped: Mapping[str
         state = RUNNING
     else:
         state = QUEUED
-    return JobProgress(state, reason, labels, rate, eta, max(newest, default=None))
+    return JobProgress(state, reason, labels, rate, eta, max(newest, default=None), sampling)

@@ -55,6 +55,10 @@ class JobView(BaseModel):
     ended: str | None
     notify_url: str | None
     webhook: JobWebhook | None
+    sampling: str | None = Field(
+        default=None, description="A speed: auto recipe's sampler: what auto decided, or that "
+        "it is still deciding and why (as the job ended, once it ended); null for any other "
+        "recipe.")
 
 
 class JobList(BaseModel):
@@ -102,4 +106,5 @@ def job_view(job: Job, progress: JobProgress) -> JobView:
         notify_url=job.notify_url,
         webhook=(None if job.webhook_state is None
                  else JobWebhook(state=job.webhook_state, attempts=job.webhook_attempts)),
+        sampling=progress.sampling,
     )

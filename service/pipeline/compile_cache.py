@@ -20,6 +20,10 @@ kernel it cannot run, and a start killed while it compiles would leave half a fo
   every file. A missing or unreadable manifest, other fields (a hash collision, an edited
   file) or a file whose bytes differ is skipped with one log line naming the entry and why:
   never a crash, never a wrong kernel; the warm-up compiles as if there were none.
+- **A folder that can hold it, or no start.** :func:`check_cache_folder` makes the folder
+  and writes a probe into it before anything loads: a file, an unwritable or read-only folder
+  is refused in one line (``genaug serve`` exits 2) rather than found out by the save, after
+  minutes of compiling.
 - **Written whole, once.** :meth:`CompileCache.save`, after a warm-up that compiled, copies the
   working folder to a temporary folder beside the entries, writes its manifest, and renames
   it into place: a Ctrl-C, a SIGTERM or a crash before that leaves no entry, and a reader
@@ -32,6 +36,7 @@ Example::
     cache.open()       # 'hit' | 'miss' | 'skipped: ...'; sets TORCHINDUCTOR_CACHE_DIR
     ...                # warm up
     cache.save()       # 'saved 42 files (3.1 MiB)' | 'kept' (a sound entry was there)
+    kept(cache.state)  # True: the entry holds what this warm-up compiled
     cache.close()      # removes the working folder
 """
 
@@ -49,7 +54,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORMAT", "CompileCache", "cache_fields", "default_cache_dir"]
+from .errors import SpeedError
+
+__all__ = ["FORMAT", "CompileCache", "CompileCacheError", "cache_fields", "check_cache_folder",
+           "default_cache_dir", "kept"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,37 @@ FILES = "files"
 #: Environment variables inductor and Triton read their cache folders from.
 INDUCTOR_VAR = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_VAR = "TRITON_CACHE_DIR"
+
+
+class CompileCacheError(SpeedError):
+    """``GENAUG_COMPILE_CACHE`` names a place no entry can be written to; the message (one
+    line) names the variable, the path, why, and the fix."""
+
+
+def check_cache_folder(root: Path) -> None:
+    """Make ``root`` (as :meth:`CompileCache.save` would) and write a probe folder into it, as
+    the save writes its staging folder; raises :class:`CompileCacheError` when either fails.
+    Run before anything compiles: the save comes minutes later."""
+    root = Path(root).expanduser()
+    fix = ("point GENAUG_COMPILE_CACHE at a folder this process can write (it is created if "
+           "missing), or set GENAUG_COMPILE_CACHE=off to keep nothing")
+    if root.exists() and not root.is_dir():
+        raise CompileCacheError(f"GENAUG_COMPILE_CACHE={root} is a file, not a folder, so "
+                                f"nothing compiled could be kept there; {fix}")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=root))
+    except OSError as exc:
+        why = ("a file is in its path" if isinstance(exc, FileExistsError | NotADirectoryError)
+               else f"{type(exc).__name__}: {exc.strerror or exc}")
+        raise CompileCacheError(f"GENAUG_COMPILE_CACHE={root} cannot be written ({why}), so "
+                                f"nothing compiled could be kept there; {fix}") from None
+
+
+def kept(state: str) -> bool:
+    """Whether a cache in ``state`` (after :meth:`CompileCache.save`) holds what the warm-up
+    compiled: its entry was loaded and is unchanged (``kept``), or was written (``saved``)."""
+    return state == "kept" or state.startswith("saved ")
 
 
 def default_cache_dir() -> Path:
@@ -133,7 +172,8 @@ class CompileCache:
 
     ``state`` says what :meth:`open` found: ``"hit"`` (a sound entry was loaded), ``"miss"``
     (none), ``"skipped: <why>"`` (one that is not sound; the log says it once), and after
-    :meth:`save` what it did.
+    :meth:`save` what it did: ``"kept"``, ``"saved <n> files (<size>)"``, or ``"not saved
+    (<error>)"`` (:func:`kept` tells the first two apart from the rest).
     """
 
     def __init__(self, root: Path, fields: Mapping[str, str]) -> None:
@@ -212,6 +252,19 @@ class CompileCache:
         if not files or (self.state == "hit" and files == self._loaded):
             self.state = "kept" if self.state == "hit" else self.state
             return self.state
+        try:
+            written = self._write()
+        except OSError as exc:  # the state says it too: /v1/info, and --warm-only's exit
+            self.state = f"not saved ({type(exc).__name__}: {exc})"
+            raise
+        self.state = f"saved {len(written)} files ({_size(self.entry / FILES)})"
+        log.info("compile cache %s: %s", self.entry, self.state)
+        return self.state
+
+    def _write(self) -> dict[str, str]:
+        """Copy the working folder to a staging folder beside the entries and rename it into
+        place; the files written."""
+        assert self.workdir is not None
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{self.key}.", dir=self.root))
         try:
@@ -223,9 +276,7 @@ class CompileCache:
             self._replace(staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self.state = f"saved {len(written)} files ({_size(self.entry / FILES)})"
-        log.info("compile cache %s: %s", self.entry, self.state)
-        return self.state
+        return written
 
     def _replace(self, staging: Path) -> None:
         """Move ``staging`` into place: over nothing, or over an entry that is not sound;

@@ -6,14 +6,26 @@ its pool with the first sampler of :func:`candidates`, cheapest first, that pass
 acceptance not lower by more than 0.05 (with evidence), diversity at least 0.9 of it.
 
 **Probing.** The probes are pool images, judged and stored as usual, each with the sampler
-that drew it (pool schema 6's ``sampler``). :meth:`AutoSampler.sampling_for` hands the
-planner, for a label, the sampler that label needs images of next: the recipe's own until it
-has :data:`~genaug.service.pool.auto_rule.PROBE_IMAGES` of them, then the candidate under
-test. When every label of a candidate has its probes, the candidate is tested: ``pass``
-decides, ``fail`` (or diversity below 0.9, or still undecided at
+that drew it (pool schema 6's ``sampler``): they are the images the pool was asked for, never
+extra ones made only to decide. :meth:`AutoSampler.sampling_for` hands the planner, for a
+label, the sampler that label needs images of next: the recipe's own until it has
+:data:`~genaug.service.pool.auto_rule.PROBE_IMAGES` of them, then the candidate under test.
+A fill smaller than the probes is drawn by the recipe's own sampler alone, so a first fill
+costs what it costs without ``auto``. A candidate is rejected as soon as one label's images
+are worse with evidence (:data:`~genaug.service.pool.auto_rule.EARLY_IMAGES` of them can
+show it), so a hopeless candidate costs a few images, not a round. When every label still
+drawn (labels the judge stopped are left out: ``stopped``) has its probes of a candidate, it
+is tested: ``pass`` decides, ``fail`` (or diversity below 0.9, or still undecided at
 :data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES`) rejects it and the next is probed,
 ``more`` adds another round of probes to both arms of the undecided labels. When every
-candidate fails, the recipe's own sampler is the decision.
+candidate fails, the recipe's own sampler is the decision. Where the pool pre-generates, the
+idle generator also draws the probes a full label still lacks (:meth:`AutoSampler.probe_needs`),
+so a full pool decides too, after any restart.
+
+**The stop.** The low-acceptance stop (:mod:`~genaug.service.pool.acceptance`) judges an
+``auto`` label on the images of the samplers that draw its pool, the recipe's own and the
+decided one (:meth:`AutoSampler.stop_evidence`), never on a candidate's probes: probing never
+stops a label that the recipe's own sampler fills.
 
 **Where it lives.** The decision, its reason and what was rejected are the ``samplers`` row
 of the pool database (one per pool id): it survives restarts and every replica reads and
@@ -46,7 +58,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +67,7 @@ import numpy as np
 from ..turbo import Sampling, Turbo
 from .auto_rule import (
     DIVERSITY_BAND,
+    EARLY_IMAGES,
     MARGIN,
     MAX_PROBE_IMAGES,
     MIN_DIVERSITY,
@@ -133,12 +146,15 @@ class _Counts:
 
 
 class AutoSampler:
-    """One ``auto`` pool's sampler choice (module doc). ``sampling_for`` runs in the
-    planner's thread; ``stored`` in the store thread; ``describe`` anywhere (cached)."""
+    """One ``auto`` pool's sampler choice (module doc). ``sampling_for``, ``probe_needs``
+    and ``stop_evidence`` run in the planner's thread; ``stored`` in the store thread;
+    ``describe`` anywhere (cached). ``stopped()``: the labels the judge stopped now (left out
+    of the decision)."""
 
     def __init__(self, store: Units, pool_id: str, recipe: Recipe, *, judge_key: str,
                  adapters: Mapping[str, str | None], turbo: Turbo | None,
-                 probe: int = PROBE_IMAGES, max_probe: int = MAX_PROBE_IMAGES) -> None:
+                 probe: int = PROBE_IMAGES, max_probe: int = MAX_PROBE_IMAGES,
+                 stopped: Callable[[], Collection[str]] = frozenset) -> None:
         self.store = store
         self.pool_id = pool_id
         self.recipe = recipe
@@ -151,10 +167,13 @@ class AutoSampler:
         self._by_name = {s.name: s for s in self.candidates}
         self.probe = probe
         self.max_probe = max_probe
+        self._stopped = stopped
         self._lock = threading.Lock()
         self._row: _Row | None = None
-        #: Judged images per sampler name and label under this basis (as last read).
-        self._judged: dict[str, dict[str, int]] = {}
+        #: Judged and kept images per sampler name and label under this basis (as last read).
+        self._counts_read: dict[str, dict[str, _Counts]] = {}
+        #: The labels the judge had stopped when last read.
+        self._halted: frozenset[str] = frozenset()
         self._dirty = True
 
     # -- what the planner and the pages ask --------------------------------------------------
@@ -163,29 +182,60 @@ class AutoSampler:
         """The sampler ``label``'s next batch is drawn with (reads the pool when images were
         stored since the last call)."""
         with self._lock:
-            if self._dirty or self._row is None:
-                self._dirty = False
-                self._row = self._advance()
-            return self._pick(self._row, label)
+            return self._pick(self._refresh(), label)
+
+    def _refresh(self) -> _Row:
+        """The row, read and advanced again when images were stored or labels stopped since
+        the last read (hold the lock)."""
+        halted = frozenset(self._stopped())
+        if self._dirty or self._row is None or halted != self._halted:
+            self._dirty = False
+            self._halted = halted
+            self._row = self._advance()
+        return self._row
 
     def probe_needs(self) -> dict[str, int]:
-        """Probe images each label still needs (the recipe sampler's and the candidate's),
-        as last read: the planner draws them even where the label is at its target, since a
-        decision cannot wait for the pool to empty (the probes are pool images; tallies keep
-        their evidence through eviction)."""
-        row = self._row
-        if row is None or row.state != "probing":
-            return {}
-        wanted: dict[str, dict[str, int]] = row.evidence.get("wanted", {})
-        needs = {}
-        for label in self.recipe.label_names:
-            missing = sum(
-                max(0, wanted.get(name, {}).get(label, self.probe)
-                    - self._judged.get(name, {}).get(label, 0))
-                for name in {self.own.name, row.evidence.get("testing", self.own.name)})
-            if missing:
-                needs[label] = missing
-        return needs
+        """Probe images each label still drawn needs next (of the one arm it is drawn with
+        now: the recipe sampler's, then the candidate's), read now: what the idle generator
+        draws for a label already at its target when the pool pre-generates (the probes are
+        pool images; the tallies keep their evidence through eviction). Empty once decided."""
+        with self._lock:
+            row = self._refresh()
+            if row.state != "probing":
+                return {}
+            wanted: dict[str, dict[str, int]] = row.evidence.get("wanted", {})
+            needs = {}
+            for label in self._drawn_labels():
+                for name in (self.own.name, row.evidence.get("testing", self.own.name)):
+                    have = self._judged(name, label)
+                    missing = wanted.get(name, {}).get(label, self.probe) - have
+                    if missing > 0:
+                        needs[label] = missing
+                        break
+            return needs
+
+    def stop_evidence(self) -> dict[str, tuple[int, int]]:
+        """Per label, images judged and kept of the samplers that draw the pool: the recipe's
+        own and, once decided, the chosen one (never a candidate's probes). The
+        low-acceptance stop judges an ``auto`` label on these, so probing never stops a label
+        the recipe's own sampler fills."""
+        with self._lock:
+            row = self._refresh()
+            names = {self.own.name}
+            if row.state == "decided" and row.sampler:
+                names.add(row.sampler)
+            out: dict[str, tuple[int, int]] = {}
+            for label in self.recipe.label_names:
+                counts = [self._counts_read.get(n, {}).get(label, _Counts()) for n in names]
+                out[label] = (sum(c.judged for c in counts), sum(c.kept for c in counts))
+            return out
+
+    def _judged(self, name: str, label: str) -> int:
+        return self._counts_read.get(name, {}).get(label, _Counts()).judged
+
+    def _drawn_labels(self) -> list[str]:
+        """The recipe's labels the judge has not stopped: the ones a decision is made over."""
+        return [label for label in self.recipe.label_names if label not in self._halted]
 
     def stored(self) -> None:
         """Images of this pool were stored: look at the evidence again before the next pick."""
@@ -195,8 +245,9 @@ class AutoSampler:
         """The decision for the recipe detail and the status page: ``state``, ``sampler``
         (the chosen :class:`~genaug.service.turbo.Sampling` as a dict, or None while
         probing), ``reason``, ``cheaper`` (the recipe's UNet rows per image over the
-        chosen's) and ``candidates`` (each tried one's name and what became of it). Before the
-        planner's first pick it reads the pool's row (blocking: call it from a thread)."""
+        chosen's), ``candidates`` (each tried one's name and what became of it) and ``since``
+        (seconds since the epoch: when this probing began, or when it was decided). Before
+        the planner's first pick it reads the pool's row (blocking: call it from a thread)."""
         row = self._row
         if row is None:  # nothing planned yet since the start: the pool's row as stored
             try:
@@ -213,6 +264,7 @@ class AutoSampler:
             "cheaper": round(self.own.cost / chosen.cost, 2) if chosen is not None else None,
             "candidates": [{"name": s.name, "result": row.evidence.get("rejected", {}).get(
                 s.name, "chosen" if chosen == s else "untried")} for s in self.candidates],
+            "since": row.evidence.get("decided_at" if row.state == "decided" else "since"),
         }
 
     # -- the decision ----------------------------------------------------------------------
@@ -222,8 +274,7 @@ class AutoSampler:
             return self._by_name[row.sampler]
         wanted: dict[str, dict[str, int]] = row.evidence.get("wanted", {})
         for name in (self.own.name, row.evidence.get("testing", self.own.name)):
-            have = self._judged.get(name, {}).get(label, 0)
-            if have < wanted.get(name, {}).get(label, self.probe):
+            if self._judged(name, label) < wanted.get(name, {}).get(label, self.probe):
                 return self._by_name[name]
         # Both arms have their probes for this label: other labels are still probing; keep
         # drawing with the candidate under test (more evidence, and it is the cheaper).
@@ -235,11 +286,11 @@ class AutoSampler:
         if row is None or row.basis != self.basis:
             why = "new pool" if row is None else "the judge, an adapter or turbo changed"
             row = _Row(self.basis, "probing", None, f"probing the recipe's own sampler ({why})",
-                       {"testing": self._first_untried({}), "rejected": {}, "why": why})
+                       {"testing": self._first_untried({}), "rejected": {}, "why": why,
+                        "since": time.time()})
             self._write(row)
         counts = self._counts()
-        self._judged = {name: {label: c.judged for label, c in by_label.items()}
-                        for name, by_label in counts.items()}
+        self._counts_read = counts
         before = json.dumps([row.state, row.sampler, row.reason, row.evidence], sort_keys=True)
         if row.state == "decided":
             self._recheck(row, counts)
@@ -268,11 +319,24 @@ class AutoSampler:
             return True
         wanted = row.evidence.setdefault("wanted", {})
         own_counts, cand_counts = counts.get(self.own.name, {}), counts.get(testing, {})
+        labels = self._drawn_labels()
+        if not labels:
+            row.reason = "every label is stopped by the judge: nothing is drawn to decide on"
+            return False
+        # Worse with evidence on any label, probes complete or not: rejected now, so a
+        # hopeless candidate costs a few images of the fill, not a round of them.
+        for label in labels:
+            ref, cand = own_counts.get(label, _Counts()), cand_counts.get(label, _Counts())
+            if (cand.judged >= EARLY_IMAGES and ref.judged >= EARLY_IMAGES
+                    and acceptance_test(cand.kept, cand.judged, ref.kept, ref.judged) == "fail"):
+                return self._reject(row, testing, f"label {label}: acceptance "
+                                    f"{cand.kept}/{cand.judged} against {ref.kept}/"
+                                    f"{ref.judged}, lower by more than {MARGIN:g}")
         more: list[str] = []
         unmeasured: list[str] = []
         estimated: list[str] = []
         worst = 1.0
-        for label in self.recipe.label_names:
+        for label in labels:
             ref, cand = own_counts.get(label, _Counts()), cand_counts.get(label, _Counts())
             need_ref = wanted.get(self.own.name, {}).get(label, self.probe)
             need = wanted.get(testing, {}).get(label, self.probe)
@@ -345,6 +409,7 @@ class AutoSampler:
 
     def _decide(self, row: _Row, chosen: Sampling, reason: str) -> None:
         row.state, row.sampler, row.reason = "decided", chosen.name, reason
+        row.evidence["decided_at"] = time.time()
         log.info("pool %s auto: decided %s", self.pool_id, reason)
 
     def _recheck(self, row: _Row, counts: dict[str, dict[str, _Counts]]) -> None:
@@ -361,6 +426,7 @@ class AutoSampler:
             if upper < -MARGIN:
                 name = row.sampler
                 row.state, row.sampler = "probing", None
+                row.evidence["since"] = time.time()
                 self._reject(row, name, f"withdrawn: label {label}'s acceptance "
                              f"{cand.kept}/{cand.judged} fell below the recipe's "
                              f"{ref.kept}/{ref.judged} by more than {MARGIN:g}")

@@ -29,6 +29,11 @@ probe counts, however many the pool keeps. A candidate keeps at least
 arms (an estimate on 64 images moves by a few hundredths), and rejected only below the band
 or at the most probes.
 
+**Early rejection.** A candidate whose acceptance is already worse with evidence on one label
+is rejected from :data:`EARLY_IMAGES` images per arm on, without waiting for its round: the
+probes are the pool's asked-for images, and a candidate the judge rejects almost always would
+otherwise spend a round of them.
+
 Example::
 
     acceptance_test(kept=62, n=64, ref_kept=63, ref_n=64)   # 'pass'
@@ -44,9 +49,9 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["DIVERSITY_BAND", "MARGIN", "MAX_PROBE_IMAGES", "MIN_DIVERSITY", "PROBE_IMAGES", "Z",
-           "Verdict", "acceptance_interval", "acceptance_test", "diversity", "diversity_of_sum",
-           "final_test"]
+__all__ = ["DIVERSITY_BAND", "EARLY_IMAGES", "MARGIN", "MAX_PROBE_IMAGES", "MIN_DIVERSITY",
+           "PROBE_IMAGES", "Z", "Verdict", "acceptance_interval", "acceptance_test",
+           "diversity", "diversity_of_sum", "final_test"]
 
 #: How much lower a candidate's acceptance may be than the recipe sampler's.
 MARGIN = 0.05
@@ -60,6 +65,11 @@ Z = 1.6449
 #: probed with: past that, a candidate still undecided is taken as not good enough.
 PROBE_IMAGES = 64
 MAX_PROBE_IMAGES = 512
+#: Images per arm from which a candidate already *worse with evidence* on a label is rejected
+#: before its round of probes is complete (the interval is wide at 8: only a candidate far
+#: below the recipe's sampler, such as one whose images the judge rejects almost all of,
+#: fails that early; looking after every batch only ever rejects sooner, never accepts).
+EARLY_IMAGES = 8
 
 Verdict = Literal["pass", "fail", "more"]
 

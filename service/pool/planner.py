@@ -168,7 +168,8 @@ class PoolPlanner:
         #: The sampler each pool is drawn with: its own, turbo, or auto's choice.
         self.samplers = PoolSamplers(
             recipes, store, self.pool_ids, turbo=turbo, adapter_hash=self._adapter_hash,
-            judge_keys={name: key for name, (key, _) in self._judge_made.items()})
+            judge_keys={name: key for name, (key, _) in self._judge_made.items()},
+            pregenerate=pregenerate, stopped=self.stopped)
         #: Test hook: called between reading a label's counts and reserving its batch.
         self.before_reserve: Callable[[str, str], None] | None = None
 
@@ -405,8 +406,18 @@ class PoolPlanner:
         return None if adapter is None else self.adapter_hashes.get(adapter.name)
 
     def _check_acceptance(self, name: str, stats: Mapping[str, LabelStats]) -> None:
-        """Stop labels whose judge accepts too few (:mod:`~genaug.service.pool.acceptance`)."""
-        self._acceptance.check(name, stats, self.judges.get(name))
+        """Stop labels whose judge accepts too few (:mod:`~genaug.service.pool.acceptance`).
+        An ``auto`` pool's labels are judged on the images of the samplers that draw them,
+        never on a candidate's probes (:meth:`PoolSamplers.stop_evidence`)."""
+        judge = self.judges.get(name)
+        if judge is None:
+            return
+        evidence = self.samplers.stop_evidence(name)
+        if evidence is not None:
+            stats = {label: replace(s, judged_total=evidence.get(label, (0, 0))[0],
+                                    accepted_total=evidence.get(label, (0, 0))[1])
+                     for label, s in stats.items()}
+        self._acceptance.check(name, stats, judge)
 
     @property
     def unsaved_images(self) -> int:

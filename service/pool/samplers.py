@@ -3,20 +3,24 @@
 :class:`PoolSamplers` is the planner's one place for it (:mod:`~genaug.service.pool.planner`
 asks it per batch): a ``speed: quality`` recipe draws with its own scheduler, steps and
 guidance, ``speed: turbo`` with the service's turbo :class:`~genaug.service.turbo.Sampling`,
-``speed: auto`` with its pool's :class:`~genaug.service.pool.auto.AutoSampler`, whose probes
-are offered to the planner as background work (:meth:`PoolSamplers.probe_work`).
+``speed: auto`` with its pool's :class:`~genaug.service.pool.auto.AutoSampler`. An auto
+pool's probes are the images it is asked for; on a pre-generating service the probes a full
+label still lacks are offered to the planner as background work too
+(:meth:`PoolSamplers.probe_work`), and the low-acceptance stop reads an auto label's evidence
+here (:meth:`PoolSamplers.stop_evidence`: the samplers that draw it, never a candidate's).
 
 Example::
 
-    samplers = PoolSamplers(recipes, store, pool_ids, turbo=None,
-                            judge_keys={"digits": "3f9c..."}, adapter_hash=hash_of)
+    samplers = PoolSamplers(recipes, store, pool_ids, turbo=None, pregenerate=True,
+                            judge_keys={"digits": "3f9c..."}, adapter_hash=hash_of,
+                            stopped=planner.stopped)
     samplers.sampling("digits", "7")     # the Sampling label 7's next batch is drawn with
     samplers.describe("digits")          # the recipe detail's ``sampling``
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequestError
@@ -41,13 +45,20 @@ class PoolSamplers:
 
     def __init__(self, recipes: Mapping[str, Recipe], store: Units, pool_ids: Mapping[str, str],
                  *, turbo: Turbo | None, judge_keys: Mapping[str, str],
-                 adapter_hash: Callable[[Recipe, str], str | None]) -> None:
+                 adapter_hash: Callable[[Recipe, str], str | None], pregenerate: bool = True,
+                 stopped: Callable[[str], Collection[str]] | None = None) -> None:
         self.recipes = recipes
         self.turbo = turbo
+        self.pregenerate = pregenerate
+
+        def stopped_of(name: str) -> Callable[[], Collection[str]]:
+            return (lambda: stopped(name)) if stopped is not None else frozenset
+
         self.auto = {
             name: AutoSampler(store, pool_ids[name], r, judge_key=judge_keys[name], turbo=turbo,
                               adapters={label: adapter_hash(r, label)
-                                        for label in r.label_names})
+                                        for label in r.label_names},
+                              stopped=stopped_of(name))
             for name, r in recipes.items() if r.speed == "auto" and name in judge_keys}
 
     def sampling(self, name: str, label: str) -> Sampling:
@@ -74,6 +85,13 @@ class PoolSamplers:
         return {"speed": speed, "state": "fixed", "sampler": fixed.as_dict(),
                 "reason": f"the recipe's speed {speed}", "cheaper": None, "candidates": []}
 
+    def stop_evidence(self, name: str) -> dict[str, tuple[int, int]] | None:
+        """An ``auto`` recipe's per-label (judged, kept) for the low-acceptance stop: its
+        drawing samplers' images only (:meth:`AutoSampler.stop_evidence`); None for any other
+        recipe (the stop reads the pool's counters)."""
+        auto = self.auto.get(name)
+        return None if auto is None else auto.stop_evidence()
+
     def stored(self, name: str) -> None:
         """Images of ``name``'s pool were stored (the store thread)."""
         if name in self.auto:
@@ -81,17 +99,20 @@ class PoolSamplers:
 
     def probe_work(self, stats: Mapping[str, Mapping[str, LabelStats]],
                    stopped: Callable[[str], Mapping[str, str]]) -> list[Candidate]:
-        """``auto``'s probes (:meth:`AutoSampler.probe_needs`) as background work, even for a
-        label at its target and with pre-generation off: a decision cannot wait for the pool
-        to empty or for the next fill. They are bounded (a round per candidate and label, at
-        most :data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES` each) and end with the
-        decision. ``stats``: the counts last read per recipe."""
+        """On a pre-generating service, ``auto``'s probes (:meth:`AutoSampler.probe_needs`) as
+        background work after every other, even for a label at its target: the idle generator
+        would otherwise stop while a full pool is still deciding. They are bounded (a round
+        per candidate and label, at most :data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES`
+        each) and end with the decision. Without pre-generation, none: the probes are the
+        images fills and samples ask for. ``stats``: the counts last read per recipe."""
         work: list[Candidate] = []
+        if not self.pregenerate:
+            return work
         for name, auto in self.auto.items():
             counts, halted = stats.get(name, {}), stopped(name)
             for label, missing in auto.probe_needs().items():
                 if label in halted or label not in counts:
                     continue
                 planned = counts[label].fill + counts[label].reserved
-                work.append((1, 0.0, name, label, missing, planned + missing))
+                work.append((2, 0.0, name, label, missing, planned + missing))
         return work

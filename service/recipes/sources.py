@@ -84,6 +84,7 @@ def resolve_images_folder(folder: str, data_root: Path | None) -> Path:
     if not files:
         raise ValueError(f"images: {folder!r}: {path} holds no image "
                          f"({', '.join(IMAGE_SUFFIXES)}); add the label's real images")
+    _check_images("images", folder, files)
     return path
 
 
@@ -105,8 +106,34 @@ def resolve_shots(folder: str, labels: list[str], data_root: Path | None) -> dic
                 f"holds no image ({', '.join(IMAGE_SUFFIXES)}); every label needs a subfolder "
                 "of its real images"
             )
+        _check_images("shots", folder, files)
         out[label] = files
     return out
+
+
+def _check_images(field: str, folder: str, files: list[Path]) -> None:
+    """Refuse, naming the file, one of ``files`` that is not a whole image: a file named
+    ``.png`` that holds text, one cut short. Each is decoded (its header alone passes a cut
+    file): the start decodes them all again, and a refusal here is one line when the recipes
+    load instead of a traceback when the judge or the planner reads them."""
+    from PIL import Image
+
+    for file in files:
+        try:
+            with Image.open(file) as img:
+                img.load()
+        except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises for a bad file
+            raise ValueError(
+                f"{field}: {folder!r}: {file} is not an image ({_reason(exc)}); remove it, or "
+                "replace it with a .png or .jpg of the label") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """PIL's reason without the path it repeats (``cannot identify image file '/x/a.png'``)."""
+    text = str(exc)
+    if text.startswith("cannot identify image file"):
+        return "cannot identify image file: no image format knows it"
+    return text or type(exc).__name__
 
 
 def load_shots(files: list[Path], size: tuple[int, int], channels: int) -> np.ndarray:

@@ -154,7 +154,8 @@ def test_a_refused_key_names_the_flag_that_sends_one(make_service: Any) -> None:
                                "most 1000 jobs at once (filter with --recipe / --state)"),
     (["list", "--state", "over"], "argument --state: invalid choice: 'over'"),
     (["wait", "j_0123456789abcdef", "--poll", "-1"],
-     "argument --poll: '-1' is not a number of seconds > 0; poll every second or so"),
+     "argument --poll: '-1' is not a number of seconds > 0 and <= 3600; poll every second "
+     "or so"),
     (["show"], "the following arguments are required: id"),
 ])
 def test_bad_arguments_exit_2_naming_the_flag_and_the_fix(

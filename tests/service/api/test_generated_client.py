@@ -170,7 +170,8 @@ BATCH_ACCEPTS = {
     f"{PNG_MEDIA_TYPE}, */*": PNG_MEDIA_TYPE,
     f"{PNG_MEDIA_TYPE};q=0.2, {SAFETENSORS_MEDIA_TYPE};q=0.9": SAFETENSORS_MEDIA_TYPE,
     f"{PNG_MEDIA_TYPE}, {SAFETENSORS_MEDIA_TYPE}": SAFETENSORS_MEDIA_TYPE,
-    "application/json": SAFETENSORS_MEDIA_TYPE,  # none acceptable: disregarded, not a 406
+    # JSON alone is none of them: 406 (tests/service/api/test_negotiation.py)
+    "application/json;q=0.5, */*;q=0.1": SAFETENSORS_MEDIA_TYPE,
 }
 
 

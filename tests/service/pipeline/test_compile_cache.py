@@ -15,8 +15,11 @@ from genaug.service.pipeline.compile_cache import (
     INDUCTOR_VAR,
     MANIFEST,
     CompileCache,
+    CompileCacheError,
     cache_fields,
+    check_cache_folder,
     default_cache_dir,
+    kept,
 )
 
 FIELDS = {"format": "1", "weights": "e83cc8e0ba5098d6", "options": "compile=unet",
@@ -148,3 +151,33 @@ def test_the_default_folder_is_the_users_cache(monkeypatch: pytest.MonkeyPatch,
     assert default_cache_dir() == tmp_path / "genaug" / "compile"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert default_cache_dir() == Path.home() / ".cache" / "genaug" / "compile"
+
+
+def test_a_folder_no_entry_can_be_written_to_is_refused_in_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for root, why in ((afile, "is a file, not a folder"),
+                      (afile / "sub", "cannot be written (a file is in its path)")):
+        with pytest.raises(CompileCacheError) as info:
+            check_cache_folder(root)
+        said = str(info.value)
+        assert said.startswith(f"GENAUG_COMPILE_CACHE={root} {why}") and "\n" not in said
+        assert "GENAUG_COMPILE_CACHE=off" in said  # the fix
+    fresh = tmp_path / "a" / "b"
+    check_cache_folder(fresh)  # made, as the save would make it; the probe is gone
+    assert fresh.is_dir() and list(fresh.iterdir()) == []
+
+
+def test_a_save_that_fails_says_so_in_its_state(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path / "cache", FIELDS)
+    try:
+        assert cache.open() == "miss"
+        compiled(cache, {"inductor/k/kernel.so": b"\x7fELF"})
+        (tmp_path / "cache").write_text("a file now")  # the volume changed under the warm-up
+        with pytest.raises(OSError):
+            cache.save()
+    finally:
+        cache.close()
+    assert cache.state.startswith("not saved (FileExistsError: ") and not kept(cache.state)
+    assert kept("kept") and kept("saved 2 files (0.1 MiB)")
+    assert not any(kept(state) for state in ("miss", "hit", "skipped: spoiled", "closed"))

@@ -287,3 +287,69 @@ def test_at_the_most_probes_the_estimate_decides(store: PoolStore) -> None:
     told = auto.describe()
     assert told["state"] == "decided", told
     assert "labels a decided on the estimate at 128 images" in told["reason"]
+
+
+# -- probes are the asked images; stopped labels; the stop's evidence ------------------------
+
+
+def test_a_hopeless_candidate_is_rejected_after_a_few_images_not_a_round(
+        store: PoolStore) -> None:
+    """The probes are the pool's asked-for images: a candidate whose images the judge
+    rejects almost all of is rejected from EARLY_IMAGES on, before its round is complete."""
+    from genaug.service.pool.auto_rule import EARLY_IMAGES
+
+    auto = _auto(store)
+    own, first = auto.own, auto.candidates[0]
+    _probe_all(store, auto, own)
+    assert auto.sampling_for("a") == first
+    _probe(store, auto, first, "a", EARLY_IMAGES, kept=0)
+    assert auto.sampling_for("a") == auto.candidates[1]  # no round of 64 spent on it
+    assert "acceptance 0/8" in auto.describe()["candidates"][0]["result"]
+    # A candidate merely unproven at a few images is not rejected early.
+    _probe(store, auto, auto.candidates[1], "a", EARLY_IMAGES, kept=EARLY_IMAGES - 1)
+    assert auto.sampling_for("a") == auto.candidates[1]
+
+
+def test_a_label_the_judge_stopped_does_not_hold_the_pool_in_probing(
+        store: PoolStore) -> None:
+    halted: set[str] = set()
+    auto = _auto(store, stopped=lambda: halted)
+    own, first = auto.own, auto.candidates[0]
+    _probe(store, auto, own, "a", PROBE_IMAGES)
+    _probe(store, auto, first, "a", PROBE_IMAGES)
+    assert auto.sampling_for("a") == first
+    assert auto.describe()["state"] == "probing"  # label b has no probes
+    assert auto.probe_needs() == {"b": PROBE_IMAGES}
+    halted.add("b")  # the judge stopped b: the decision is made over a alone
+    assert auto.sampling_for("a") == first
+    assert auto.describe()["state"] == "decided"
+    # Every label stopped: nothing is drawn, and the reason says why nothing is decided.
+    other = AutoSampler(store, "other-0123456789ab", _recipe(), judge_key="j1", adapters={},
+                        turbo=None, stopped=lambda: {"a", "b"})
+    other.sampling_for("a")
+    assert other.describe()["state"] == "probing"
+    assert "every label is stopped" in other.describe()["reason"]
+    assert other.probe_needs() == {}
+
+
+def test_the_stop_reads_the_drawing_samplers_never_a_candidates_probes(
+        store: PoolStore) -> None:
+    auto = _auto(store)
+    own, first = auto.own, auto.candidates[0]
+    _probe(store, auto, own, "a", PROBE_IMAGES, kept=10)
+    _probe(store, auto, first, "a", PROBE_IMAGES, kept=0)  # a bad candidate's probes
+    assert auto.stop_evidence()["a"] == (PROBE_IMAGES, 10)
+    assert auto.stop_evidence()["b"] == (0, 0)
+
+
+def test_a_restarted_sampler_knows_a_full_pools_probes_before_any_pick(
+        store: PoolStore) -> None:
+    """After a restart nothing is planned for a full label, so the sampler is never asked
+    for one: its probe needs are read from the pool all the same, and the probing goes on."""
+    auto = _auto(store)
+    _probe_all(store, auto, auto.own)
+    auto.sampling_for("a")
+    restarted = _auto(store)
+    assert restarted.probe_needs() == {"a": PROBE_IMAGES, "b": PROBE_IMAGES}
+    told = restarted.describe()
+    assert told["state"] == "probing" and told["since"] is not None

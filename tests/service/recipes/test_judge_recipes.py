@@ -100,3 +100,36 @@ def test_check_recipes_names_missing_shots_labels_and_encoders(tmp_path: Path) -
     message = str(info.value)
     assert "judge.encoder:" in message and "config.json not found" in message, message
     assert "save_pretrained" in message
+
+
+@pytest.mark.parametrize("bad", ["text", "cut short"])
+def test_a_shot_or_a_variants_image_that_is_not_an_image_is_refused_naming_the_file(
+        tmp_path: Path, bad: str) -> None:
+    """``echo x > shots/6/fake.png``, or a PNG cut short (its header alone would pass):
+    refused when the recipes load, naming the file, never when the judge reads it at start."""
+    import io
+
+    from PIL import Image
+
+    for folder in ("shots/5", "shots/6", "real"):
+        (tmp_path / folder).mkdir(parents=True)
+        Image.new("RGB", (8, 8), (255, 255, 255)).save(tmp_path / folder / "a.png")
+    whole = io.BytesIO()
+    Image.new("RGB", (64, 64), (10, 200, 30)).save(whole, "PNG")
+    data = b"x\n" if bad == "text" else whole.getvalue()[: len(whole.getvalue()) // 2]
+    judged = parse_recipes(_with("{shots: shots}"), path=Path("r.yaml"))
+    check_recipes(judged, data_root=tmp_path)  # fine first
+    (tmp_path / "shots" / "6" / "fake.png").write_bytes(data)
+    with pytest.raises(RecipeError) as info:
+        check_recipes(judged, data_root=tmp_path, path=Path("r.yaml"))
+    message = str(info.value)
+    assert message.count("\n") == 0 and "judge.shots: 'shots': " in message, message
+    assert f"{tmp_path / 'shots' / '6' / 'fake.png'} is not an image (" in message, message
+    varied = parse_recipes(BASE.replace('"6": {prompts: [a handwritten six]}',
+                                        '"6": {prompts: [a six], images: real}'),
+                           path=Path("r.yaml"))
+    check_recipes(varied, data_root=tmp_path)
+    (tmp_path / "real" / "b.jpg").write_bytes(data)
+    with pytest.raises(RecipeError, match=r"labels\.6\.images: 'real': .*b\.jpg is not an "
+                                          r"image \(.*remove it, or replace it"):
+        check_recipes(varied, data_root=tmp_path, path=Path("r.yaml"))

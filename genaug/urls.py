@@ -1,0 +1,49 @@
+"""What a service URL is: the one check the command line and the clients' users share.
+
+A URL that is no service URL (``notaurl``, ``ftp://x``, ``http://``, a port out of range) is
+refused at once, in one line naming the value and the form expected, instead of being sent
+and answered as "no genaug service answers" after the retries. ``--url`` flags check it as
+they are parsed (:func:`genaug.cli.service_url`); a command or a loader that falls back on
+``GENAUG_URL`` checks that with :func:`env_url_refusal`. Imports nothing of genaug (the
+ground: every package may use it).
+
+Example::
+
+    url_problem("http://127.0.0.1:8000")   # None
+    url_problem("notaurl")   # "'notaurl' is not a service URL (no http:// or https://); ..."
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+__all__ = ["env_url_refusal", "url_problem"]
+
+_EXAMPLE = "write http://HOST:PORT, e.g. http://127.0.0.1:8000"
+
+
+def url_problem(text: str) -> str | None:
+    """Why ``text`` is not the URL of a service (``http(s)://HOST[:PORT][/PATH]``), or None."""
+    try:
+        parts = urlsplit(text.strip())
+        _ = parts.port  # a port that is no number, or out of range, raises here
+    except ValueError as exc:
+        return f"{text!r} is not a URL ({exc}); {_EXAMPLE}"
+    if parts.scheme not in ("http", "https"):
+        said = f"scheme {parts.scheme!r}" if parts.scheme else "no http:// or https://"
+        return f"{text!r} is not a service URL ({said}); {_EXAMPLE}"
+    if not parts.hostname:
+        return f"{text!r} names no host; {_EXAMPLE}"
+    return None
+
+
+def env_url_refusal() -> str | None:
+    """Why ``GENAUG_URL`` (comma-separated URLs), which a command without ``--url`` falls back
+    on, holds an entry that is not a service URL; None when it is unset or every entry is
+    one."""
+    for entry in (e.strip() for e in os.environ.get("GENAUG_URL", "").split(",")):
+        problem = url_problem(entry) if entry else None
+        if problem is not None:
+            return f"GENAUG_URL entry {problem}, or pass --url URL"
+    return None
