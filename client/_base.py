@@ -21,6 +21,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from genaug.urls import url_refusal
 from genaug.wire import CLIENT_ID_PATTERN
 
 from ._calls import Calls
@@ -39,8 +40,9 @@ PROBE_TIMEOUT_S = 2.0
 
 
 def _env_urls() -> list[str]:
-    raw = os.environ.get("GENAUG_URL", DEFAULT_URL)
-    return [u.strip() for u in raw.split(",") if u.strip()]
+    """``GENAUG_URL``'s URLs; the default URL when it is unset or lists none."""
+    raw = os.environ.get("GENAUG_URL", "")
+    return [u.strip() for u in raw.split(",") if u.strip()] or [DEFAULT_URL]
 
 
 def _client_id_fix(given: str) -> str:
@@ -49,7 +51,10 @@ def _client_id_fix(given: str) -> str:
 
 
 class BaseClient:
-    """Shared, I/O-free state of a client."""
+    """Shared, I/O-free state of a client. A URL that is no service URL (``url``, an entry of
+    a list of replicas, or of ``GENAUG_URL`` in their place) is a ``ValueError`` naming
+    ``owner``'s argument, the value and the fix, raised here: sent, it would only be answered
+    by "no answer" after the retries."""
 
     def __init__(
         self,
@@ -59,9 +64,14 @@ class BaseClient:
         client_id: str | None,
         timeout: float,
         retry_deadline: float,
+        owner: str = "Client",
     ) -> None:
-        urls = [url] if isinstance(url, str) else list(url) if url is not None else _env_urls()
-        self.endpoints = Endpoints(urls)
+        refused = url_refusal(url, owner=owner)
+        if refused is not None:
+            raise ValueError(refused)
+        urls = ([url] if isinstance(url, str) else list(url) if url is not None
+                else _env_urls())
+        self.endpoints = Endpoints([u.strip() for u in urls])
         self.api_key = api_key if api_key is not None else os.environ.get("GENAUG_API_KEY")
         if client_id is not None and not re.fullmatch(CLIENT_ID_PATTERN, client_id):
             raise ValueError(

@@ -38,7 +38,9 @@ class Client:
     ``url`` may be a list of replicas; each call goes to the healthy one with the fewest
     outstanding requests. Connection errors, 429 and 503 are retried with backoff and jitter,
     honouring ``Retry-After``, for at most ``retry_deadline`` seconds per call. ``api_key``
-    and ``url`` default to ``GENAUG_API_KEY`` and ``GENAUG_URL``.
+    and ``url`` default to ``GENAUG_API_KEY`` and ``GENAUG_URL``. A URL that is not
+    ``http(s)://HOST[:PORT]`` (or a ``GENAUG_URL`` entry that is not) is a ``ValueError`` here,
+    in one line naming it and the fix, before anything is sent.
     """
 
     def __init__(
@@ -52,7 +54,7 @@ class Client:
     ) -> None:
         self._base = BaseClient(
             url, api_key=api_key, client_id=client_id, timeout=timeout,
-            retry_deadline=retry_deadline,
+            retry_deadline=retry_deadline, owner="Client",
         )
         # http:// goes over the standard library's http.client (see _transport: a sample of
         # 64 images is ms faster); https:// and proxies stay with httpx's own transport.

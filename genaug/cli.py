@@ -16,11 +16,13 @@ loads torch, ``train`` loads tensorflow, no command loads both.
     genaug train --data DIR [--service URL --recipe NAME --p 0.5] [--gpus 1,2,3,4]
     genaug convert-unet SRC DST [--base MODEL] --trust-this-file
     genaug adapt DATA --recipes FILE --recipe NAME --out OUT.safetensors [--steps N] ...
+    genaug gain DATA --recipe NAME [--shots 1,5,10] [--seeds 8]   does the pool help?
     genaug doctor [--url URL] [--recipe NAME] [--json]   check this host and the service
 
 A flag's value is checked by the type its parser gives it (:func:`service_url`,
-:func:`whole_number`, :func:`seconds`, :func:`port`): a bad one is argparse's error line, naming
-the flag, the value and what is allowed, and exit status 2, before anything runs.
+:func:`whole_number`, :func:`number`, :func:`seconds`, :data:`share`, :data:`port`, from
+:mod:`genaug.flags` and importable from here): a bad one is argparse's error line, naming the
+flag, the value and what is allowed, and exit status 2, before anything runs.
 :func:`genaug.urls.env_url_refusal` says the same of ``GENAUG_URL`` where a command falls back
 on it.
 
@@ -40,16 +42,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType, ModuleType
 from typing import NamedTuple
 
-from genaug.urls import url_problem
+# The flag types, where the command modules import them from (see the module docstring).
+from genaug.flags import number as number
+from genaug.flags import port as port
+from genaug.flags import seconds as seconds
+from genaug.flags import service_url as service_url
+from genaug.flags import share as share
+from genaug.flags import whole_number as whole_number
 
 
 class Command(NamedTuple):
@@ -84,63 +91,13 @@ COMMANDS: dict[str, Command] = {
                      "Train a LoRA on DATA/<label>/*.png for the served model", "service"),
     "train": Command("genaug.trainer.reference.command", "The reference TensorFlow trainer",
                      "trainer"),
+    "gain": Command("genaug.gain.command",
+                    "Does the pool help your model? Paired runs on your folder, with intervals "
+                    "and a verdict", "gain"),
     "doctor": Command("genaug.doctor",
                       "Check the service, the recipe's pool, GPUs, XLA, versions and memory "
                       "before training", "client"),
 }
-
-
-# -- flag types: a bad value is one argparse error line and exit status 2 --------------------
-
-
-def service_url(text: str) -> str:
-    """``--url``'s type: an http(s) URL with a host, refused before anything is sent."""
-    problem = url_problem(text)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    return text.strip()
-
-
-def whole_number(low: int, high: int | None = None, *,
-                 fix: str = "") -> Callable[[str], int]:
-    """A flag's type: a whole number from ``low`` (to ``high``); ``fix`` ends the refusal."""
-    allowed = f"in {low}..{high}" if high is not None else f">= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a whole number {allowed}" + (f"; {fix}" if fix else ""))
-        return value
-
-    parse.__name__ = "whole number"
-    return parse
-
-
-def seconds(*, most: float | None = 86_400.0, fix: str = "") -> Callable[[str], float]:
-    """A flag's type: a number of seconds > 0, at most ``most`` (a day by default: a socket or
-    a sleep refuses far larger ones; None: any finite number); ``fix`` ends the refusal."""
-    allowed = f"> 0 and <= {most:g}" if most is not None else "> 0"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (0 < value < math.inf and (most is None or value <= most)):
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a number of seconds {allowed}" + (f"; {fix}" if fix else ""))
-        return value
-
-    parse.__name__ = "seconds"
-    return parse
-
-
-#: ``--port``'s type: 0 (a free port) to 65535.
-port = whole_number(0, 65535, fix="0 picks a free port")
 
 
 class MissingExtraError(Exception):

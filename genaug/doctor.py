@@ -14,6 +14,8 @@ recipe   ``--recipe`` exists, and its labels (without ``--recipe``: the recipes 
 pool     the recipe pool's fill per label against the reservoir's slots, and its fill rate:
          full before the first epoch ends (``--epoch-s``)? Labels the judge stopped
          (no more of their images are made): the judge's fix, not a fill that cannot end
+sampling a ``speed: auto`` recipe only: the sampler auto decided on and how much cheaper it
+         is, or for how long it has been probing and why, and what draws the probes it lacks
 gpus     the GPUs TensorFlow would use here (NVML UUIDs, ``CUDA_VISIBLE_DEVICES``) against
          the service's GPU
 xla      when TensorFlow was built with CUDA: XLA's CUDA data directory (``XLA_FLAGS=
@@ -66,6 +68,7 @@ __all__ = [
     "Options",
     "add_arguments",
     "check_pool",
+    "check_sampling",
     "format_checks",
     "main",
     "run",
@@ -137,6 +140,64 @@ def check_pool(detail: Mapping[str, Any], *, slots: int, epoch_s: float | None,
             else " (pass --epoch-s to compare with an epoch)")
     return Check("pool", "warn", f"{found}: {when}{late}", (
         f"fill it before training: {pregen} (it waits for the fill), or train more epochs"))
+
+
+def check_sampling(detail: Mapping[str, Any], *, pregenerate: bool, url: str,
+                   now: float | None = None) -> Check | None:
+    """How a ``speed: auto`` recipe's pool is drawn (its detail's ``sampling``): ``ok`` once
+    auto decided, naming the sampler and how much cheaper it is than the recipe's own;
+    ``warn`` while it probes, naming for how long (``since``, the service's clock against
+    ``now``) and why, with what draws the probes it lacks. None for a recipe that is not
+    ``auto``, or a service that does not say."""
+    sampling = detail.get("sampling") or {}
+    if sampling.get("speed") != "auto":
+        return None
+    name = str(detail.get("name"))
+    reason = str(sampling.get("reason") or "")
+    since = sampling.get("since")
+    ago = (None if not isinstance(since, int | float) else
+           _minutes((time.time() if now is None else now) - float(since)))
+    if sampling.get("state") == "decided":
+        chosen = str((sampling.get("sampler") or {}).get("name") or "?")
+        cheaper = float(sampling.get("cheaper") or 1.0)
+        how = (f"{cheaper:g}x cheaper than the recipe's own sampler" if cheaper > 1 else
+               "the recipe's own sampler")
+        when = f" {ago} ago" if ago is not None else ""
+        return ok("sampling", f"{name!r} (speed auto) decided{when}: drawn with {chosen}, "
+                              f"{how} ({reason.removeprefix(chosen + ': ')})")
+    found = (f"{name!r} (speed auto) has been probing for {ago}" if ago is not None else
+             f"{name!r} (speed auto) is probing")
+    found += f": {reason}; no cheaper sampler draws the pool until auto decides"
+    if reason.startswith("every label is stopped"):
+        return Check("sampling", "warn", found, "the judge's fix first (see pool), then a "
+                                                "restart: probing begins again")
+    fill = {str(k): int(v) for k, v in (detail.get("fill") or {}).items()}
+    capacity = int(detail.get("capacity_per_label") or 0)
+    from genaug.service.pool.auto_rule import PROBE_IMAGES  # numpy only, as the client
+
+    # Both arms' next round of probes fits in this many per label (every accepted image is
+    # judged, so a fill to it draws at least that many).
+    per_label = max(fill.values(), default=0) + 2 * PROBE_IMAGES
+    per_label = min(capacity, per_label) if capacity > 0 else per_label
+    pregen = f"genaug pregenerate --recipe {name} --per-label {per_label} --url {url}"
+    full = [label for label, n in fill.items() if capacity > 0 and n >= capacity]
+    if full and not pregenerate:
+        return Check("sampling", "warn", found, (
+            f"label(s) {', '.join(full)} are at the pool's capacity {capacity}, so no fill "
+            "draws the probes they lack: serve with GENAUG_PREGENERATE=true (the idle "
+            "generator draws them) or a larger GENAUG_POOL_CAPACITY_PER_LABEL"))
+    if pregenerate:
+        return Check("sampling", "warn", found, (
+            "probing ends as the pool fills: the idle generator draws the probes it lacks "
+            f"(pre-generation is on); a fill draws them first: {pregen}"))
+    return Check("sampling", "warn", found, (
+        f"probing ends as the pool fills: a fill of {per_label} per label ({pregen}), or "
+        "GENAUG_PREGENERATE=true, draws the probes it lacks"))
+
+
+def _minutes(seconds: float) -> str:
+    """How long, in minutes (a clock a little behind the service's reads as none)."""
+    return "under a minute" if seconds < 60 else f"{seconds / 60:.0f} min"
 
 
 def _judge_why(reason: str) -> str:
@@ -243,10 +304,13 @@ def run_checks(options: Options, host: Host | None = None) -> list[Check]:
             recipe_check, detail = _recipe_check(client, options)
             checks.append(recipe_check)
             if detail is not None:
+                pregenerate = bool((info.get("replica") or {}).get("pregenerate", True))
                 checks.append(check_pool(
                     detail, slots=options.slots_per_class, epoch_s=options.epoch_s,
-                    pregenerate=bool((info.get("replica") or {}).get("pregenerate", True)),
-                    url=url))
+                    pregenerate=pregenerate, url=url))
+                sampling = check_sampling(detail, pregenerate=pregenerate, url=url)
+                if sampling is not None:
+                    checks.append(sampling)
             checks.append(check_gpus(info, url, host))
     service_version = None if info is None else info.get("version")
     if options.trainer == "torch":  # no TensorFlow, no XLA: torch and its CUDA

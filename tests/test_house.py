@@ -50,12 +50,14 @@ ORDERS = {"genaug.service": ORDER, "genaug.trainer": TRAINER_ORDER}
 
 #: What the packages beside service/ may import of genaug (prefixes).
 FENCES = {
-    "genaug.client": ("genaug.client", "genaug.wire", "genaug.job_states"),
+    "genaug.client": ("genaug.client", "genaug.wire", "genaug.job_states", "genaug.urls"),
     "genaug.trainer": ("genaug.trainer", "genaug.client", "genaug.wire", "genaug.digits",
-                       "genaug.local_service", "genaug"),
+                       "genaug.local_service", "genaug.urls", "genaug.flags", "genaug.mixing",
+                       "genaug.match", "genaug"),
     # PyTorch trainers: the client and the TensorFlow-free half of the trainer's feeding (the
     # feeder, its preflight, the class-error measure), never its TensorFlow rooms.
     "genaug.torch": ("genaug.torch", "genaug.client", "genaug.wire", "genaug.urls",
+                     "genaug.mixing", "genaug.match",
                      "genaug.trainer.feeding.feeder", "genaug.trainer.feeding.cycle",
                      "genaug.trainer.feeding.preflight", "genaug.trainer.feeding.class_error",
                      "genaug.trainer.feeding.labels", "genaug"),
@@ -65,11 +67,11 @@ FENCES = {
 #: the child-process helper). It imports nothing of genaug but itself, never service/,
 #: trainer/, client/ or genaug/'s roof.
 GROUND = ("genaug", "genaug.wire", "genaug.job_states", "genaug.digits", "genaug.local_service",
-          "genaug.urls")
+          "genaug.urls", "genaug.flags", "genaug.mixing", "genaug.match")
 #: genaug/'s roof: the command table, the doctor, the jobs command and the experiments. They
 #: use everything; nothing of service/, trainer/ or client/ imports them (the fences above and
 #: below).
-ROOF = ("genaug.cli", "genaug.doctor", "genaug.jobs", "genaug.experiments")
+ROOF = ("genaug.cli", "genaug.doctor", "genaug.jobs", "genaug.experiments", "genaug.gain")
 #: The roof's rooms elsewhere: each command's module (``genaug.cli.COMMANDS`` names them) and
 #: ``python -m genaug.service``, which is ``genaug serve``.
 ROOF_ELSEWHERE = ("genaug.service.__main__",

@@ -65,6 +65,9 @@ BIN = Path(sys.executable).parent
 # Bash lines (after joining continued lines) that do not run here, by how they start, and
 # why. Everything else in a bash block runs.
 NOT_RUN = {
+    "genaug gain /tmp/digits/test": "about 10 minutes of generation and training, against a "
+        "service of the digits recipe; tests/genaug/test_gain_readme.py runs the line as "
+        "written (slow)",
     "make demo": "the demo: minutes of training; it has its own runs (make demo, and the slow "
                  "test of genaug demo --no-train)",
     "make test": "the suite this test belongs to",

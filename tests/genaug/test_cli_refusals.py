@@ -71,6 +71,59 @@ def test_a_bad_flag_value_is_argparses_line_and_exit_2(argv: list[str], flag: st
     refused_by_argparse(genaug(*argv), command, flag, words)
 
 
+@pytest.fixture(scope="module")
+def no_tensorflow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An environment where importing TensorFlow fails loudly: a refusal that came after the
+    trainer started would end in ``genaug train needs the trainer extras`` instead of
+    argparse's line (and the test stays fast)."""
+    poison = tmp_path_factory.mktemp("no-tensorflow")
+    (poison / "tensorflow").mkdir()
+    (poison / "tensorflow" / "__init__.py").write_text(
+        "raise ImportError('tensorflow imported', name='tensorflow')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(poison), *sys.path])}
+
+
+@pytest.mark.parametrize(("argv", "flag", "words"), [
+    (["--slots-per-class", "-4"], "--slots-per-class",
+     "'-4' is not a whole number >= 1; the reservoir holds at least one image per class"),
+    (["--p", "3"], "--p", "'3' is not a share in [0, 1]; 0 is none, 1 is all"),
+    (["--p", "nan"], "--p", "'nan' is not a share in [0, 1]"),
+    (["--service", "notaurl", "--recipe", "digits"], "--service",
+     "'notaurl' is not a service URL (no http:// or https://); write http://HOST:PORT"),
+    (["--service", "http://:8000", "--recipe", "digits"], "--service", "names no host"),
+    (["--learning-rate", "-1"], "--learning-rate", "'-1' is not a learning rate > 0"),
+    (["--learning-rate", "nan"], "--learning-rate", "'nan' is not a learning rate > 0"),
+    (["--rebalance", "0,0,0"], "--rebalance", "'0,0,0' has no positive weight"),
+    (["--rebalance", "1,-1,4"], "--rebalance", "'-1' is not a class weight >= 0"),
+    (["--gpus", "-1"], "--gpus", "'-1' is not a whole number >= 0"),
+    (["--gpus", ","], "--gpus", "',' holds no GPU indices"),
+    (["--cpu-replicas", "0"], "--cpu-replicas", "'0' is not a whole number >= 1"),
+    (["--demo-per-class", "-3"], "--demo-per-class", "'-3' is not a whole number >= 1"),
+    (["--image-size", "4"], "--image-size", "'4' is not a whole number in 8..2048"),
+    (["--batch-size", "0"], "--batch-size", "'0' is not a whole number >= 1"),
+    (["--epochs", "-2"], "--epochs", "'-2' is not a whole number >= 1"),
+    (["--steps-per-epoch", "0"], "--steps-per-epoch", "'0' is not a whole number >= 1"),
+    (["--seed", "-1"], "--seed", "'-1' is not a whole number in 0..4294967295"),
+    (["--feeder-batch", "0"], "--feeder-batch", "'0' is not a whole number >= 1"),
+    (["--feeder-interval-s", "-1"], "--feeder-interval-s/--feeder-interval",
+     "'-1' is not a number of seconds in [0, 86400]"),
+    (["--feeder-wait-s", "inf"], "--feeder-wait-s", "'inf' is not a number of seconds"),
+])
+def test_genaug_train_refuses_a_bad_flag_before_tensorflow(
+        no_tensorflow: dict[str, str], argv: list[str], flag: str, words: str) -> None:
+    refused_by_argparse(genaug("train", "--epochs", "1", *argv, env=no_tensorflow), "train",
+                        flag, words)
+
+
+def test_genaug_train_takes_zero_seconds_where_zero_means_none(
+        no_tensorflow: dict[str, str]) -> None:
+    """``--feeder-interval-s 0`` (no pause) and ``--feeder-wait-s 0`` (the default: no wait)
+    pass the flags: the command goes on to the trainer, which needs TensorFlow."""
+    done = genaug("train", "--feeder-interval-s", "0", "--feeder-wait-s", "0",
+                  env=no_tensorflow)
+    assert done.returncode == 2 and "needs the trainer extras" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("command", [["jobs", "list"], ["doctor"]])
 def test_a_malformed_genaug_url_is_said_before_anything_is_sent(command: list[str]) -> None:
     done = genaug(*command, env={"GENAUG_URL": "notaurl"})

@@ -147,3 +147,25 @@ def test_a_trainers_need_is_one_report_whatever_its_ranks(pool_service: Any) -> 
     detail = httpx.get(f"{url}/v1/recipes/shapes", timeout=30).json()
     assert detail["need_clients"] == 1
     assert detail["need"]["triangle"] == pytest.approx(0.75, abs=0.01)
+
+
+def test_the_default_share_falls_with_the_real_images_per_class(
+        pool_service: Any, real_shapes: RealShapes) -> None:
+    """``p="auto"`` (the default): the real images per class are ``len(dataset)`` over the
+    recipe's labels (20 here: a share of 2 / 22), or ``real_per_class`` when given."""
+    from genaug.mixing import default_share
+
+    pool = PoolDataset(pool_service.url, "shapes", trainer_id="auto-mixer", seed=4)
+    pool.stream().wait_ready(60)
+    mixed = MixedDataset(real_shapes, pool, seed=4)
+    assert mixed.p == "auto"
+    n = 0
+    for _ in range(20):
+        n += sum(1 for _ in mixed)
+    share = default_share(len(real_shapes) / 3)
+    assert mixed.p == pytest.approx(share) == pytest.approx(1 / 11)
+    synthetic = mixed.stats()["synthetic"]
+    assert abs(synthetic - n * share) < 4.5 * math.sqrt(n * share * (1 - share)), synthetic
+    assert MixedDataset(real_shapes, pool, real_per_class=1).p == 0.5
+    with pytest.raises(ValueError, match="'auto'"):
+        MixedDataset(real_shapes, pool, p="half")

@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from genaug.client import InvalidRequestError
+from genaug.urls import url_refusal
 
 from .cycle import (
     FeederStats,
@@ -87,7 +88,8 @@ class ReservoirFeeder:
         reservoir: where images go.
         url: service URL (or list of URLs) for a ``genaug.client.AsyncClient`` built inside the
             feeder thread and closed by it. With neither ``url`` nor ``client`` the client's
-            own default applies (``GENAUG_URL``).
+            own default applies (``GENAUG_URL``). A URL the client would refuse (not
+            ``http(s)://HOST[:PORT]``) is a ``ValueError`` here, not in the thread.
         client: instead of ``url``: an ``AsyncClient``-like object, or a zero-argument callable
             returning one (called inside the feeder thread; the feeder closes what it builds).
             A ready object is not closed by the feeder and must not be used by another loop.
@@ -131,6 +133,10 @@ class ReservoirFeeder:
     ) -> None:
         if url is not None and client is not None:
             raise ValueError("pass url= or client=, not both")
+        if client is None:  # its client is built in the thread: a malformed URL is said now
+            refused = url_refusal(url, owner="ReservoirFeeder")
+            if refused is not None:
+                raise ValueError(refused)
         if recipe is None and not prompts:
             raise ValueError("pass recipe= (sample from the service's pool) or prompts=")
         if not label_map:
@@ -326,7 +332,7 @@ class ReservoirFeeder:
             kwargs = {"retry_deadline": 5.0, **self._client_kwargs}
             try:
                 return AsyncClient(self._url, api_key=self._api_key, **kwargs), True
-            except ValueError as exc:  # a client_id the service would refuse, a bad URL
+            except ValueError as exc:  # a client_id the service would refuse
                 raise FeederConfigError(f"genaug feeder: client_kwargs: {exc}") from None
         if callable(self._client_arg) and not hasattr(self._client_arg, "sample"):
             return self._client_arg(), True

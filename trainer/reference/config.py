@@ -1,10 +1,12 @@
 """The configuration of ``genaug train``: :class:`TrainConfig`, and the flags made from it.
 
 Every field of :class:`TrainConfig` is a flag named after it (``feeder_batch`` ->
-``--feeder-batch``) with its default, help and group from the field's metadata:
+``--feeder-batch``) with its default, help, group and type from the field's metadata:
 :func:`add_train_arguments` adds them to a parser and :func:`config_from_args` reads them
-back, so each setting has one source. Importing this module imports neither TensorFlow nor
-the rest of the trainer (``genaug --help`` stays fast).
+back, so each setting has one source. A field's type is one of :mod:`genaug.flags`' (a
+whole number, a share, seconds, a service URL): a bad value is argparse's one error line and
+exit status 2, before TensorFlow is imported. Importing this module imports neither
+TensorFlow nor the rest of the trainer (``genaug --help`` stays fast).
 
 Example::
 
@@ -20,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
+
+from genaug.flags import number, seconds, service_url, share, whole_number
 
 __all__ = ["TrainConfig", "add_train_arguments", "config_from_args"]
 
@@ -41,21 +45,35 @@ def _opt(
             "choices": choices, "aliases": tuple(aliases)}
 
 
-def _comma_list(text: str, kind: Callable[[str], T], what: str) -> list[T]:
-    try:
-        return [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
+def _comma_list(item: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
+    """A flag's type: comma-separated values, each checked by ``item`` (its refusal names the
+    value at fault); none at all is refused too."""
+
+    def parse(text: str) -> list[T]:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"{text!r} holds no {what}; give them comma-"
+                                             "separated, or leave the flag out")
+        return [item(part) for part in parts]
+
+    parse.__name__ = f"comma-separated {what}"
+    return parse
+
+
+#: ``--gpus``: TensorFlow's GPU indices.
+_gpu_indices = _comma_list(whole_number(0, fix="GPU indices count from 0"), "GPU indices")
+_class_weight = number(0.0, what="class weight", fix="a weight is 0 or more, e.g. 1,1,4")
+_each_weight = _comma_list(_class_weight, "class weights")
+
+
+def _class_weights(text: str) -> list[float]:
+    """``--rebalance``: one weight >= 0 per class, at least one of them positive."""
+    weights = _each_weight(text)
+    if not any(w > 0 for w in weights):
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated {what}, got {text!r}"
-        ) from None
-
-
-def _int_list(text: str) -> list[int]:
-    return _comma_list(text, int, "integers")
-
-
-def _float_list(text: str) -> list[float]:
-    return _comma_list(text, float, "numbers")
+            f"{text!r} has no positive weight; give each class the share of replacements it "
+            "should get, e.g. 1,1,4")
+    return weights
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -81,36 +99,43 @@ class TrainConfig:
         "folder laid out as DIR/<class>/<image>.png; default: a generated demo set (3 wound "
         "phases I/P/R, procedurally drawn)", group="data"))
     demo_per_class: int = field(default=96, metadata=_opt(
-        "images per class of the generated demo set", group="data"))
+        "images per class of the generated demo set", group="data", parse=whole_number(1)))
     image_size: int = field(default=64, metadata=_opt(
-        "square image side the data is resized to (and the reservoir holds)", group="data"))
+        "square image side the data is resized to (and the reservoir holds)", group="data",
+        parse=whole_number(8, 2048, fix="a service draws at most 2048 (GENAUG_MAX_SIDE's "
+                                        "default), and the reservoir holds these images")))
     cache: bool = field(default=True, metadata=_opt(
         "cache the decoded dataset in memory after the first epoch", group="data"))
     batch_size: int = field(default=32, metadata=_opt(
         "global batch, split over the replicas (must divide by their number)",
-        group="training"))
-    epochs: int = field(default=2, metadata=_opt("epochs to train", group="training"))
+        group="training", parse=whole_number(1)))
+    epochs: int = field(default=2, metadata=_opt("epochs to train", group="training",
+                                                 parse=whole_number(1)))
     steps_per_epoch: int | None = field(default=None, metadata=_opt(
-        "steps per epoch; default: the whole dataset", group="training"))
+        "steps per epoch; default: the whole dataset", group="training",
+        parse=whole_number(1)))
     learning_rate: float = field(default=3e-3, metadata=_opt(
-        "Adam learning rate", group="training"))
+        "Adam learning rate", group="training",
+        parse=number(0.0, above=True, what="learning rate", fix="e.g. 3e-3")))
     seed: int = field(default=0, metadata=_opt(
-        "seed for the demo data, the shuffle and the model", group="training"))
+        "seed for the demo data, the shuffle and the model", group="training",
+        parse=whole_number(0, 2**32 - 1)))
     verbose: int = field(default=1, metadata=_opt(
         "Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch",
         group="training", choices=(0, 1, 2)))
     gpus: list[int] | None = field(default=None, metadata=_opt(
         "TensorFlow GPU indices to train on, e.g. 1,2,3,4 (after the service's GPU is hidden "
         "with --service); default: every GPU but the service's with --service, else the CPU",
-        group="devices", parse=_int_list, metavar="I,J,..."))
+        group="devices", parse=_gpu_indices, metavar="I,J,..."))
     cpu_replicas: int | None = field(default=None, metadata=_opt(
         "without GPUs: split the CPU into N logical devices (MirroredStrategy)",
-        group="devices"))
+        group="devices", parse=whole_number(1)))
     hide_service_gpu: bool = field(default=True, metadata=_opt(
         "ask --service which GPU it runs on and hide it from TensorFlow (NVML)",
         group="devices"))
     service: str | None = field(default=None, metadata=_opt(
-        "genaug service URL, e.g. http://127.0.0.1:8000", group="synthetic mixing"))
+        "genaug service URL, e.g. http://127.0.0.1:8000", group="synthetic mixing",
+        parse=service_url))
     recipe: str | None = field(default=None, metadata=_opt(
         "recipe to sample from the service's pool", group="synthetic mixing"))
     prompts: dict[str, str] = field(default_factory=dict, metadata=_opt(
@@ -121,21 +146,22 @@ class TrainConfig:
         "dataset class -> recipe label where names differ; repeatable",
         group="synthetic mixing", parse=_pair, metavar="CLASS=LABEL"))
     p: float = field(default=0.5, metadata=_opt(
-        "replacement probability", group="synthetic mixing"))
+        "replacement probability", group="synthetic mixing", parse=share))
     rebalance: list[float] | None = field(default=None, metadata=_opt(
         "class weights for the class of a replacement, one per dataset class (e.g. 1,1,4 "
         "oversamples a rare third class); labels follow the pixels", group="synthetic mixing",
-        parse=_float_list, metavar="W0,W1,..."))
+        parse=_class_weights, metavar="W0,W1,..."))
     slots_per_class: int = field(default=128, metadata=_opt(
-        "synthetic images kept per class in the reservoir", group="synthetic mixing"))
+        "synthetic images kept per class in the reservoir", group="synthetic mixing",
+        parse=whole_number(1, fix="the reservoir holds at least one image per class")))
     feeder_batch: int = field(default=32, metadata=_opt(
-        "images per feeder request", group="synthetic mixing"))
+        "images per feeder request", group="synthetic mixing", parse=whole_number(1)))
     feeder_interval_s: float = field(default=0.5, metadata=_opt(
         "seconds between feeder requests", group="synthetic mixing",
-        aliases=("--feeder-interval",)))
+        parse=seconds(zero=True), aliases=("--feeder-interval",)))
     feeder_wait_s: float = field(default=0.0, metadata=_opt(
         "how long a pool sample may wait for the service to generate (demand-only pools)",
-        group="synthetic mixing"))
+        group="synthetic mixing", parse=seconds(zero=True)))
     strict: bool = field(default=True, metadata=_opt(
         "stop before training on configuration mistakes the service reveals (API key, "
         "recipe, labels, size, channels, an empty pool nothing fills)",

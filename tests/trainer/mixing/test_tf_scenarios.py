@@ -133,3 +133,11 @@ def test_rebalance_labels_follow_pixels_and_match_weights(mixing: dict[str, Any]
     assert "p[0]=1.5" in r["errors"]["p_range"]
     assert "no positive weight" in r["errors"]["rebalance_zero"]
     assert "rebalance[1]=-1.0" in r["errors"]["rebalance_negative"]
+
+
+def test_the_default_share_falls_with_the_real_images_per_class(mixing: dict[str, Any]) -> None:
+    """p="auto": 0.5 at one or two real images per class, 2 / (k + 2) beyond (1/6 at 10):
+    within 3 sigma over 6,000 examples; without real_per_class the refusal names it."""
+    p, n = 1 / 6, 6000
+    assert abs(mixing["auto_fraction"] - p) < 3 * (p * (1 - p) / n) ** 0.5, mixing
+    assert "p='auto' needs real_per_class" in mixing["auto_refusal"]
