@@ -98,7 +98,8 @@ class DomainMatch:
     def fit(cls, shots: np.ndarray) -> DomainMatch:
         """Learn the framing and light of ``shots`` (uint8 ``[N, H, W, C]``, ``C`` 1 or 3)."""
         shots = np.asarray(shots)
-        if shots.ndim != 4 or shots.shape[-1] not in (1, 3) or len(shots) == 0:
+        if (shots.dtype != np.uint8 or shots.ndim != 4 or shots.shape[-1] not in (1, 3)
+                or len(shots) == 0):
             raise ValueError(f"shots must be uint8 [N, H, W, 1 or 3] with N >= 1, got "
                              f"{shots.dtype} {list(shots.shape)}")
         height, width, channels = shots.shape[1:]

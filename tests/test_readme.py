@@ -167,7 +167,9 @@ def test_every_block_is_run_or_listed() -> None:
     assert sum("from genaug.client import Client\n\nwith Client(" in b for b in readme) == 1
     assert sum(b.startswith("out = client.variants(real_images") for b in readme) == 1
     trainer = code_blocks("python", TRAINER_PAGE)
-    assert len(trainer) == 3, "a new python block in docs/trainer.md: run it below"
+    assert len(trainer) == 4, "a new python block in docs/trainer.md: run it below"
+    # The match= block runs in tests/trainer/feeding/_match_child.py, on real 28x28 shots.
+    assert sum("match=shots" in b for b in trainer) == 1
     assert sum("from genaug.trainer import" in b for b in trainer) == 2
     assert sum("from genaug.torch import" in b for b in trainer) == 1
     assert code_blocks("python", *PAGES[2:]) == [], "a python block in a page: run it below"

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from genaug.match import DomainMatch
 from genaug.mixing import AUTO, default_share, resolve_share
 from genaug.urls import url_refusal
 
@@ -94,6 +95,19 @@ class PoolDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         seed: draws reproducible per (rank, worker) where the pool's images are the same.
         transform: applied to each image tensor.
         api_key, client_kwargs: for the clients the streams build.
+        match: bring the pool's images to your own images' size, channels, framing and light
+            (:class:`~genaug.match.DomainMatch`, docs/gain.md says what it is worth): a
+            ``DomainMatch``, or your real training images as uint8 ``[N, H, W, C]`` (``C``
+            1 or 3) to fit one from, here, once. Every image handed out then has their
+            ``[C, H, W]``, whatever size the recipe makes, so a :class:`MixedDataset` of
+            those images replaces each by a pool image of its own size. Each process's feeder
+            matches every batch it receives, on its own thread, before writing it.
+
+    Example::
+
+        shots = (real_images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+        pool = PoolDataset(url, "digits", match=shots)      # [N, 1, 28, 28] in [0, 1] before
+        train = MixedDataset(TensorDataset(real_images, real_labels), pool)
     """
 
     def __init__(
@@ -114,6 +128,7 @@ class PoolDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         transform: Transform | None = None,
         api_key: str | None = None,
         client_kwargs: Mapping[str, Any] | None = None,
+        match: DomainMatch | np.ndarray | None = None,
     ) -> None:
         if not recipe:
             raise ValueError("recipe= names the pool to draw from (GET /v1/recipes lists them)")
@@ -129,13 +144,21 @@ class PoolDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         refused = url_refusal(url, owner="PoolDataset")
         if refused is not None:
             raise ValueError(refused)
+        if match is not None and not isinstance(match, DomainMatch):
+            try:  # fitted once, here: the workers get the fitted match with the config
+                match = DomainMatch.fit(np.asarray(match))
+            except ValueError as exc:
+                raise ValueError(
+                    f"PoolDataset match=: {exc}; pass a DomainMatch or your real training "
+                    "images as uint8 [N, H, W, C] (from float tensors [N, C, H, W] in [0, 1]: "
+                    "(x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy())") from None
         self.config = StreamConfig(
             url=url, recipe=recipe, trainer=trainer_id or default_trainer_id(),
             label_map=dict(label_map) if label_map is not None else None,
             classes=tuple(str(c) for c in classes) if classes is not None else None,
             num_classes=num_classes, budget_bytes=int(memory_mb * 2**20), batch=batch,
             interval_s=interval_s, api_key=api_key, client_kwargs=dict(client_kwargs or {}),
-            token=uuid.uuid4().hex)
+            token=uuid.uuid4().hex, match=match)
         self.length = length
         self.first_fill_s = float(first_fill_s)
         self.seed = seed

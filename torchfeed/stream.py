@@ -4,7 +4,9 @@ Every process that draws (the process that trains, each DataLoader worker, each 
 has its own :class:`Stream`, made the first time it iterates a dataset and kept for that
 process (:func:`stream_for`): its own client, thread and reservoir, so nothing network-bound
 crosses a ``fork``. Its set-up runs on a thread: read the recipe (labels, size, channels),
-size the reservoir from the byte budget, start a
+size the reservoir from the byte budget (at the match's shape when the config has a
+:class:`~genaug.match.DomainMatch`: the feeder then matches every batch it receives before
+writing it), start a
 :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder` (the TensorFlow side's, which imports
 no TensorFlow) under the client id ``<trainer>/r<rank>/w<worker>``. A draw reads the reservoir
 and nothing else: it never waits on the network. A stream inherited through ``fork`` (its
@@ -33,6 +35,8 @@ from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 import numpy as np
+
+from genaug.match import DomainMatch
 
 from .identity import Place, client_id, place
 from .reservoir import HostReservoir, slots_for
@@ -65,7 +69,9 @@ class StreamConfig:
     the trainer's classes in index order, matched to the recipe's labels as ``genaug train``
     matches them (exact, else one case-insensitive match); neither: the recipe's labels in
     their order, as the TensorFlow side numbers them. ``budget_bytes`` bounds the reservoirs
-    of one trainer process, split over its DataLoader workers."""
+    of one trainer process, split over its DataLoader workers. ``match``: the real images'
+    domain; with it the reservoir holds images of its shape and every received batch is
+    matched before it is written (a frozen dataclass of tuples: it pickles to workers)."""
 
     url: str | None
     recipe: str
@@ -80,6 +86,7 @@ class StreamConfig:
     api_key: str | None = None
     client_kwargs: Mapping[str, Any] = field(default_factory=dict)
     token: str = ""
+    match: DomainMatch | None = None
 
 
 class Tally:
@@ -203,7 +210,7 @@ class Stream:
             interval_s=self.config.interval_s, backoff_initial_s=0.25,
             backoff_max_s=self.config.backoff_max_s, api_key=self.config.api_key,
             client_kwargs={**dict(self.config.client_kwargs), "client_id": self.client_id,
-                           "retry_deadline": 2.0})
+                           "retry_deadline": 2.0}, match=self.config.match)
         try:
             self.feeder.start()
         except FeederConfigError as exc:
@@ -290,7 +297,8 @@ def live_streams() -> list[Stream]:
 def layout(config: StreamConfig, detail: Mapping[str, Any]
            ) -> tuple[dict[str, int], tuple[int, int, int], int]:
     """``(label_map, image_shape, num_classes)`` from the recipe's detail (``GET
-    /v1/recipes/{name}``) and the config; :class:`StreamError` for a map that does not fit."""
+    /v1/recipes/{name}``) and the config (``image_shape``: the match's when it has one, else
+    the recipe's); :class:`StreamError` for a map that does not fit."""
     labels = [str(x) for x in detail.get("labels") or []]
     if config.classes is not None:
         from genaug.trainer.feeding.labels import LabelMapError, match_labels
@@ -319,7 +327,11 @@ def layout(config: StreamConfig, detail: Mapping[str, Any]
 
 
 def _shape(config: StreamConfig, detail: Mapping[str, Any]) -> tuple[int, int, int]:
-    """The recipe's images: ``(height, width, channels)`` as the pool stores them."""
+    """The reservoir's images: the match's ``(height, width, channels)`` when the config has
+    one (what every image becomes before it is written), else the recipe's, as the pool
+    stores them."""
+    if config.match is not None:
+        return config.match.size[0], config.match.size[1], config.match.channels
     spec = detail.get("spec") if isinstance(detail.get("spec"), Mapping) else {}
     assert isinstance(spec, Mapping)
     h = int(spec.get("output_height") or spec.get("height") or 0)

@@ -61,9 +61,12 @@ def _recipe_and_model(settings: GainSettings, names: Sequence[str]) -> tuple[dic
                 f"serves {served!r}, which genaug cannot load here by name), e.g. the local "
                 "folder of that model")
         model = served
-    spec = {k: v for k, v in detail["spec"].items() if k not in ("judge", "speed", "adapter")}
-    spec["labels"] = {n: {k: v for k, v in spec["labels"][n].items() if k != "adapter"}
-                      for n in names}
+    # The served spec as a recipe file: what drawing needs (labels, prompts, size, steps,
+    # guidance), without the judge, the speed, adapters and the spec's own version.
+    dropped = ("judge", "speed", "adapter", "spec_version")
+    spec = {k: v for k, v in detail["spec"].items() if k not in dropped and v is not None}
+    spec["labels"] = {n: {k: v for k, v in spec["labels"][n].items()
+                          if k != "adapter" and v is not None} for n in names}
     return {"name": settings.recipe, **spec}, model
 
 

@@ -3,7 +3,9 @@ start and its stop: one request cycle, its counters, its backoff.
 
 Each cycle asks for the labels the reservoir lacks most (:func:`wanted_labels`), fetches one
 batch from the service (:func:`fetch_once`: a recipe's pool through ``sample``, or
-``generate`` with a label's prompt) and writes it by class. The counters are a frozen
+``generate`` with a label's prompt), brings it to the real shots' domain when the feeder has a
+``match`` (:class:`~genaug.match.DomainMatch`: on this thread, never in the graph) and writes
+it by class. The counters are a frozen
 :class:`FeederStats` that each outcome replaces (:func:`after_success`,
 :func:`after_failure`); a failure waits :func:`backoff_delay` before the next try. Nothing here
 holds a lock or a thread: the feeder owns both.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -132,9 +134,14 @@ async def fetch_once(
     wait_s: float,
     generate_kwargs: Mapping[str, Any],
     cycle: int,
+    match: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[int, int]:
     """One request, written into ``reservoir``: (images written, images dropped for a label
-    not in ``label_map``). Raises the client's error when the request fails."""
+    not in ``label_map``). Raises the client's error when the request fails.
+
+    With ``match`` every image written goes through it first (uint8 ``[n, h, w, C]`` of any
+    size in, the reservoir's ``image_shape`` out), and ``generate`` is asked for the service's
+    own size (``generate_kwargs`` may name one) rather than the reservoir's."""
     received = dropped = 0
     if recipe is not None:
         result = await client.sample(recipe, labels=wanted, n=batch, wait_s=wait_s)
@@ -147,15 +154,18 @@ async def fetch_once(
             if name not in label_map:
                 dropped += int(mask.sum())
                 continue
-            received += reservoir.write(label_map[name], images[mask])
+            of_label = images[mask] if match is None else match(images[mask])
+            received += reservoir.write(label_map[name], of_label)
         return received, dropped
     # generate: one label per cycle, the least filled (round-robin once all are full).
     name = wanted[cycle % len(wanted)] if len(wanted) == len(label_map) else wanted[0]
     h, w, _ = reservoir.image_shape
-    kwargs: dict[str, Any] = {"output_height": h, "output_width": w}
+    # Matched images are made at the generator's own size: the match frames and scales them.
+    kwargs: dict[str, Any] = {} if match is not None else {"output_height": h, "output_width": w}
     kwargs.update(generate_kwargs)
     result = await client.generate(prompts[name], n=batch, **kwargs)
-    received += reservoir.write(label_map[name], np.asarray(result.images))
+    images = np.asarray(result.images)
+    received += reservoir.write(label_map[name], images if match is None else match(images))
     return received, dropped
 
 

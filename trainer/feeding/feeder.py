@@ -18,6 +18,11 @@ with nothing to fill it; the checks live in :mod:`genaug.trainer.feeding.preflig
 (connection refused, 503, 429, timeouts) are not mistakes: they stay tolerant, and the check
 runs at the first contact that gets an answer.
 
+With ``match`` (a :class:`~genaug.match.DomainMatch`, or the real images to fit one from) every
+batch the feeder receives is brought to the real images' size, channels, framing and light on
+the feeder's thread before it is written: the reservoir then holds images of the real images'
+shape, whatever size the recipe makes.
+
 Importing this module imports neither TensorFlow nor torch; ``genaug.client`` is imported when
 the feeder thread builds its client from ``url``.
 """
@@ -33,7 +38,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from genaug.client import InvalidRequestError
+from genaug.match import DomainMatch
 from genaug.urls import url_refusal
 
 from .cycle import (
@@ -50,6 +58,7 @@ from .preflight import (
     FeederConfigError,
     first_contact_answers,
     first_contact_problems,
+    match_shape_refusal,
     warn_if_tensorflow_sees_generator_gpu,
 )
 
@@ -84,6 +93,10 @@ class ReservoirFeeder:
         model.fit(ds.map(reservoir.mix(p=0.5)), callbacks=[feeder.callback()])
         feeder.stats.images_received
 
+    With ``match=shots`` (your real training images, uint8 ``[N, 28, 28, 1]`` say) the
+    reservoir is built at their shape, ``SyntheticReservoir(2, 256, shots.shape[1:])``, and
+    every pool image reaches it framed, sized and lit as they are.
+
     Args:
         reservoir: where images go.
         url: service URL (or list of URLs) for a ``genaug.client.AsyncClient`` built inside the
@@ -109,6 +122,13 @@ class ReservoirFeeder:
         strict: check the first contact and raise :class:`FeederConfigError` on mistakes.
         first_contact_timeout_s: how long :meth:`start` waits for that first answer; past
             it (a service that hangs) training starts and the check runs when it comes.
+        match: bring every received image to your real images' domain before it is written
+            (:class:`~genaug.match.DomainMatch`): a ``DomainMatch``, or uint8 real images
+            ``[N, H, W, C]`` (``C`` 1 or 3: the images you train on) to fit one from. The
+            reservoir's ``image_shape`` must then be the match's ``(H, W, C)`` (a
+            ``ValueError`` here otherwise), the recipe's size and channels may be anything,
+            and ``generate`` (``prompts=``) is asked for the service's own size. Matching
+            runs on the feeder's thread, never in the graph.
     """
 
     def __init__(
@@ -130,6 +150,7 @@ class ReservoirFeeder:
         generate_kwargs: Mapping[str, Any] | None = None,
         strict: bool = True,
         first_contact_timeout_s: float = 20.0,
+        match: DomainMatch | np.ndarray | None = None,
     ) -> None:
         if url is not None and client is not None:
             raise ValueError("pass url= or client=, not both")
@@ -153,6 +174,13 @@ class ReservoirFeeder:
                 raise ValueError(f"prompts has no prompt for labels {missing}")
         if batch < 1 or interval_s < 0 or backoff_initial_s <= 0 or backoff_max_s <= 0:
             raise ValueError("batch must be >= 1, interval_s >= 0 and backoffs > 0")
+        #: What brings received images to the real images' domain (``match=``), or ``None``.
+        self.match: DomainMatch | None = _domain_match(match)
+        matched = self.match_shape
+        if matched is not None:
+            refused = match_shape_refusal(reservoir.image_shape, matched)
+            if refused is not None:
+                raise ValueError(f"ReservoirFeeder: {refused}")
         self.reservoir = reservoir
         self.recipe = recipe
         self.label_map = {str(k): int(v) for k, v in label_map.items()}
@@ -184,6 +212,13 @@ class ReservoirFeeder:
         self._need_lock = threading.Lock()
         #: The last need the service accepted (label name -> value), or ``None``.
         self.need_sent: dict[str, float] | None = None
+
+    @property
+    def match_shape(self) -> tuple[int, int, int] | None:
+        """``(H, W, C)`` of every image the match writes (the real images'), or ``None``."""
+        if self.match is None:
+            return None
+        return (self.match.size[0], self.match.size[1], self.match.channels)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -392,7 +427,7 @@ class ReservoirFeeder:
         problems = first_contact_problems(
             info=info, recipe_detail=detail, recipe=self.recipe, label_map=self.label_map,
             image_shape=self.reservoir.image_shape,
-            wait_s=self.wait_s,
+            wait_s=self.wait_s, matched_shape=self.match_shape,
         )
         if problems:
             raise FeederConfigError(
@@ -430,7 +465,7 @@ class ReservoirFeeder:
             client, self.reservoir, wanted=wanted_labels(self.reservoir, self.label_map),
             label_map=self.label_map, recipe=self.recipe, prompts=self.prompts,
             batch=self.batch, wait_s=self.wait_s, generate_kwargs=self._generate_kwargs,
-            cycle=cycle,
+            cycle=cycle, match=self.match,
         )
         with self._stats_lock:
             reconnected = self._stats.consecutive_failures > 0
@@ -439,3 +474,15 @@ class ReservoirFeeder:
             log.info("genaug feeder: service reachable again")
         if dropped:
             log.debug("genaug feeder: dropped %d images with unmapped labels", dropped)
+
+
+def _domain_match(match: DomainMatch | np.ndarray | None) -> DomainMatch | None:
+    """``match=`` as a :class:`~genaug.match.DomainMatch` (fitted on real images when it is
+    some); a ``ValueError`` naming the option for anything else."""
+    if match is None or isinstance(match, DomainMatch):
+        return match
+    try:
+        return DomainMatch.fit(np.asarray(match))
+    except ValueError as exc:
+        raise ValueError(f"ReservoirFeeder match=: {exc}; pass a DomainMatch or your real "
+                         "training images as uint8 [N, H, W, C]") from None

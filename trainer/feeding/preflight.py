@@ -7,7 +7,10 @@ one that stops. At its first contact with the service a strict
 (:func:`first_contact_problems`): a rejected API key, an unknown recipe, a ``label_map`` name
 the recipe lacks, images of another size or channel count than the reservoir's, or a pool that
 is empty with nothing to fill it each raise :class:`FeederConfigError`, one sentence per
-problem with its fix. Outages (connection refused, 503, 429, timeouts) are not mistakes
+problem with its fix. A feeder with a ``match`` (:class:`~genaug.match.DomainMatch`) brings
+every image to the real shots' size and channels before it writes them, so there the shape
+compared with the reservoir's is the match's (:func:`match_shape_refusal`), whatever the
+recipe makes. Outages (connection refused, 503, 429, timeouts) are not mistakes
 (:func:`is_outage`): the check runs again at the first contact that gets an answer.
 
 Importing this module imports neither TensorFlow nor torch, nor ``genaug.client``: errors are
@@ -26,6 +29,7 @@ __all__ = [
     "first_contact_answers",
     "first_contact_problems",
     "is_outage",
+    "match_shape_refusal",
     "warn_if_tensorflow_sees_generator_gpu",
 ]
 
@@ -66,6 +70,19 @@ def _output_size(spec: Mapping[str, Any], info: Mapping[str, Any]) -> tuple[int,
     return (int(h), int(w)) if isinstance(h, int) and isinstance(w, int) else None
 
 
+def match_shape_refusal(image_shape: tuple[int, int, int],
+                        matched_shape: tuple[int, int, int]) -> str | None:
+    """The one line that refuses a reservoir whose ``image_shape`` is not the
+    ``matched_shape`` (the ``(H, W, C)`` a feeder's ``match`` brings every image to), or
+    ``None`` when they agree."""
+    if tuple(image_shape) == tuple(matched_shape):
+        return None
+    mh, mw, mc = matched_shape
+    return (f"the reservoir's image_shape {tuple(image_shape)} is not the match's "
+            f"{tuple(matched_shape)} (the real shots' height, width and channels, which every "
+            f"matched image has); build the reservoir with image_shape=({mh}, {mw}, {mc})")
+
+
 def first_contact_problems(
     *,
     info: Mapping[str, Any],
@@ -74,11 +91,14 @@ def first_contact_problems(
     label_map: Mapping[str, int],
     image_shape: tuple[int, int, int],
     wait_s: float = 0.0,
+    matched_shape: tuple[int, int, int] | None = None,
 ) -> list[str]:
     """What a strict feeder refuses, from ``/v1/info`` and ``/v1/recipes/{name}`` answers.
 
     Each problem is one sentence naming the value found, the value expected and the fix.
-    Pure: no I/O (unit-testable on recorded answers).
+    Pure: no I/O (unit-testable on recorded answers). ``matched_shape``: the ``(H, W, C)``
+    the feeder's ``match`` brings every image to; with it, that shape (not the recipe's size
+    and channels, nor ``generate``'s RGB) is what must equal ``image_shape``.
 
     Example::
 
@@ -89,7 +109,13 @@ def first_contact_problems(
     """
     h, w, c = image_shape
     problems: list[str] = []
+    if matched_shape is not None:
+        refused = match_shape_refusal(image_shape, matched_shape)
+        if refused is not None:
+            problems.append(refused)
     if recipe is None or recipe_detail is None:
+        if matched_shape is not None:  # generate at the service's size, matched afterwards
+            return problems
         limits = info.get("limits") if isinstance(info.get("limits"), Mapping) else {}
         max_side = limits.get("max_side") if isinstance(limits, Mapping) else None
         if isinstance(max_side, int) and max(h, w) > max_side:
@@ -113,19 +139,20 @@ def first_contact_problems(
     spec = recipe_detail.get("spec") if isinstance(recipe_detail.get("spec"), Mapping) else {}
     assert isinstance(spec, Mapping)
     size = _output_size(spec, info)
-    if size is not None and size != (h, w):
+    if matched_shape is None and size is not None and size != (h, w):
         problems.append(
             f"recipe {recipe!r} makes {size[0]}x{size[1]} images but the reservoir holds "
             f"{h}x{w}; build the reservoir with image_shape=({size[0]}, {size[1]}, {c}) and "
-            f"resize the real images to match, or set the recipe's output_height/output_width "
-            f"to {h}/{w}"
+            f"resize the real images to match, set the recipe's output_height/output_width "
+            f"to {h}/{w}, or pass match= your real images (uint8 [N, {h}, {w}, {c}]) to bring "
+            "the pool's images to them"
         )
     channels = int(spec.get("output_channels") or 3)
-    if channels != c:
+    if matched_shape is None and channels != c:
         problems.append(
             f"recipe {recipe!r} makes {channels}-channel images but the reservoir holds {c}; "
-            f"build the reservoir with image_shape=({h}, {w}, {channels}) or set the recipe's "
-            f"output_channels: {c}"
+            f"build the reservoir with image_shape=({h}, {w}, {channels}), set the recipe's "
+            f"output_channels: {c}, or pass match= your real images (uint8 [N, {h}, {w}, {c}])"
         )
     fill = recipe_detail.get("fill") if isinstance(recipe_detail.get("fill"), Mapping) else {}
     targets = recipe_detail.get("target_per_label")
