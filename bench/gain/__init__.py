@@ -1,1 +1,2 @@
-"""What augmentation gains a few-shot classifier, and the generator it depends on (TensorFlow)."""
+"""Does a pool help a few-shot classifier? The protocols `genaug gain` measures, and the
+generator they depend on."""

@@ -1,19 +1,19 @@
 """The judge's precision and recall on an adapted generator's digits 5-9, by an outside classifier.
 
-The honest protocol's generator: ``tiny-digits-base`` (it never saw digits 5-9) with a LoRA
-that ``genaug adapt`` trained on 5 shots per class of 5-9 (``--lora``; made by
-``python -m bench.gain.tiny_digits_base --steps 6000 --rank 32 --out DIR``, which also writes
-the shots it used to ``DIR/data/fewshot/<digit>/``: give that folder as ``--shots``). It draws
-``--per-digit`` images of each digit (seeds from ``--first-seed``, 20 steps, guidance 3, the
-LoRA at scale 1, as the service loads ``GENAUG_LORAS``); the judge a recipe with
-``judge: {shots: ...}`` gets at start-up (``tiny-digits-encoder``, rule ``shots``, fitted on
-those same 5 shots per class) scores each image. Two outside classifiers, fitted on the
-``generator`` split's 997 real digits (never the judge, never the shots), say which images
+The unseen-class protocol's generator (bench/gain/unseen.py): ``tiny-digits-base`` (it never
+saw digits 5-9) with a LoRA that ``genaug adapt`` trained on 5 shots per class of 5-9
+(``--lora``; made by ``python -m bench.gain.tiny_digits_base --steps 6000 --rank 32 --out
+DIR``, which also writes the shots it used to ``DIR/data/fewshot/<digit>/``: give that folder
+as ``--shots``). It draws ``--per-digit`` images of each digit (seeds from ``--first-seed``, 20
+steps, guidance 3, the LoRA at scale 1, as the service loads ``GENAUG_LORAS``); the judge a
+recipe with ``judge: {shots: ...}`` gets at start-up (``tiny-digits-encoder``, rule ``shots``,
+fitted on those same 5 shots per class) scores each image. Two outside classifiers, fitted on
+the ``generator`` split's 997 real digits (never the judge, never the shots), say which images
 show their digit: the logistic regression of the fidelity figures (8x8,
 :func:`genaug.digits.fidelity_classifier`) and an RBF SVM on the same 8x8 digits. For each
 ``min_score`` the table gives how many images the judge keeps, the share of the kept ones that
-show their label (precision), against the share of all images that do (no judge), and the
-share of the correct images it keeps (recall).
+show their label (precision), against the share of all images that do (no judge), and the share
+of the correct images it keeps (recall).
 
     python -m bench.pool.judge_precision --lora DIR/five-to-nine.safetensors \\
         --shots DIR/data/fewshot [--per-digit 100]

@@ -7,6 +7,6 @@
   ``genaug.torch`` (``FewShotRun(trainer="torch")``).
 - :mod:`~genaug.experiments.demo`: ``genaug demo``'s grid and its two few-shot runs.
 
-``genaug demo`` and ``bench/gain/`` use them; code that trains with genaug imports
+``genaug demo`` and ``bench/`` use them; code that trains with genaug imports
 ``genaug.trainer`` instead.
 """

@@ -19,10 +19,12 @@ mixing pool images in through :class:`~genaug.trainer.mixing.reservoir.Synthetic
 :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`. It prints both test accuracies on the 500
 held-out test digits and stops everything. About two minutes on 2 CPU cores.
 
-The few-shot runs live in :mod:`genaug.experiments.fewshot`, which also backs
-``python -m bench.gain.augmentation_gain`` (more seeds, more steps, more arms). The gain
-comes from the generator: it was trained on the 997 images of the ``generator`` split, which
-the few-shot classifier never sees (as SDXL saw far more images than any user's data set holds).
+The few-shot runs live in :mod:`genaug.experiments.fewshot`. The verdict under the two
+accuracies (:func:`verdict`) sets this one run beside what ``genaug gain`` measured on these
+digits over seeds, with its interval (:func:`measured`: the committed report
+``docs/gain/digits/gain.json``). What mixing gains comes from the generator: it was trained on
+the 997 images of the ``generator`` split, which the few-shot classifier never sees (as SDXL
+saw far more images than any user's data set holds).
 
 This module imports neither TensorFlow nor torch at import time (both live in the child
 processes), nor numpy (``genaug demo --help`` stays light).
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
-    "BENCHMARK",
+    "GAIN_REPORT",
     "DEMO_RECIPE",
     "add_arguments",
     "default_recipes_path",
@@ -60,6 +62,7 @@ __all__ = [
     "interrupted",
     "interrupted_note",
     "labelled_grid",
+    "measured",
     "run",
     "verdict",
     "wait_for_pool",
@@ -72,27 +75,42 @@ DEMO_RECIPE = "digits"
 """The recipe in ``recipes/digits.yaml``; its labels ``0``..``9`` are the digit classes."""
 
 PROTOCOL_LINE = (
-    "protocol: today's, not the honest unseen-class one: the generator learned all 10 digit "
-    "classes from 997 other real digits; python -m bench.gain.augmentation_gain measures it "
-    "over seeds, python -m bench.gain.honest_gain the honest one (docs/benchmarks.md)"
+    "protocol: today's, not the unseen-class one: the generator learned all 10 digit classes "
+    "from 997 other real digits; genaug gain measures both with intervals (docs/gain.md)"
 )
 """The one line the demo prints about what its two accuracies show."""
 
-BENCHMARK = {"real only": (0.897, 0.023), "with mixing": (0.954, 0.011)}
-"""``python -m bench.gain.augmentation_gain``'s 5-seed figures (mean, std) of arms 1 and 2,
-recorded in docs/benchmarks.md: the measurement the demo's one run is shown beside."""
+#: ``genaug gain``'s report on these digits (the README's example, committed): the
+#: measurement the demo's one run is shown beside.
+GAIN_REPORT = Path(__file__).resolve().parents[2] / "docs" / "gain" / "digits" / "gain.json"
+
+
+def measured(k: int = 5, arm: str = "pool", report: Path = GAIN_REPORT) -> str:
+    """What ``genaug gain`` measured for the demo's setting (``arm`` at ``k`` shots), as a
+    clause with its interval; a plain note when the report is not there (an installed
+    package without the docs)."""
+    import json
+
+    try:
+        rows = json.loads(report.read_text())["summary"]
+    except (OSError, ValueError, KeyError):
+        return "genaug gain measures it on your own images (docs/gain.md)"
+    row = next((r for r in rows if r["arm"] == arm and r["k"] == k), None)
+    if row is None:
+        return "genaug gain measures it on your own images (docs/gain.md)"
+    return (f"genaug gain measured {arm} {row['mean']:+.1f} points [{row['low']:+.1f}, "
+            f"{row['high']:+.1f}] at k={k} over {row['seeds']} seeds on these digits: "
+            f"{row['verdict']} (docs/gain/digits/gain.md)")
 
 
 def verdict(real: float, mixed: float, *, pool_per_label: int, seed: int) -> str:
-    """A plain sentence on this run's two accuracies, beside the benchmark's."""
-    (r_mean, r_std), (m_mean, m_std) = BENCHMARK["real only"], BENCHMARK["with mixing"]
+    """A plain sentence on this run's two accuracies, beside what ``genaug gain`` measured
+    for the same setting, with its interval."""
     gain = 100 * (mixed - real)
     said = (f"mixing gained {gain:+.1f} points in this run" if gain > 0 else
             f"mixing did not beat real only in this run ({gain:+.1f} points)")
-    return (f"{said} (one seed, {seed}; a fixed pool of {pool_per_label} images per digit). "
-            f"The measurement is the benchmark's, over 5 seeds, 600 steps and 300 images per "
-            f"digit: real only {r_mean:.3f} ± {r_std:.3f}, with mixing {m_mean:.3f} ± "
-            f"{m_std:.3f} (python -m bench.gain.augmentation_gain, docs/benchmarks.md)")
+    return (f"{said} (one seed, {seed}; a fixed pool of {pool_per_label} images per digit); "
+            f"{measured()}")
 
 
 def default_recipes_path() -> Path:
@@ -194,7 +212,7 @@ def full_demo(
     steps: int = 300,
     pool_per_label: int = 16,
     cpu_replicas: int = 2,
-    p: float = 0.5,
+    p: float | None = None,
     seed: int = 0,
     recipes: Path | None = None,
     workdir: Path | None = None,
@@ -214,7 +232,8 @@ def full_demo(
             so it always starts from the same full pool, however fast the pool filled.
         cpu_replicas: logical CPU devices for ``MirroredStrategy`` in the trainer process
             (TensorFlow; the PyTorch process trains the same global batch in one process).
-        p: replacement probability of the mixing run.
+        p: replacement probability of the mixing run (None: the mixing's default for 5
+            real images per class, :func:`genaug.mixing.default_share`).
         seed: which 5-shot subset and initialisation.
         recipes: recipe file (default: the checkout's ``recipes/digits.yaml``).
         workdir: where the pool database and the service log go (default: a temporary
@@ -227,6 +246,9 @@ def full_demo(
     """
     from genaug.client import Client, GenaugError
     from genaug.local_service import free_port, running_service
+    from genaug.mixing import default_share
+
+    p = round(default_share(5), 3) if p is None else p
 
     recipes = recipes or default_recipes_path()
     if not recipes.is_file():

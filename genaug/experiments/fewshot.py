@@ -1,5 +1,4 @@
-"""Few-shot training on the digits, in a TensorFlow child process: the demo's and the
-augmentation benchmark's runs.
+"""Few-shot training on the digits, in a TensorFlow child process: the demo's runs.
 
 :func:`run_fewshot` starts ``python -m genaug.experiments.fewshot`` with a list of
 :class:`FewShotRun` and reads one result line per run back; :func:`fewshot_child` is what runs
@@ -7,8 +6,7 @@ there: a small CNN trained on a few real digits per class (:mod:`genaug.digits`)
 ``MirroredStrategy`` over logical CPUs, optionally mixing pool images in through a
 :class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir` fed by a
 :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`, scored on the 500 held-out test digits.
-``genaug demo`` (:mod:`genaug.experiments.demo`) runs two of them,
-``bench/gain/augmentation_gain.py`` more seeds and arms.
+``genaug demo`` (:mod:`genaug.experiments.demo`) runs two of them.
 
 A run's ``trainer`` says which child trains it: ``"tensorflow"`` (this module's
 :func:`fewshot_child`) or ``"torch"`` (:mod:`genaug.experiments.fewshot_torch`, the same task,

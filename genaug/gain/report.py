@@ -111,6 +111,7 @@ def _markdown(summary: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> 
 
 def _plot(summary: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -127,6 +128,7 @@ def _plot(summary: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
         ax.errorbar(ks, acc, yerr=[below, above], marker="o", capsize=3, label=arm)
     ax.set_xscale("log")
     shots = sorted({int(r["k"]) for r in summary})
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xticks(shots)
     ax.set_xticklabels([str(k) for k in shots])
     ax.set_xlabel("real shots per label (k)")

@@ -180,9 +180,28 @@ def _shot_order(split: Split, data: Images, k_max: int, seed: int) -> dict[int, 
     return {label: shots[label * k_max:(label + 1) * k_max] for label in range(len(data.names))}
 
 
-def _sources(settings: GainSettings, arms: Sequence[str], pending: Sequence[Cell], data: Images,
-             split: Split, work: _Work, say: Say) -> None:
-    """Fetch what the pending cells' arms mix in (module doc)."""
+def _sources(settings: GainSettings, pending: Sequence[Cell], data: Images, split: Split,
+             work: _Work, say: Say) -> None:
+    """Fetch what the pending cells' arms mix in (module doc). The service's refusal of
+    what was asked (a 4xx: the fill over the pool's capacity, say) is a
+    :class:`GainInputError` naming it; its failure (no answer, a 5xx) a ``RuntimeError``."""
+    from genaug.client import (
+        AuthenticationError,
+        GenaugError,
+        InvalidRequestError,
+        NotFoundError,
+    )
+
+    try:
+        _fetch(settings, pending, data, split, work, say)
+    except (InvalidRequestError, NotFoundError, AuthenticationError) as exc:
+        raise GainInputError(f"the service refused: {exc}") from exc
+    except GenaugError as exc:
+        raise RuntimeError(f"the service failed: {exc}") from exc
+
+
+def _fetch(settings: GainSettings, pending: Sequence[Cell], data: Images, split: Split,
+           work: _Work, say: Say) -> None:
     needed = {c.arm for c in pending}
     folder = work.root / "sources"
     client = None
@@ -363,7 +382,7 @@ def run_gain(settings: GainSettings, *, say: Say = print,
         f"{test_per_label} per label held out for the test; arms {', '.join(arms)}; "
         f"k = {', '.join(map(str, settings.shots))}; {settings.seeds} seeds; {framework}")
     if pending:
-        _sources(settings, arms, pending, data, split, work, say)
+        _sources(settings, pending, data, split, work, say)
         specs = [_spec(settings, c, data, split) for c in pending]
         _train(settings, framework, specs, {c.key: c for c in pending}, work, say, progress)
     rows = [r for key, r in work.finished().items()
