@@ -141,7 +141,9 @@ class _Work:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
-    def claim(self, fingerprint: str, say: Say) -> None:
+    def claim(self, fingerprint: str) -> None:
+        """Take the folder for a run of ``fingerprint`` (the settings its cells depend on);
+        a folder of another run is refused in one line."""
         stamp = self.root / "run.json"
         if stamp.is_file():
             kept = json.loads(stamp.read_text())
@@ -368,7 +370,8 @@ def run_gain(settings: GainSettings, *, say: Say = print,
     split = Split.of(data, test_per_label=test_per_label,
                      most_shots=most + (settings.validate or 0))
     work = _Work(Path(settings.out))
-    work.claim(settings.fingerprint(), say)
+    # The test split depends on the resolved test size: part of what the cells depend on.
+    work.claim(f"{settings.fingerprint()}-t{test_per_label}-s{data.pixels.shape[1]}")
     np.savez(work.root / "data.npz", pixels=data.pixels, labels=data.labels, test=split.test,
              num_classes=np.int64(len(data.names)))
     every = cells(arms, settings.shots, settings.seeds)
