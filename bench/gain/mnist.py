@@ -109,8 +109,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report = measure(work, model="tiny-digits", recipes=ROOT / "recipes" / "digits.yaml",
                          data=paths["user"], gain_args=gain_args, url=args.url)
     rows = goals(report["summary"], bars=((1, 10.0), (10, 3.0)), reference="retrieval")
-    print(table(f"MNIST protocol ({args.framework}, {args.seeds} seeds): goals",
-                ["goal", "measured", "verdict"], rows))
+    table(f"MNIST protocol ({args.framework}, {args.seeds} seeds): goals",
+                ["goal", "measured", "verdict"], rows)
     print(f"\n{report['minutes']:.1f} minutes on {os.cpu_count()} CPUs")
     return finish({"summary": report["summary"], "goals": rows, "minutes": report["minutes"]},
                   args.json)

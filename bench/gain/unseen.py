@@ -96,8 +96,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report = measure(work, model="tiny-digits-base", recipes=paths["recipes"],
                          data=paths["user"], gain_args=gain_args, url=args.url)
     rows = goals(report["summary"])
-    print(table(f"unseen-class protocol ({args.framework}, {args.seeds} seeds): goals",
-                ["goal", "measured", "verdict"], rows))
+    table(f"unseen-class protocol ({args.framework}, {args.seeds} seeds): goals",
+                ["goal", "measured", "verdict"], rows)
     print(f"\n{report['minutes']:.1f} minutes on {os.cpu_count()} CPUs")
     return finish({"summary": report["summary"], "goals": rows, "minutes": report["minutes"]},
                   args.json)

@@ -194,7 +194,7 @@ class _Progress:
     def __init__(self) -> None:
         self._bar: Any = None
         self._said = -1
-        self._started = time.monotonic()
+        self._first: float | None = None  # when the first cell finished: training's pace
 
     def update(self, done: int, total: int) -> None:
         if sys.stderr.isatty():
@@ -205,13 +205,16 @@ class _Progress:
             self._bar.n = done
             self._bar.refresh()
             return
+        now = time.monotonic()
+        if self._first is None:
+            self._first = now
         step = max(1, total // 10)
         if done == total or done // step != self._said:
             self._said = done // step
-            elapsed = time.monotonic() - self._started
-            left = elapsed / done * (total - done) if done else 0.0
-            print(f"genaug gain: {done} of {total} cells trained, about {left / 60:.1f} min "
-                  "left", file=sys.stderr, flush=True)
+            pace = (now - self._first) / (done - 1) if done > 1 else None
+            left = "" if pace is None else f", about {pace * (total - done) / 60:.1f} min left"
+            print(f"genaug gain: {done} of {total} cells trained{left}", file=sys.stderr,
+                  flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
