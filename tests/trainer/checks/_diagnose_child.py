@@ -382,7 +382,7 @@ def train_doctor(work: Path) -> dict[str, Any]:
     tf.distribute.MirroredStrategy._collective_key_base += 100  # a second trainer, strategy
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        out["exploding_exit"] = train_main([*common, "--learning-rate", "nan",
+        out["exploding_exit"] = train_main([*common, "--learning-rate", "1e38",
                                             "--image-size", "32"])
     out["exploding_stdout"] = stdout.getvalue()
     return out

@@ -220,5 +220,5 @@ def test_train_doctor_stops_before_training_on_a_problem(child: dict[str, Any]) 
     run = child["train_doctor"]
     assert run["exploding_exit"] == 4
     assert "  nan          PROBLEM" in run["exploding_stdout"]
-    assert "fix: lower the learning rate or clip gradients" in run["exploding_stdout"]
+    assert "fix: lower the learning rate (now 1e+38) or clip gradients" in run["exploding_stdout"]
     assert "genaug train summary" not in run["exploding_stdout"]
