@@ -5,7 +5,9 @@ one ``GENAUG_GAIN_RESULT {...}`` line per finished cell. It loads the run's arra
 (``WORK/data.npz``: the data at the classifier's size, the test split; ``WORK/sources/*.npz``:
 each arm's images), and for each cell: the seed's shots, the arm's images brought to the
 shots' domain (:class:`~genaug.match.DomainMatch` fitted on those shots, unless ``match`` is
-``none``), then the classifier: the built-in one of the cell's framework
+``none``) and left out when they do not agree with the shots' classes
+(:func:`~genaug.match.agreement` under ``floor``: the cell trains on the shots alone and its
+result says so), then the classifier: the built-in one of the cell's framework
 (:mod:`~genaug.gain.train_torch` or :mod:`~genaug.gain.train_tf`) or the user's function.
 
 The parent runs one child per core it may use; each child uses one CPU thread, so children
@@ -75,11 +77,13 @@ class Arrays:
 
 
 def _synthetic(arrays: Arrays, cell: dict[str, Any], shots: np.ndarray
-               ) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The cell's synthetic images at the shots' size and domain, and their labels."""
+               ) -> tuple[np.ndarray | None, np.ndarray | None, float | None]:
+    """The cell's synthetic images at the shots' size and domain, their labels, and their
+    :func:`~genaug.match.agreement` with the shots (``match`` ``auto``): below
+    ``cell["floor"]`` no images (the cell trains on the shots alone)."""
     name = cell.get("source")
     if name is None:
-        return None, None
+        return None, None, None
     images, labels, made_of = arrays.source(name)
     per_shot = cell.get("per_shot")
     if per_shot is not None:  # variants: the first per_shot of each of the cell's shots
@@ -87,26 +91,32 @@ def _synthetic(arrays: Arrays, cell: dict[str, Any], shots: np.ndarray
         images, labels = images[keep], labels[keep]
     real = arrays.pixels[shots]
     if cell.get("match", "auto") == "auto":
-        from genaug.match import DomainMatch
+        from genaug.match import DomainMatch, agreement
 
         matched = DomainMatch.fit(real)(images)
-    else:
-        from .data import fit_image
+        agreed = agreement(real, arrays.labels[shots], matched, labels)
+        if agreed < float(cell.get("floor", float("-inf"))):
+            return None, None, agreed
+        return matched, labels, agreed
+    from .data import fit_image
 
-        fitted = np.stack([fit_image(i, real.shape[1]) for i in images])
-        matched = fitted.mean(axis=-1, keepdims=True).astype(np.uint8) \
-            if real.shape[-1] == 1 else fitted
-    return matched, labels
+    fitted = np.stack([fit_image(i, real.shape[1]) for i in images])
+    matched = fitted.mean(axis=-1, keepdims=True).astype(np.uint8) \
+        if real.shape[-1] == 1 else fitted
+    return matched, labels, None
 
 
 def run_cell(arrays: Arrays, cell: dict[str, Any],
-             train: Callable[..., float] | None, framework: str) -> float:
-    """Train one cell (module doc); its test accuracy."""
+             train: Callable[..., float] | None, framework: str) -> dict[str, Any]:
+    """Train one cell (module doc): ``{"accuracy"}``, with ``"agreement"`` (its images' with the
+    shots) and ``"mixed"`` (False when that was under the floor) for an arm's cell."""
     shots = np.asarray(cell["shots"], np.int64)
     x_real, y_real = arrays.pixels[shots], arrays.labels[shots]
     test = np.asarray(cell["test"], np.int64) if "test" in cell else arrays.test
     x_test, y_test = arrays.pixels[test], arrays.labels[test]
-    x_syn, y_syn = _synthetic(arrays, cell, shots)
+    x_syn, y_syn, agreed = _synthetic(arrays, cell, shots)
+    said: dict[str, Any] = {} if agreed is None else {
+        "agreement": None if np.isnan(agreed) else round(agreed, 4), "mixed": x_syn is not None}
     share = float(cell["share"])
     seed = int(cell["seed"])
     if train is not None:
@@ -122,14 +132,15 @@ def run_cell(arrays: Arrays, cell: dict[str, Any],
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"the training function returned {accuracy!r}: an accuracy in "
                              "[0, 1] is expected")
-        return accuracy
+        return {"accuracy": accuracy, **said}
     if framework == "torch":
         from .train_torch import train_and_score
     else:
         from .train_tf import train_and_score
-    return train_and_score(x_real, y_real, x_syn, y_syn, x_test, y_test,
-                           num_classes=arrays.num_classes, seed=seed, share=share,
-                           steps=int(cell["steps"]))
+    accuracy = train_and_score(x_real, y_real, x_syn, y_syn, x_test, y_test,
+                               num_classes=arrays.num_classes, seed=seed, share=share,
+                               steps=int(cell["steps"]))
+    return {"accuracy": accuracy, **said}
 
 
 def _one_thread(framework: str) -> None:
@@ -158,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         if not line.strip():
             continue
         cell = json.loads(line)
-        accuracy = run_cell(arrays, cell, train, framework)
-        print(RESULT + json.dumps({"key": cell["key"], "accuracy": accuracy}), flush=True)
+        result = run_cell(arrays, cell, train, framework)
+        print(RESULT + json.dumps({"key": cell["key"], **result}), flush=True)
     return 0
 
 

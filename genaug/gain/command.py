@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from genaug.match import AGREEMENT_FLOOR
+
 EXIT_STATUSES = ("exit status: 0 the report is written (its verdicts are information); 1 the "
                  "service or training failed; 2 a mistake in the arguments or the data; 130 "
                  "Ctrl-C (every finished cell is kept: run the same command to continue)")
@@ -69,6 +71,16 @@ def _unit(text: str) -> float:
         value = -1.0
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1]")
+    return value
+
+
+def _agreement(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an agreement in [-1, 1]; e.g. 0.1")
     return value
 
 
@@ -134,6 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--match", choices=("auto", "none"), default="auto",
                         help="bring synthetic images to the shots' framing and light "
                              "(default auto; none: resized whole)")
+    parser.add_argument("--min-agreement", type=_agreement, default=AGREEMENT_FLOOR,
+                        metavar="A",
+                        help="with --match auto, mix a cell's images only when their labels "
+                             "agree with the shots' classes by at least A (genaug.match."
+                             f"agreement, -1 to 1; default {AGREEMENT_FLOOR}; -1: always mix)")
     parser.add_argument("--jobs", type=whole_number(1, 256), default=None,
                         help="training processes at once (default: one per CPU)")
     parser.add_argument("--adapt-model", default=None,
@@ -155,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         arms=args.arms, extra=dict(args.extra), framework=args.framework, train=args.train,
         out=args.out, size=args.size, test_per_label=args.test_per_label,
         per_label=args.per_label, steps=args.steps, strength=args.strength, share=args.share,
-        validate=args.validate,
+        validate=args.validate, min_agreement=args.min_agreement,
         match=args.match, jobs=args.jobs, api_key=args.api_key, adapt_model=args.adapt_model,
         adapt_steps=args.adapt_steps, device=args.device,
         command="genaug gain " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else "")

@@ -3,10 +3,12 @@
 :func:`summarise` pairs every arm's cells with ``real``'s of the same ``k`` and seed (seeds
 that lack either are left out and counted) and gives, per arm and ``k``: ``mean``, ``low`` and
 ``high`` in points of accuracy against ``real`` (for ``real`` itself, its accuracy in
-percent), ``seeds`` and the ``verdict`` (:mod:`~genaug.gain.stats`); :func:`verdict_line` says
-it in one line. :func:`write_report` writes ``gain.json`` (``summary``, ``cells``, and what the
-caller adds: settings, the test split, date, machine, command), ``gain.md`` and ``gain.png``
-(accuracy against ``k`` per arm with its 95 % interval; matplotlib).
+percent), ``seeds``, the ``verdict`` (:mod:`~genaug.gain.stats`) and, for an arm, ``unmixed``:
+the seeds whose images were left out for not agreeing with the shots' classes (those cells
+trained on the shots alone); :func:`verdict_line` says it in one line. :func:`write_report`
+writes ``gain.json`` (``summary``, ``cells``, and what the caller adds: settings, the test
+split, date, machine, command), ``gain.md`` and ``gain.png`` (accuracy against ``k`` per arm
+with its 95 % interval; matplotlib).
 
 Example::
 
@@ -38,9 +40,12 @@ def summarise(cells: Sequence[Mapping[str, Any]], *, arms: Sequence[str],
     """One row per arm and ``k`` (module doc), in ``arms`` then ``shots`` order; a row
     without any paired seed is left out."""
     accuracy: dict[tuple[str, int], dict[int, float]] = {}
+    unmixed: dict[tuple[str, int], set[int]] = {}
     for cell in cells:
-        accuracy.setdefault((str(cell["arm"]), int(cell["k"])), {})[int(cell["seed"])] = float(
-            cell["accuracy"])
+        key = (str(cell["arm"]), int(cell["k"]))
+        accuracy.setdefault(key, {})[int(cell["seed"])] = float(cell["accuracy"])
+        if cell.get("mixed") is False:
+            unmixed.setdefault(key, set()).add(int(cell["seed"]))
     rows = []
     for arm in arms:
         for k in shots:
@@ -55,9 +60,12 @@ def summarise(cells: Sequence[Mapping[str, Any]], *, arms: Sequence[str],
             else:
                 mean, low, high = paired_interval([100 * (mine[s] - real[s]) for s in seeds])
                 said = verdict(low, high)
-            rows.append({"arm": arm, "k": k, "mean": round(mean, 2), "low": _finite(low),
-                         "high": _finite(high), "seeds": len(seeds), "verdict": said,
-                         "accuracy": round(100 * sum(mine[s] for s in seeds) / len(seeds), 2)})
+            row = {"arm": arm, "k": k, "mean": round(mean, 2), "low": _finite(low),
+                   "high": _finite(high), "seeds": len(seeds), "verdict": said,
+                   "accuracy": round(100 * sum(mine[s] for s in seeds) / len(seeds), 2)}
+            if arm != REAL:
+                row["unmixed"] = len(unmixed.get((arm, k), set()) & set(seeds))
+            rows.append(row)
     return rows
 
 
@@ -72,9 +80,13 @@ def verdict_line(row: Mapping[str, Any]) -> str:
         interval = "" if low is None else f" [{low:.1f}, {high:.1f}]"
         return (f"real: {row['mean']:.1f} % accuracy{interval} at k={row['k']} over "
                 f"{row['seeds']} seeds (the baseline)")
+    unmixed = int(row.get("unmixed") or 0)
+    note = "" if not unmixed else (
+        f" (not mixed on {unmixed} of {row['seeds']} seeds: its images did not agree with "
+        "the shots' classes)")
     return (f"{row['arm']}: {row['mean']:+.1f} points [{_points(row['low'])}, "
             f"{_points(row['high'])}] at k={row['k']} over {row['seeds']} seeds: "
-            f"{row['verdict']}")
+            f"{row['verdict']}{note}")
 
 
 def _markdown(summary: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:

