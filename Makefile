@@ -34,10 +34,12 @@ demo: $(STAMP)
 
 # Two workers or more (pytest-xdist, one per core), each test file whole on one worker (its
 # module fixtures built once): most tests wait on a service, a child process or the network,
-# so two cores run two files at once. --durations: the slowest tests in every run's log, and
-# the last line the load average, to keep the suite under 10 minutes on a busy 2-core machine.
+# so two cores run two files at once, the longest files first (tests/durations.json, in the
+# order tests/conftest.py sorts them; --no-loadscope-reorder keeps it), so that both workers
+# end together. --durations: the slowest tests in every run's log, and the last line the load
+# average, to keep the suite under 10 minutes on a busy 2-core machine.
 test: $(STAMP) $(KEDA)
-	$(BIN)/python -m pytest -n auto --dist loadfile --durations=15
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 # The long tests (torch.compile, benchmarks in --tiny mode, end-to-end runs of several
 # processes: replicas on PostgreSQL, reliability's load, kill and fuzz runs, two TensorFlow

@@ -42,13 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from genaug.mixing import AGREEMENT_FLOOR
+
 __all__ = ["AGREEMENT_FLOOR", "DomainMatch", "agreement"]
 
-#: The least :func:`agreement` of a pool that is mixed. Chosen on the gain runs' pools (docs/
-#: gain.md): the MNIST pool's agreement with each seed's shots is 0.12-0.55 at every k, a pool
-#: of other classes' images (the unseen-class protocol's) -0.14 to +0.21 (above 0.1 on 2 seeds
-#: of 24).
-AGREEMENT_FLOOR = 0.1
 #: The side of the small view :func:`agreement` compares images in.
 _VIEW = 16
 

@@ -11,6 +11,7 @@ pool, replica and hot-path tests.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import sys
@@ -46,6 +47,12 @@ os.environ["GENAUG_COMPILE_CACHE"] = _COMPILE_CACHE
 atexit.register(shutil.rmtree, _COMPILE_CACHE, True)
 
 _STARTED = pytest.StashKey[tuple[float, tuple[float, float, float]]]()
+#: Seconds per test file (setup, call and teardown of its tests) in a recorded run: the suite
+#: runs the longest files first, so that two workers end together rather than one finishing
+#: a long file alone at the end. ``GENAUG_TEST_DURATIONS=tests/durations.json make test``
+#: records them again.
+_DURATIONS = Path(__file__).with_name("durations.json")
+_SECONDS: dict[str, float] = {}
 
 SHAPES_RECIPE = """\
 recipes:
@@ -82,7 +89,43 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         f"(1 minute), {after[1]:.2f} over the last 5 minutes")
 
 
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` by their file's recorded seconds, longest first (files not recorded
+    after, in collection order); a file's tests keep their order. The Makefile runs xdist
+    with ``--dist loadfile --no-loadscope-reorder``, which hands out files in this order."""
+    try:
+        seconds = {str(k): float(v) for k, v in json.loads(_DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(_file_of(item.nodeid), index)
+    items.sort(key=lambda item: (-seconds.get(_file_of(item.nodeid), 0.0),
+                                 first[_file_of(item.nodeid)]))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each phase's time to its file's (in the controller, for every worker's report)."""
+    name = _file_of(report.nodeid)
+    _SECONDS[name] = _SECONDS.get(name, 0.0) + float(report.duration)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With ``GENAUG_TEST_DURATIONS=PATH``, write this run's seconds per file there."""
+    path = os.environ.get("GENAUG_TEST_DURATIONS")
+    if not path or hasattr(session.config, "workerinput") or not _SECONDS:
+        return
+    ordered = dict(sorted(((k, round(v, 1)) for k, v in _SECONDS.items()),
+                          key=lambda kv: -kv[1]))
+    Path(path).write_text(json.dumps(ordered, indent=0) + "\n")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _longest_files_first(items)
     try:
         import torch
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from genaug.match import AGREEMENT_FLOOR
+from genaug.mixing import AGREEMENT_FLOOR
 
 EXIT_STATUSES = ("exit status: 0 the report is written (its verdicts are information); 1 the "
                  "service or training failed; 2 a mistake in the arguments or the data; 130 "

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from genaug.match import AGREEMENT_FLOOR
+from genaug.mixing import AGREEMENT_FLOOR
 
 __all__ = ["ARMS", "DEFAULT_ARMS", "GainSettings"]
 

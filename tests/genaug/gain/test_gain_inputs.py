@@ -52,6 +52,8 @@ def test_bad_inputs_are_one_line_and_a_non_zero_exit(digits: dict[str, Path],
     assert done.returncode == 2 and "'0,5' is not a list of whole numbers >= 1" in done.stderr
     done = gain(str(digits["data"]), "--arms", "real,poool", cwd=tmp_path)
     assert done.returncode == 2 and "the arms are real, pool, variants, adapted" in done.stderr
+    done = gain(str(digits["data"]), "--min-agreement", "2", cwd=tmp_path)
+    assert done.returncode == 2 and "'2' is not an agreement in [-1, 1]; e.g. 0.1" in done.stderr
 
 
 def test_the_documented_training_function_trains_every_cell(digits: dict[str, Path],
