@@ -65,6 +65,7 @@ def digits_service(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_the_readme_gain_example_runs_as_written(digits_service: str, tmp_path: Path) -> None:
     lines = _readme_lines()
     assert [line.split()[:3] for line in lines] == [["python", "-m", "genaug.digits"],
