@@ -3,7 +3,7 @@
 ``genaug serve --recipes recipes/digits.yaml --pregenerate false`` (the README's command, the
 embedded model, a pool of the test's own), the README's ``python -m genaug.digits`` line, then
 its ``genaug gain`` line word for word (``/tmp/`` becomes the test's folder): it must end with
-a report whose verdicts it printed (the 10 minutes the README promises on 2 cores are
+a report whose verdicts it printed (the minutes the README states for 2 cores are
 docs/gain.md's measured figure; the limit here is the test's timeout, generous for a busy
 machine).
 """
