@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -64,6 +65,21 @@ def digits_service(tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
+def _run_as_a_group(line: str, *, cwd: Path, env: dict[str, str]
+                    ) -> subprocess.CompletedProcess[str]:
+    """``bash -c line`` in a process group of its own, the whole group killed if the test ends
+    first (its timeout): ``genaug gain``'s training children never outlive the test."""
+    proc = subprocess.Popen(["bash", "-c", line], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=2300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_the_readme_gain_example_runs_as_written(digits_service: str, tmp_path: Path) -> None:
@@ -75,9 +91,7 @@ def test_the_readme_gain_example_runs_as_written(digits_service: str, tmp_path: 
     env["GENAUG_URL"] = digits_service  # the README's service, on the test's port
     started = time.monotonic()
     for line in lines:
-        done = subprocess.run(["bash", "-c", line.replace("/tmp/", f"{tmp_path}/")],
-                              cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=1800)
+        done = _run_as_a_group(line.replace("/tmp/", f"{tmp_path}/"), cwd=tmp_path, env=env)
         assert done.returncode == 0, (line, done.stdout[-2000:], done.stderr[-4000:])
     minutes = (time.monotonic() - started) / 60
     report = json.loads((tmp_path / "gain" / "gain.json").read_text())
