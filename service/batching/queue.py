@@ -33,7 +33,7 @@ Order of service:
 5. **Grouping.** A batch holds only images of one :class:`~genaug.service.batching.items.GroupKey`;
    requests of other keys keep their place.
 
-Why one file, over the house's 450 lines: :class:`FairQueue` is one class with one request, the
+Why one file, long as it is: :class:`FairQueue` is one class with one request, the
 order of service above, and each of its methods reads the same state (the FIFOs per priority
 and client, the rotation, the ledger of time served, the images held by a batch). The rest is
 what it hands out (:class:`Part`, the :class:`Batch` parts make) and

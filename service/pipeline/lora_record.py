@@ -4,7 +4,7 @@
 model's ``weights_hash`` under :data:`BASE_HASH_KEY`;
 :class:`~genaug.service.pipeline.adapters.Adapters` reads it back with :func:`read_record` to
 refuse a file made for another base. It is one small piece here, below both, because serving
-sits below adaptation in the house and cannot import from it, and it imports no torch, so the
+sits below adaptation in the import order and cannot import from it, and it imports no torch, so the
 command's flags (:data:`DEFAULT_RANK`) cost nothing at ``genaug --help``.
 
 Example::

@@ -65,7 +65,7 @@ Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: 1,000 1024² RG
 label for 10 labels is about 30 GiB (docs/deploy.md has the table). Beyond a few hundred GiB,
 or with many replicas far from the database, pixels belong in object storage.
 
-Why one file, over the house's 450 lines: it is the one counting protocol, written once for
+Why one file, long as it is: it is the one counting protocol, written once for
 SQLite and PostgreSQL. Every query here that reserves, adds, evicts, samples or counts takes
 the label's lock in the same order and counts accepted images the same way in one
 transaction: that is what stops planners exactly at the target, no plan index repeated.
