@@ -5,8 +5,8 @@ files the way the tools do: a Dockerfile's instructions (continuations joined, c
 dropped, build-arg defaults substituted), compose's interpolation (``${X:-d}``, ``${X:?e}``,
 nesting), an env file, mounts in short or long syntax, and where a path inside a container
 comes from on the host: a bind mount's source, a named volume, or what the Dockerfile COPYs
-into the image. tests/docker/test_docker.py, test_compose_cpu.py and
-test_compose_install.py share them.
+into the image. tests/docker/test_compose.py, test_dockerfiles.py, test_k8s.py,
+test_compose_cpu.py and test_compose_install.py share them.
 """
 
 from __future__ import annotations
