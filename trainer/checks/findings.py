@@ -190,14 +190,17 @@ def input_bound(waits: Sequence[float], totals: Sequence[float]) -> tuple[float,
     above :data:`INPUT_BOUND_SHARE`, the median step's own share is at least half of that
     (an input-bound pipeline makes every step wait, a loaded machine a few) and the median
     wait is at least :data:`INPUT_BOUND_MIN_WAIT_S` (a model that does next to nothing waits
-    a large share of almost no time).
+    a large share of almost no time). Both medians are the lower middle value: with an even
+    count the mean of the middle two would let one step the scheduler preempted (a few
+    milliseconds on a busy machine) stand for every step of a short diagnosis.
     """
     if not totals or sum(totals) <= 0:
         return 0.0, False
     share = sum(waits) / sum(totals)
-    median_share = statistics.median(w / t for w, t in zip(waits, totals, strict=True) if t > 0)
+    median_share = statistics.median_low(
+        w / t for w, t in zip(waits, totals, strict=True) if t > 0)
     bound = (share > INPUT_BOUND_SHARE and median_share > INPUT_BOUND_SHARE / 2
-             and statistics.median(waits) >= INPUT_BOUND_MIN_WAIT_S)
+             and statistics.median_low(waits) >= INPUT_BOUND_MIN_WAIT_S)
     return share, bound
 
 
