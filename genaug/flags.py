@@ -6,7 +6,7 @@ the flag, the value and what is allowed, and exits with status 2 before anything
 :mod:`genaug.cli` re-exports them for the command modules; the reference trainer's
 configuration (:mod:`genaug.trainer.reference.config`), which is no command module, declares
 its fields' types with them here. Imports nothing of genaug but :mod:`genaug.urls` (the
-ground: every package may use it).
+base: every package may use it).
 
 Example::
 

@@ -7,7 +7,7 @@ they are parsed (:func:`genaug.flags.service_url`); a command that falls back on
 ``GENAUG_URL`` checks that with :func:`env_url_refusal`; the clients' constructors (and the
 feeder's, and ``genaug.torch``'s ``PoolDataset``, which build their clients later, in a
 thread) check what they were given, or ``GENAUG_URL`` in its place, with :func:`url_refusal`.
-Imports nothing of genaug (the ground: every package may use it).
+Imports nothing of genaug (the base: every package may use it).
 
 Example::
 

@@ -116,7 +116,7 @@ def test_a_broken_link_is_named(right: str, wrong: str) -> None:
 
 # A path docs/architecture.md names: a backticked name with a folder or a file suffix
 # (`service/pool/targets.py`, `trainer/feeding/`, `plan.py`), or a bare one under a top folder
-# (bench/pool/need_fill_rate.py). Placeholders (`tests/service/<room>/`, `DATA/<label>/*`),
+# (bench/pool/need_fill_rate.py). Placeholders (`tests/service/<layer>/`, `DATA/<label>/*`),
 # routes (`/v1/variants`) and module names (`genaug.wire`: checked apart) are not paths.
 _REST = r"(?:/[\w.-]+)*(?:/|\.(?:py|md|yaml|yml|toml|json|txt|ipynb))"
 _PATH = r"[A-Za-z_][\w.-]*" + _REST
@@ -132,13 +132,13 @@ def missing_architecture_paths(text: str) -> list[str]:
 
     A name in a row of the map resolves from that row's folder (`guard.py` in the
     `service/api/` row) or any folder above it; elsewhere, from the root, `service/` (the
-    prose follows a request through service/'s rooms: `api/guard.py`), `trainer/` (its rooms:
-    `reference/`) or, for a page, `docs/`, and a file name alone from any room ("intake's
+    prose follows a request through service/'s layers: `api/guard.py`), `trainer/` (its layers:
+    `reference/`) or, for a page, `docs/`, and a file name alone from any layer ("intake's
     `plan.py`"). A module name (`genaug.trainer`) must import."""
     import importlib.util
 
     prose = [ROOT, ROOT / "service", ROOT / "trainer", ROOT / "docs"]
-    rooms = [p for top in prose[1:3] for p in sorted(top.iterdir()) if p.is_dir()]
+    layers = [p for top in prose[1:3] for p in sorted(top.iterdir()) if p.is_dir()]
     missing = []
     for line in text.splitlines():
         row = re.match(r"\| `([\w/]+/)`", line)
@@ -149,7 +149,7 @@ def missing_architecture_paths(text: str) -> list[str]:
         names += re.findall(rf"(?<![\w/.])((?:{_TOP}){_REST})", bare)
         names += re.findall(r"\]\(([\w./-]+\.md)(?:#[^)]*)?\)", line)
         for name in names:
-            bases = in_row or (prose + rooms if "/" not in name else prose)
+            bases = in_row or (prose + layers if "/" not in name else prose)
             if not _resolves(name, bases):
                 missing.append(f"{name} (line: {line.strip()[:60]}...)")
         for module in re.findall(r"`(genaug(?:\.\w+)+)`", line):
@@ -162,7 +162,7 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
 def test_every_path_the_architecture_names_exists() -> None:
-    """docs/architecture.md is the map of the house: a file moved or renamed without it fails
+    """docs/architecture.md is the map of the packages: a file moved or renamed without it fails
     here, naming the path the page still gives."""
     assert missing_architecture_paths(ARCHITECTURE.read_text()) == []
 
@@ -171,7 +171,7 @@ def test_every_path_the_architecture_names_exists() -> None:
     ("`targets.py` (targets and", "`target.py` (targets and", "target.py"),  # in a map row
     ("`pool/need.py`", "`pool/needs.py`", "pool/needs.py"),                 # prose, service/
     ("bench/pool/need_fill_rate.py", "bench/pool/fill_rate.py", "bench/pool/fill_rate.py"),
-    ("`tests/test_house.py`", "`tests/test_home.py`", "tests/test_home.py"),  # from the root
+    ("`tests/test_import_order.py`", "`tests/test_import_orders.py`", "tests/test_import_orders.py"),  # from the root
     ("[deploy.md](deploy.md)", "[deploy.md](deploy2.md)", "deploy2.md"),    # a link
     ("`genaug.trainer`", "`genaug.trainers`", "genaug.trainers"),           # a module
     # a row's folder: it, and every name of the row below it

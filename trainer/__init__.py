@@ -31,7 +31,7 @@ Example::
     assert_no_python_ops(dataset=ds, model=model)
     model.fit(ds, epochs=3, callbacks=[feeder.callback()])  # strict: config errors raise here
 
-The package is in rooms, by what a user is doing:
+The package is in layers, one package each, by what a user is doing:
 
 - ``mixing/``: the reservoir and the graph ops that mix it into a ``tf.data`` pipeline.
 - ``feeding/``: the feeder thread that fills the reservoir from the service, its preflight

@@ -1,4 +1,4 @@
-"""A fill job, as the service stores it: the leaf type of the jobs room.
+"""A fill job, as the service stores it: the leaf type of the jobs package.
 
 Example::
 

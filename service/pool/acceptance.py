@@ -51,7 +51,7 @@ class AcceptanceStop:
     """The labels stopped per recipe, and the counts their window starts at.
 
     Called where the planner reads counts: planning (the batcher's idle executor) and
-    ``/fill`` budgets (a route's thread). Like the planner before the split it takes no lock:
+    ``/fill`` budgets (a route's thread). Like the planner it takes no lock:
     labels are only ever added, so a race at worst notes (and logs) one stop twice.
 
     ``record(name, label, reason)`` stores a new stop for every replica; one it could not

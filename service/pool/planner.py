@@ -31,7 +31,7 @@ planned or given a fill budget; :meth:`PoolPlanner.stopped` is this replica's st
 replica's in the pool: :mod:`~genaug.service.pool.stops`). The planner keeps the planning and
 wires them.
 
-Fills. A shared fill is a job of the jobs room (:mod:`genaug.service.jobs`), which stores it
+Fills. A shared fill is a job of the jobs package (:mod:`genaug.service.jobs`), which stores it
 with the shared targets the planner works out for it (:meth:`PoolPlanner.plan_fill`,
 :meth:`PoolPlanner.plan_budget`) in one transaction; in-process ``genaug pregenerate`` raises
 this planner's own targets (:meth:`PoolPlanner.raise_target`). Each stored image keeps what

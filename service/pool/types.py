@@ -8,7 +8,7 @@
   :class:`PoolImage` / :class:`BrowsePage` (a label's images as a person looks through them)
   and :class:`VerdictResult` (what a person's reject or restore changed); for the manifest
   :class:`Provenance` (what made a batch beyond the recipe) and :class:`PoolRecord` (one
-  stored image as exported). A fill job's type is the jobs room's
+  stored image as exported). A fill job's type is the jobs package's
   (:mod:`genaug.service.jobs.types`).
 - :func:`parse_partition` (``GENAUG_REPLICA=i/N``) and the constants every backend agrees on
   (:data:`SCHEMA_VERSION`, :data:`PG_SCHEMES`, :data:`DEFAULT_LEASE_S`).

@@ -1,9 +1,9 @@
 """bench.service.closed_loop_share's clients: a failed request is counted and asked again.
 
 A costly batch shared half and half can take longer than the service's default deadline on
-a busy 2-core machine; a 504 used to end that client's closed loop (the thread raised), so
-the client fell to fewer requests in flight for the rest of the window and its share was
-misread. Here a stand-in service on 127.0.0.1 answers the first request 504 and the rest 200.
+a busy 2-core machine; a 504 that ended that client's closed loop (the thread raising)
+would leave the client fewer requests in flight for the rest of the window and misread its
+share. Here a stand-in service on 127.0.0.1 answers the first request 504 and the rest 200.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def test_every_train_config_field_is_a_flag_named_after_it() -> None:
 
 
 def test_importing_the_package_adds_no_import_hook() -> None:
-    """The module paths from before the rooms are gone: importing ``genaug.trainer`` leaves
+    """Only the package's own module paths exist: importing ``genaug.trainer`` leaves
     ``sys.meta_path`` alone, and ``genaug.trainer.diagnose`` stays the public function (checked
     in a child, so no earlier import in this process decides the order)."""
     code = (

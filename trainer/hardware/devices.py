@@ -23,7 +23,7 @@ Example::
 The matching itself (:mod:`~genaug.trainer.hardware.gpus`, and :func:`visible_after_hiding`
 here) is pure and takes the NVML table as data, so it is unit-tested without a GPU; the table
 comes from :mod:`~genaug.trainer.hardware.nvml`. This module's ``__all__`` re-exports the
-names that lived here before the hardware room, so their callers keep one import.
+names it has always exported, so their callers keep one import.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The house keeps its shape: imports point down one order, and no module imports itself back.
+"""The packages keep their layer order: imports point down one order, and no module imports itself back.
 
-docs/architecture.md draws service/'s rooms; this test is the rule it states. Every import of a
+docs/architecture.md draws service/'s layers; this test is the rule it states. Every import of a
 ``genaug.service`` module (type-only imports under ``TYPE_CHECKING`` included) must go to a
-room *below* its own in :data:`ORDER`; the packages beside service/ keep their own fences
+layer *below* its own in :data:`ORDER`; the packages beside service/ keep their own fences
 (:data:`FENCES`); and the module graph of the whole package has no circle. An arrow that runs
 back up fails here, naming the file and the import.
 """
@@ -23,13 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.client",
             "trainer": "genaug.trainer", "torchfeed": "genaug.torch"}
 
-#: service/'s rooms from the top down: each imports only rooms below it. The wiring (test
+#: service/'s layers from the top down: each imports only layers below it. The wiring (test
 #: support, the commands, adapt (``genaug adapt``'s work: it uses the pipeline and the judge),
 #: the app factory) sits on top; the HTTP edge next; then jobs (a fill handed off, its webhook:
 #: above the pool, where jobs are stored); then the pool, which
 #: plans with intake's plan and stores what the pipeline made, then the judge, which scores it
 #: before the pool stores it; the request's own way below it
-#: (intake, then the pipeline); and at the bottom the vocabulary every room shares: recipes,
+#: (intake, then the pipeline); and at the bottom the vocabulary every layer shares: recipes,
 #: settings (how an invalid one is said, ``setting_errors.py``, above them; the parsers of
 #: its composite values, ``setting_values.py``, below; the
 #: ``notify_url`` rule, which the settings, the intake and the webhooks share; ``turbo``, the
@@ -40,12 +40,12 @@ ORDER = ("testing", "__main__", "commands", "adapt", "app", "api", "jobs", "pool
          "notify_url",
          "turbo", "batching", "errors", "metrics")
 
-#: trainer/'s rooms from the top down, the same way: the reference trainer, the checks,
+#: trainer/'s layers from the top down, the same way: the reference trainer, the checks,
 #: feeding, and at the bottom the hardware and the reservoir's mixing (the package's
 #: ``__init__`` re-exports them all and is left out).
 TRAINER_ORDER = ("reference", "checks", "feeding", "hardware", "mixing")
 
-#: The packages whose rooms keep an order, and that order.
+#: The packages whose layers keep an order, and that order.
 ORDERS = {"genaug.service": ORDER, "genaug.trainer": TRAINER_ORDER}
 
 #: What the packages beside service/ may import of genaug (prefixes).
@@ -55,7 +55,7 @@ FENCES = {
                        "genaug.local_service", "genaug.urls", "genaug.flags", "genaug.mixing",
                        "genaug.match", "genaug"),
     # PyTorch trainers: the client and the TensorFlow-free half of the trainer's feeding (the
-    # feeder, its preflight, the class-error measure), never its TensorFlow rooms.
+    # feeder, its preflight, the class-error measure), never its TensorFlow layers.
     "genaug.torch": ("genaug.torch", "genaug.client", "genaug.wire", "genaug.urls",
                      "genaug.mixing", "genaug.match",
                      "genaug.trainer.feeding.feeder", "genaug.trainer.feeding.cycle",
@@ -63,19 +63,19 @@ FENCES = {
                      "genaug.trainer.feeding.labels", "genaug"),
 }
 
-#: genaug/'s ground: what every package beside it may import (the wire format, the digits,
+#: genaug/'s base: what every package beside it may import (the wire format, the digits,
 #: the child-process helper). It imports nothing of genaug but itself, never service/,
-#: trainer/, client/ or genaug/'s roof.
-GROUND = ("genaug", "genaug.wire", "genaug.job_states", "genaug.digits", "genaug.local_service",
+#: trainer/, client/ or genaug/'s top.
+BASE = ("genaug", "genaug.wire", "genaug.job_states", "genaug.digits", "genaug.local_service",
           "genaug.urls", "genaug.flags", "genaug.mixing", "genaug.match")
-#: genaug/'s roof: the command table, the doctor, the jobs command and the experiments. They
+#: genaug/'s top: the command table, the doctor, the jobs command and the experiments. They
 #: use everything; nothing of service/, trainer/ or client/ imports them (the fences above and
 #: below).
-ROOF = ("genaug.cli", "genaug.doctor", "genaug.jobs", "genaug.experiments", "genaug.gain")
-#: The roof's rooms elsewhere: each command's module (``genaug.cli.COMMANDS`` names them) and
+TOP = ("genaug.cli", "genaug.doctor", "genaug.jobs", "genaug.experiments", "genaug.gain")
+#: The top's modules elsewhere: each command's module (``genaug.cli.COMMANDS`` names them) and
 #: ``python -m genaug.service``, which is ``genaug serve``.
-ROOF_ELSEWHERE = ("genaug.service.__main__",
-                  *(e.module for e in COMMANDS.values() if not e.module.startswith(ROOF)))
+TOP_ELSEWHERE = ("genaug.service.__main__",
+                  *(e.module for e in COMMANDS.values() if not e.module.startswith(TOP)))
 
 
 def _modules() -> dict[str, Path]:
@@ -113,31 +113,31 @@ def _resolve(target: str, modules: dict[str, Path]) -> str | None:
     return target or None
 
 
-def _room(module: str, package: str) -> str | None:
-    """The room (first folder or module below ``package``) that ``module`` lives in."""
+def _layer(module: str, package: str) -> str | None:
+    """The layer (first folder or module below ``package``) that ``module`` lives in."""
     parts, top = module.split("."), package.split(".")
     return parts[len(top)] if parts[: len(top)] == top and len(parts) > len(top) else None
 
 
 @pytest.mark.parametrize("package", sorted(ORDERS))
-def test_imports_point_down_the_rooms(package: str) -> None:
+def test_imports_point_down_the_layers(package: str) -> None:
     order = ORDERS[package]
     modules = _modules()
-    rooms = {r for m in modules if (r := _room(m, package))}
-    assert rooms <= set(order), f"rooms missing from the order (place them): {rooms - set(order)}"
+    layers = {r for m in modules if (r := _layer(m, package))}
+    assert layers <= set(order), f"layers missing from the order (place them): {layers - set(order)}"
     wrong = []
     for module, path in modules.items():
-        here = _room(module, package)
+        here = _layer(module, package)
         if here is None:
             continue
         for target, line in _imports(module, path):
-            there = _room(_resolve(target, modules) or "", package)
+            there = _layer(_resolve(target, modules) or "", package)
             if there is None or there == here:
                 continue
             if order.index(there) < order.index(here):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} ({here}) imports {target} "
                              f"({there}, above it)")
-    assert wrong == [], "imports that point up the rooms:\n" + "\n".join(wrong)
+    assert wrong == [], "imports that point up the layers:\n" + "\n".join(wrong)
 
 
 def test_packages_beside_the_service_keep_their_fences() -> None:
@@ -161,7 +161,7 @@ def test_packages_beside_the_service_keep_their_fences() -> None:
 _JOBS_QUERY = re.compile(r"\b(FROM|INTO|UPDATE|JOIN)\s+jobs\b", re.IGNORECASE)
 
 
-def test_the_fill_job_lives_in_one_room() -> None:
+def test_the_fill_job_lives_in_one_layer() -> None:
     """service/jobs/ holds the fill-job feature; pool/ is the database and the planning: no
     module of pool/ is about jobs, none queries the jobs table, and none imports jobs/ (the
     order above says so too)."""
@@ -217,36 +217,36 @@ def test_no_import_circles() -> None:
     assert circles == [], f"import circles: {circles}"
 
 
-def test_genaugs_ground_imports_only_the_ground() -> None:
+def test_genaugs_base_imports_only_the_base() -> None:
     modules = _modules()
     wrong = []
-    for module in GROUND:
+    for module in BASE:
         path = modules[module]
         for target, line in _imports(module, path):
-            if (_resolve(target, modules) or target) not in GROUND:
+            if (_resolve(target, modules) or target) not in BASE:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
-    assert wrong == [], "genaug/'s ground imports above itself:\n" + "\n".join(wrong)
+    assert wrong == [], "genaug/'s base imports above itself:\n" + "\n".join(wrong)
 
 
-def test_every_module_of_genaug_is_ground_or_roof_and_the_roof_is_fenced_off() -> None:
+def test_every_module_of_genaug_is_base_or_top_and_the_top_is_fenced_off() -> None:
     modules = _modules()
     top = {".".join(m.split(".")[:2]) for m in modules if m.split(".")[:2][-1] not in
            {"service", "client", "trainer", "torch"}}
-    assert top == set(GROUND) | set(ROOF), (
-        f"place these in GROUND or ROOF (and in docs/architecture.md): "
-        f"{top ^ (set(GROUND) | set(ROOF))}")
+    assert top == set(BASE) | set(TOP), (
+        f"place these in BASE or TOP (and in docs/architecture.md): "
+        f"{top ^ (set(BASE) | set(TOP))}")
     wrong = []
     for module, path in modules.items():
         if (module.startswith(("genaug.service", "genaug.client", "genaug.trainer",
                                "genaug.torch"))
-                and module not in ROOF_ELSEWHERE):
+                and module not in TOP_ELSEWHERE):
             for target, line in _imports(module, path):
                 resolved = _resolve(target, modules) or target
-                if any(resolved == r or resolved.startswith(r + ".") for r in ROOF):
+                if any(resolved == r or resolved.startswith(r + ".") for r in TOP):
                     wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
-    assert wrong == [], "imports of genaug/'s roof from below it:\n" + "\n".join(wrong)
+    assert wrong == [], "imports of genaug/'s top from below it:\n" + "\n".join(wrong)
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    for kind, names in (("ground", GROUND[1:]), ("roof", ROOF)):
+    for kind, names in (("base", BASE[1:]), ("top", TOP)):
         row = next((r for r in doc.splitlines() if r.startswith(f"| `genaug/` {kind}")), "")
         missing = [n for n in names if f"`{n.split('.')[-1]}" not in row]
         assert row and not missing, f"docs/architecture.md's genaug/ {kind} row lacks {missing}"

@@ -1,5 +1,5 @@
-"""trainer/'s rooms keep their shape: one NVML session, relative imports, and a docstring in
-each room naming its modules. (No line count: a file is split where a concept ends.)"""
+"""trainer/'s layers keep their shape: one NVML session, relative imports, and a docstring in
+each layer's package naming its modules. (No line count: a file is split where a concept ends.)"""
 
 from __future__ import annotations
 
@@ -35,12 +35,12 @@ def test_the_package_imports_itself_relatively() -> None:
 
 
 def test_every_room_says_what_lives_there() -> None:
-    rooms = [p for p in TRAINER.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
-    assert len(rooms) >= 3
-    for room in rooms:
-        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text()))
-        assert doc, f"{room.name}/__init__.py has no docstring"
-        for module in room.glob("*.py"):
+    layers = [p for p in TRAINER.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    assert len(layers) >= 3
+    for layer in layers:
+        doc = ast.get_docstring(ast.parse((layer / "__init__.py").read_text()))
+        assert doc, f"{layer.name}/__init__.py has no docstring"
+        for module in layer.glob("*.py"):
             if module.name != "__init__.py":
-                assert module.name in doc, f"{room.name}/__init__.py does not name {module.name}"
+                assert module.name in doc, f"{layer.name}/__init__.py does not name {module.name}"
 
