@@ -1,8 +1,9 @@
 """List the pools in the pool database, or drop one.
 
 ``genaug pool list`` shows the pool ids with their image counts; ``genaug pool drop POOL_ID``
-deletes one pool's images and counters (pools of an old spec or model, or one whose images
-differ in shape).
+deletes one pool (one of an old spec or model, or one whose images differ in shape): its images
+and every row recorded for it (counters, stops, its recipe's spec, ``auto``'s decision and
+tallies), so the pool filled again starts afresh.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pool_sub = parser.add_subparsers(dest="pool_command", required=True)
     pool_list = pool_sub.add_parser("list", help="pool ids with their image counts")
     pool_location(pool_list)
-    pool_drop = pool_sub.add_parser("drop", help="delete one pool's images and counters")
+    pool_drop = pool_sub.add_parser(
+        "drop", help="delete one pool: its images and all recorded for it (auto's decision too)")
     pool_drop.add_argument("pool_id", help="exact pool id, as `genaug pool list` shows it")
     pool_location(pool_drop)
 

@@ -96,6 +96,7 @@ from .reads import PoolReads
 from .recipe_specs import RecipeSpecs
 from .shared_targets import raise_targets
 from .stop_queries import Stops
+from .tables import POOL_TABLES
 from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Provenance, Reservation
 from .unit_of_work import UnitOfWork
 
@@ -506,14 +507,17 @@ class PoolStore(ABC):
 
     def drop_pool(self, pool_id: str,
                   also: Callable[[UnitOfWork, str], object] | None = None) -> int:
-        """Delete a pool's images, counters, targets, reservations and stops; return images
-        gone. ``also(uow, pool_id)`` runs in the same transaction (``genaug pool drop POOL_ID``
+        """Delete a pool's images and its rows of every per-pool table
+        (:data:`~genaug.service.pool.tables.POOL_TABLES`: counters, targets, reservations,
+        stops, its recipe's spec and ``auto``'s decision and tallies, so that the pool filled
+        again starts afresh); return images gone. ``also(uow, pool_id)`` runs in the same
+        transaction (``genaug pool drop POOL_ID``
         fails the pool's live fill jobs there: ``JobQueries.fail_live``)."""
         with self._tx(write=True) as conn:
             ids = [int(r[0]) for r in self._exec(
                 conn, "SELECT id FROM images WHERE pool_id = ?", (pool_id,)).fetchall()]
             self._delete_ids(conn, ids)
-            for table in ("counters", "targets", "reservations", "stops"):
+            for table in POOL_TABLES:
                 self._exec(conn, f"DELETE FROM {table} WHERE pool_id = ?", (pool_id,))
             if also is not None:
                 also(self._unit(conn), pool_id)

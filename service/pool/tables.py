@@ -21,7 +21,15 @@ Example::
 
 from __future__ import annotations
 
-__all__ = ["schema_tables"]
+__all__ = ["POOL_TABLES", "schema_tables"]
+
+POOL_TABLES = ("counters", "targets", "reservations", "stops", "recipes", "samplers",
+               "sampler_tallies")
+"""Every table whose rows belong to one pool (a ``pool_id`` column): what
+:meth:`~genaug.service.pool.store.PoolStore.drop_pool` deletes besides the images (``images``,
+with ``image_data`` by image id). ``jobs`` is not here: a dropped pool's jobs stay listed, its
+live ones failed. A new per-pool table goes here, or a pool dropped and filled again inherits
+its rows (``tests/service/pool/test_pool.py`` reads every backend's schema for this)."""
 
 # Version 4 (jobs, stops), 5 (recipes, jobs.webhook_first) and 6 (samplers: auto's
 # decisions). No semicolons but between statements: the text is split on them.

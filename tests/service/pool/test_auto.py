@@ -25,6 +25,7 @@ from genaug.service.pool.auto_rule import (
     final_test,
 )
 from genaug.service.pool.store import PoolStore
+from genaug.service.pool.tables import POOL_TABLES
 from genaug.service.pool.types import Provenance
 from genaug.service.recipes.spec import JudgeSpec, LabelSpec, Recipe
 from genaug.service.turbo import Sampling, Turbo
@@ -226,6 +227,32 @@ def test_tallies_outlive_eviction(open_store: Any) -> None:
     _probe(store, auto, auto.own, "a", PROBE_IMAGES, kept=PROBE_IMAGES // 2)
     assert store.stats(PID, ["a"])["a"].fill == 50  # the pool kept 50 of 96 accepted
     assert auto._counts()[auto.own.name]["a"].judged == 2 * PROBE_IMAGES
+
+
+def test_a_dropped_pool_filled_again_probes_afresh(store: PoolStore) -> None:
+    """``genaug pool drop``: nothing of the pool is left (auto's decision and tallies, its
+    recipe's spec, its stops), so the pool filled again decides on its own images."""
+    auto = _auto(store)
+    _probe_all(store, auto, auto.own)
+    _probe_all(store, auto, auto.candidates[0])
+    assert auto.sampling_for("a") == auto.candidates[0]
+    assert auto.describe()["state"] == "decided"
+    store.recipe_specs.record(PID, _recipe())
+    store.stops.record(PID, "b", "stopped: the judge accepted 0 of 50", auto.judge_key)
+    held = sum(store.fill(PID).values())
+    assert held > 0 and store.drop_pool(PID) == held
+    with store.unit_of_work(write=False) as uow:
+        left = {table: int(uow.execute(f"SELECT COUNT(*) FROM {table} WHERE pool_id = ?",
+                                       (PID,)).fetchone()[0])
+                for table in ("images", *POOL_TABLES)}
+    assert set(left.values()) == {0}, left
+
+    again = _auto(store)  # the service started again on the dropped pool
+    assert again.sampling_for("a") == again.own and again.describe()["state"] == "probing"
+    _probe_all(store, again, again.own)
+    assert again.sampling_for("a") == again.candidates[0]  # probed, not inherited
+    assert again.describe()["state"] == "probing"
+    assert again._counts()[again.own.name]["a"].judged == PROBE_IMAGES
 
 
 def _undo_v6_sqlite(path: Any) -> None:

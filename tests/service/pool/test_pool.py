@@ -20,7 +20,9 @@ from _postgres import shared_cluster
 from genaug.service.pool.choice import choose_label
 from genaug.service.pool.draw import spread
 from genaug.service.pool.open import check_pool_settings, open_pool, replica_info
+from genaug.service.pool.sqlite import SqlitePoolStore
 from genaug.service.pool.store import PoolStore
+from genaug.service.pool.tables import POOL_TABLES
 from genaug.service.pool.types import (
     SCHEMA_VERSION,
     LabelStats,
@@ -188,6 +190,23 @@ def test_evicts_most_served_then_oldest(open_store: Opener) -> None:
     assert store.drop_pool("other") == 3 and store.fill("other") == {}
     assert "other" not in store.reads.pools() and store.stats("other") == {}
     assert store.integrity_check() == "ok"
+
+
+def test_every_table_with_a_pool_id_is_dropped_with_the_pool(store: PoolStore) -> None:
+    """The registry :data:`POOL_TABLES` is the schema's: each backend's tables with a
+    ``pool_id`` column are the images, the fill jobs (kept as history) and the registry's."""
+    with store.unit_of_work(write=False) as uow:
+        if isinstance(store, SqlitePoolStore):
+            tables = [str(r[0]) for r in uow.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()]
+            keyed = {t for t in tables
+                     if any(c[1] == "pool_id"
+                            for c in uow.execute(f"PRAGMA table_info({t})").fetchall())}
+        else:
+            keyed = {str(r[0]) for r in uow.execute(
+                "SELECT table_name FROM information_schema.columns WHERE column_name ="
+                " 'pool_id' AND table_schema = current_schema()").fetchall()}
+    assert keyed == {"images", "jobs", *POOL_TABLES}
 
 
 def test_add_validates_input(store: PoolStore) -> None:
