@@ -74,7 +74,7 @@ def describe(client: Client) -> dict[str, Any]:
     print(f"genaug {info['version']} on {info['device']['name']} ({model.get('dtype')}), "
           f"ready={info['ready']}")
     print(f"model: {model.get('kind')} from {model.get('source')}, "
-          f"weights {model.get('hash')}, scheduler {info['speed'].get('scheduler')}")
+          f"weights {model.get('hash')}, scheduler {info['acceleration'].get('scheduler')}")
     print(f"defaults: {limits['default_size']} px, {limits['default_steps']} steps; "
           f"at most {limits['max_n']} images per request")
     return info

@@ -48,7 +48,7 @@ from .jobs.loop import JobLoop
 from .jobs.webhooks import WebhookSender
 from .metrics import Metrics
 from .notify_url import allowed_hosts
-from .pipeline.speed import Speed, SpeedError, check_speed_settings
+from .pipeline.acceleration import Acceleration, AccelerationError, check_acceleration_settings
 from .pool.open import open_pool_store, replica_info
 from .pool.pending import pending_by_recipe
 from .pool.planner import PoolPlanner, pool_model_hash
@@ -139,8 +139,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
     state: AppState = app.state.genaug
     settings = state.settings
     # A model handed in by a loader (tests, the GPU bench) lives where it was built, maybe
-    # not on GENAUG_DEVICE: Speed.setup checks the speed options on its UNet's device.
-    state.device_info = check_startup(settings, speed=state.startup.loader is None)
+    # not on GENAUG_DEVICE: Acceleration.setup checks the acceleration options on its UNet's device.
+    state.device_info = check_startup(settings, acceleration=state.startup.loader is None)
     state.replica_info = replica_info(settings)
     if state.recipes:
         state.store = await asyncio.to_thread(open_pool_store, settings)
@@ -165,18 +165,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
         if state.store is not None:
             state.store.close()
             state.store = None
-        if state.speed is not None:
-            state.speed.close()
-            state.speed = None
+        if state.acceleration is not None:
+            state.acceleration.close()
+            state.acceleration = None
         state.pools = None
         state.fill_jobs = None
         state.model = None
 
 
-def check_startup(settings: Settings, *, speed: bool = True) -> dict[str, str]:
+def check_startup(settings: Settings, *, acceleration: bool = True) -> dict[str, str]:
     """Fail fast, before the server listens, on settings that can never work; return the
-    device's name, type and dtype. ``speed=False`` leaves the speed options to
-    :meth:`Speed.setup`, which reads the loaded model's device.
+    device's name, type and dtype. ``acceleration=False`` leaves the acceleration options to
+    :meth:`Acceleration.setup`, which reads the loaded model's device.
 
     Raises :class:`~genaug.service.pipeline.load.ModelLoadError`.
     """
@@ -185,9 +185,9 @@ def check_startup(settings: Settings, *, speed: bool = True) -> dict[str, str]:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     try:  # FP8 and attention kernels the device lacks, torchao missing: one line each
-        if speed:
-            check_speed_settings(settings, device)
-    except SpeedError as exc:
+        if acceleration:
+            check_acceleration_settings(settings, device)
+    except AccelerationError as exc:
         raise ModelLoadError(str(exc)) from exc
     for name, path in (
         ("GENAUG_MODEL", settings.model_path),
@@ -232,19 +232,19 @@ async def _load_and_warm(state: AppState) -> None:
         }
         state.model = model
         await asyncio.to_thread(_report_long_prompts, state, model)
-        # Before the speed options: they compile and quantize the turbo UNet too.
+        # Before the acceleration options: they compile and quantize the turbo UNet too.
         turbo = await asyncio.to_thread(attach_turbo, model.pipeline, settings)
-        speed = await asyncio.to_thread(Speed.setup, model, settings, state.metrics,
-                                        lambda info: state.speed_info.update(info))
-        state.speed = speed
+        acceleration = await asyncio.to_thread(Acceleration.setup, model, settings, state.metrics,
+                                        lambda info: state.acceleration_info.update(info))
+        state.acceleration = acceleration
         pipeline_worker = await asyncio.to_thread(  # loads GENAUG_LORAS: file reads
             PipelineWorker.from_settings, model, settings, state.metrics, turbo
         )
-        worker: Worker = speed.wrap(
+        worker: Worker = acceleration.wrap(
             startup.wrap_worker(pipeline_worker) if startup.wrap_worker else pipeline_worker
         )
         state.adapters_info = pipeline_worker.adapters.info()
-        state.speed_info.update(scheduler=pipeline_worker.schedulers.describe(),
+        state.acceleration_info.update(scheduler=pipeline_worker.schedulers.describe(),
                                 **pipeline_worker.adapters.swap_info())
         state.turbo_info = (pipeline_worker.turbo.describe()
                             if pipeline_worker.turbo is not None else None)
@@ -280,10 +280,10 @@ async def _load_and_warm(state: AppState) -> None:
         await batcher.start()
         state.batcher = batcher
         if settings.warmup:
-            plan = speed.plan(settings, state.recipes.values(), defaults=state.defaults())
+            plan = acceleration.plan(settings, state.recipes.values(), defaults=state.defaults())
             started = time.monotonic()
             await batcher.run_in_worker(
-                lambda: speed.warm_up(pipeline_worker, plan, stop=state.stopping))
+                lambda: acceleration.warm_up(pipeline_worker, plan, stop=state.stopping))
             log.info("warm-up done in %.2f s", time.monotonic() - started)
         if state.pools is not None:
             # Only now: a pool batch before the warm-up would run an uncompiled shape first.
@@ -335,7 +335,7 @@ def is_refusal(exc: BaseException) -> bool:
     from .pipeline.device import ModelLoadError
     from .pipeline.turbo_lora import TurboLoraError
 
-    return isinstance(exc, ModelLoadError | AdapterLoadError | SpeedError | TurboLoraError)
+    return isinstance(exc, ModelLoadError | AdapterLoadError | AccelerationError | TurboLoraError)
 
 
 def _job_loop(state: AppState, jobs: FillJobs) -> JobLoop:

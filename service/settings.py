@@ -56,7 +56,7 @@ BUILTIN_MODELS: dict[str, dict[str, float]] = {
 
 def regional_cuda_graphs_refusal(compile_mode: str) -> str:
     """The one line that refuses ``GENAUG_COMPILE=regional`` with a CUDA-graph mode (the
-    settings and the pipeline's speed options both say it)."""
+    settings and the pipeline's acceleration options both say it)."""
     return (
         f"GENAUG_COMPILE=regional cannot replay CUDA graphs (GENAUG_COMPILE_MODE="
         f"{compile_mode}): its one compiled transformer block replays many times within one "

@@ -171,7 +171,7 @@ def test_every_path_the_architecture_names_exists() -> None:
     ("`targets.py` (targets and", "`target.py` (targets and", "target.py"),  # in a map row
     ("`pool/need.py`", "`pool/needs.py`", "pool/needs.py"),                 # prose, service/
     ("bench/pool/need_fill_rate.py", "bench/pool/fill_rate.py", "bench/pool/fill_rate.py"),
-    ("`tests/test_import_order.py`", "`tests/test_import_orders.py`", "tests/test_import_orders.py"),  # from the root
+    ("`tests/test_import_order.py`", "`tests/test_imports.py`", "tests/test_imports.py"),  # root
     ("[deploy.md](deploy.md)", "[deploy.md](deploy2.md)", "deploy2.md"),    # a link
     ("`genaug.trainer`", "`genaug.trainers`", "genaug.trainers"),           # a module
     # a row's folder: it, and every name of the row below it

@@ -293,7 +293,7 @@ def check_adapters(run: Run, found: dict[str, Any]) -> None:
     with served(run, model, compile="regional", loras=loras, max_batch_images=1) as live:
         found["ready_s"] = round(time.perf_counter() - started, 1)
         with Client(live.url, timeout=900) as client:
-            speed = client.info()["speed"]
+            speed = client.info()["acceleration"]
             assert speed["adapter_swap"] == "hotswap", speed
             graphs = dynamo_counts()[0]
             dynamo_config.error_on_recompile = True  # a recompile now fails its request
@@ -327,13 +327,13 @@ def check_fp8_cuda_graphs(run: Run, found: dict[str, Any]) -> None:
     import torch
 
     from genaug.client import Client
-    from genaug.service.pipeline.speed import SpeedError
-    from genaug.service.pipeline.speed_options import SpeedOptions
+    from genaug.service.pipeline.acceleration import AccelerationError
+    from genaug.service.pipeline.acceleration_options import AccelerationOptions
 
     try:
-        SpeedOptions(compile="regional", compile_mode="reduce-overhead")
+        AccelerationOptions(compile="regional", compile_mode="reduce-overhead")
         raise AssertionError("regional compile with CUDA graphs was not refused")
-    except SpeedError as exc:
+    except AccelerationError as exc:
         assert "\n" not in str(exc) and "GENAUG_COMPILE=unet" in str(exc), exc
     fp8 = (run.device.type == "cuda"
            and torch.cuda.get_device_capability(run.device) >= (8, 9))
@@ -347,7 +347,7 @@ def check_fp8_cuda_graphs(run: Run, found: dict[str, Any]) -> None:
     started = time.perf_counter()
     with served(run, model, **settings) as live, Client(live.url, timeout=900) as client:
         found["ready_s"] = round(time.perf_counter() - started, 1)
-        speed = client.info()["speed"]
+        speed = client.info()["acceleration"]
         marked = model.pipeline.unet.forward
         calls = marked.calls
         images = [client.generate(PROMPT, n=1, seed=SEED + i, guidance=5.0,

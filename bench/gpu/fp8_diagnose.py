@@ -234,7 +234,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     unet, min_features = build_unet(args.tiny, device)
     import torchao
 
-    from genaug.service.pipeline.errors import SpeedError
+    from genaug.service.pipeline.errors import AccelerationError
     from genaug.service.pipeline.quantize import check_fp8
 
     entry: dict[str, Any] = {"process": args.child, "device": str(device), "latent": latent,
@@ -242,7 +242,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     try:
         check_fp8(device)
         entry["fp8_check"] = "passed"
-    except SpeedError as exc:  # the CPU: set aside below, recorded here
+    except AccelerationError as exc:  # the CPU: set aside below, recorded here
         entry["fp8_check"] = f"set aside: {exc}"
     entry["env"]["torchao_import_log"] = held_back("torchao")
     default_variants = VARIANTS if args.child == "default" else SHORT_VARIANTS

@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu/gpu_run.sh                       # baseline and best at batch 1 and 8
 #   bash bench/gpu/gpu_run.sh --plan sizes          # batch 4 and 16
-#   bash bench/gpu/gpu_run.sh --plan options        # each speed option alone at batch 8
+#   bash bench/gpu/gpu_run.sh --plan options        # each acceleration option alone at batch 8
 #   bash bench/gpu/gpu_run.sh --plan fp8            # the FP8 diagnosis
 #   bash bench/gpu/gpu_run.sh --plan speed          # the speed goal's configurations and
 #                                                   # speed turbo (a turbo LoRA, batch 16)

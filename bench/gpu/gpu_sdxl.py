@@ -1,13 +1,13 @@
-"""SDXL at full size, random weights: images/s, MFU, memory and warm-up for each speed option.
+"""SDXL at full size, random weights: images/s, MFU, memory and warm-up per acceleration option.
 
 Builds Stable Diffusion XL base 1.0 from its published configs (``bench/gpu/sdxl/*.json``,
 transcribed: nothing is downloaded; :mod:`bench.gpu._sdxl_model`, which the other GPU scripts
 share) with seeded random weights: the UNet (2,567,463,684
 parameters), both text encoders (CLIP ViT-L/14 and OpenCLIP ViT-bigG/14 text towers), the
 VAE, the Euler scheduler; the repo's byte-level tiny tokenizer stands in for CLIP's BPE (random
-weights make every token equally meaningless). Then, per speed option (``GENAUG_COMPILE``,
-``GENAUG_CHANNELS_LAST``, ...: :mod:`genaug.service.pipeline.speed`), per batch size, 1024x1024,
-30 steps, guidance 5:
+weights make every token equally meaningless). Then, per acceleration option
+(``GENAUG_COMPILE``, ``GENAUG_CHANNELS_LAST``, ...: :mod:`genaug.service.pipeline.acceleration`),
+per batch size, 1024x1024, 30 steps, guidance 5:
 
 - *direct*: ``PipelineWorker.run(key, items)`` in this process, one batch of B images;
 - *service*: the same model served by ``create_app`` under uvicorn in this process
@@ -207,13 +207,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def options_of(spec: str, best: str, new_best: str = NEW_BEST) -> Any:
     """A config's options: options joined by ``+``; ``best`` and ``new-best`` stand for
     those combinations (``best+quantize=fp8``: today's best with FP8)."""
-    from genaug.service.pipeline.speed_options import SpeedOptions
+    from genaug.service.pipeline.acceleration_options import AccelerationOptions
 
     names = {"best": best, "new-best": new_best}
     parts = [names.get(part.strip(), part.strip()) for part in spec.strip().split("+")]
     if parts[0] == TURBO:  # the turbo config: today's best unless it names its own options
         parts = parts[1:] or [best]
-    return SpeedOptions.parse("+".join(parts).replace("+", ","))
+    return AccelerationOptions.parse("+".join(parts).replace("+", ","))
 
 
 def plan_cells(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
@@ -491,7 +491,7 @@ def measure_cell(
 def run_config(
     bench: Bench, config: str, batches: list[int], flops_per_image: float, peak: float
 ) -> None:
-    from genaug.service.pipeline.speed import apply_speed
+    from genaug.service.pipeline.acceleration import apply_acceleration
     from genaug.service.pipeline.worker import PipelineWorker
 
     options = options_of(config, bench.args.best, bench.args.new_best)
@@ -515,7 +515,7 @@ def run_config(
         bench.sync()
         run.build_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        apply_speed(model.pipeline, options)
+        apply_acceleration(model.pipeline, options)
         run.apply_s = time.perf_counter() - t0
         worker = PipelineWorker(model)
         run.warmup_s = warm_up(bench, worker, batches)
@@ -726,7 +726,7 @@ def warm_cache_check(bench: Bench, batches: list[int], cache_dir: Path) -> dict[
 
 
 def warmup_only(bench: Bench) -> dict[str, Any]:
-    from genaug.service.pipeline.speed import apply_speed
+    from genaug.service.pipeline.acceleration import apply_acceleration
     from genaug.service.pipeline.worker import PipelineWorker
 
     options = options_of("best", bench.args.best)
@@ -735,7 +735,7 @@ def warmup_only(bench: Bench) -> dict[str, Any]:
     model = bench.build()
     bench.sync()
     build_s = time.perf_counter() - t0
-    apply_speed(model.pipeline, options)
+    apply_acceleration(model.pipeline, options)
     return {"build_s": build_s,
             "warmup_s": warm_up(bench, PipelineWorker(model), batches)}
 

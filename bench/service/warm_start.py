@@ -1,6 +1,6 @@
 """Ready in seconds: a compiled start with GENAUG_COMPILE_CACHE filled vs. a cold one.
 
-Each round runs ``genaug serve --warm-only`` (the service's own load, speed options and
+Each round runs ``genaug serve --warm-only`` (the service's own load, acceleration options and
 warm-up, then exit) twice, interleaved: *cold*, with an empty compile cache folder, and
 *cached*, with the folder a cold start of the same round filled; each in a fresh ``TMPDIR``,
 so torch's own caches are empty and only the entry travels. The figure is the wall time of

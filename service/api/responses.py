@@ -155,8 +155,8 @@ class CompileCacheInfo(BaseModel):
     state: str
 
 
-class SpeedInfo(BaseModel):
-    """The speed options in force and the shapes compiled at warm-up. ``attention`` is the
+class AccelerationInfo(BaseModel):
+    """The acceleration options in force and the shapes compiled at warm-up. ``attention`` is the
     setting, ``attention_backend`` the kernel it chose on this device (``default``: torch's
     own order); ``quantized_layers`` counts the UNet's FP8 linear layers; ``batch_sizes`` are
     the sizes a batch is padded to with CUDA graphs (empty without)."""
@@ -204,7 +204,12 @@ class InfoResponse(BaseModel):
     model: ModelInfo | None
     device: DeviceInfo
     adapters: list[AdapterInfo]
-    speed: SpeedInfo
+    acceleration: AccelerationInfo
+    speed: AccelerationInfo = Field(
+        deprecated="`speed` is `acceleration` under its old name (the compile options; a "
+                   "recipe's and a request's `speed` is the sampler mode); it goes in the next "
+                   "release: read `acceleration`",
+        description="Deprecated: the same object as `acceleration`, kept for one release.")
     turbo: TurboInfo | None = Field(
         None, description="What speed turbo draws with (null: this model serves no turbo; "
         "a model folder needs GENAUG_TURBO_LORA).")

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from ..batching.items import Worker
     from ..jobs.fill_jobs import FillJobs
     from ..jobs.loop import JobLoop
+    from ..pipeline.acceleration import Acceleration
     from ..pipeline.load import LoadedModel
-    from ..pipeline.speed import Speed
     from ..pipeline.worker import PipelineWorker
     from ..pool.serving import PoolServing
     from ..pool.store import PoolStore
@@ -47,7 +47,7 @@ class Startup:
 class AppState:
     """Settings, metrics, request models and, once ready, the model, batcher and pools.
 
-    The ``*_info`` dicts are what ``GET /v1/info`` reports for the device, the speed options,
+    The ``*_info`` dicts are what ``GET /v1/info`` reports for the device, the acceleration options,
     the LoRA adapters and the replica; each is filled by the part that knows it.
     """
 
@@ -61,15 +61,15 @@ class AppState:
     store: PoolStore | None = None
     pools: PoolServing | None = None
     device_info: dict[str, Any] = field(default_factory=dict)
-    speed_info: dict[str, Any] = field(default_factory=dict)
+    acceleration_info: dict[str, Any] = field(default_factory=dict)
     adapters_info: list[dict[str, Any]] = field(default_factory=list)
     replica_info: dict[str, Any] = field(default_factory=dict)
     #: ``speed: turbo``'s sampler as the worker serves it (None: no turbo here).
     turbo_info: dict[str, Any] | None = None
     ready: bool = False
     load_error: str | None = None
-    #: The speed options applied, their warm-up (its progress) and compile cache.
-    speed: Speed | None = None
+    #: The acceleration options applied, their warm-up (its progress) and compile cache.
+    acceleration: Acceleration | None = None
     #: Set when the service stops: a warm-up under way ends before its next shape.
     stopping: threading.Event = field(default_factory=threading.Event)
     started_at: float = field(default_factory=time.time)
@@ -103,7 +103,8 @@ class AppState:
     def starting(self) -> str:
         """What a start is doing, for ``/readyz`` and the answers before it is ready:
         ``loading``, then ``warming 3 of 8: 1024x1024 batch 4 (41 s, compiling)``."""
-        progress = self.speed.progress if self.speed is not None else None
+        progress = (self.acceleration.progress if self.acceleration is not None
+                    else None)
         if progress is not None and not progress.finished:
             return progress.text()
         return "loading"

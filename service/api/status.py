@@ -27,6 +27,7 @@ from .recipes import summary_of
 from .requests import state_of
 from .responses import (
     READ_ERRORS,
+    AccelerationInfo,
     AdapterInfo,
     ClientReport,
     ClientsResponse,
@@ -37,7 +38,6 @@ from .responses import (
     ModelInfo,
     RecipeSummary,
     ReplicaInfo,
-    SpeedInfo,
     StatusResponse,
     TurboInfo,
 )
@@ -72,7 +72,8 @@ async def readyz(request: Request) -> Response:
 
 
 def info_of(state: AppState) -> InfoResponse:
-    """What ``GET /v1/info`` answers, grouped: model, device, adapters, speed, replica, limits."""
+    """What ``GET /v1/info`` answers, grouped: model, device, adapters, acceleration, replica,
+    limits."""
     s = state.settings
     size, steps, guidance = state.defaults()
     model = None
@@ -90,6 +91,7 @@ def info_of(state: AppState) -> InfoResponse:
     resolved: dict[str, Any] = {
         "min_timeout_s": MIN_TIMEOUT_S, "default_size": size, "default_steps": steps,
         "default_guidance": guidance, "default_timeout_s": s.request_timeout_s}
+    acceleration = AccelerationInfo(**state.acceleration_info)
     return InfoResponse(
         version=__version__,
         ready=state.ready,
@@ -97,7 +99,8 @@ def info_of(state: AppState) -> InfoResponse:
         model=model,
         device=DeviceInfo(**device) if device else DeviceInfo(name=s.device, type="unknown"),
         adapters=[AdapterInfo(**a) for a in state.adapters_info],
-        speed=SpeedInfo(**state.speed_info),
+        acceleration=acceleration,
+        speed=acceleration,  # the deprecated alias, one release
         turbo=TurboInfo(**state.turbo_info) if state.turbo_info is not None else None,
         replica=ReplicaInfo(**state.replica_info),
         limits=Limits(**{name: resolved[name] if name in resolved else getattr(s, name)
@@ -107,7 +110,7 @@ def info_of(state: AppState) -> InfoResponse:
 
 @router.get("/v1/info", response_model=InfoResponse, tags=["service"], responses=READ_ERRORS)
 async def info(request: Request) -> InfoResponse:
-    """Model, device, adapters, speed options, replica, limits and version."""
+    """Model, device, adapters, acceleration options, replica, limits and version."""
     return info_of(state_of(request))
 
 

@@ -31,8 +31,9 @@ from .items import Outcome
 from .queue import Batch, FairQueue, Part
 from .usage import POOL_CLIENT, Activity
 
-# The batcher's logger (this module's answers are the batcher's): log filters and the reliability check that finds
-# a failed batch's error id (reliability/faults.py) read "genaug.service.batching.batcher".
+# The batcher's logger (this module's answers are the batcher's): log filters and the
+# reliability check that finds a failed batch's error id (reliability/faults.py) read
+# "genaug.service.batching.batcher".
 log = logging.getLogger("genaug.service.batching.batcher")
 
 SHUTTING_DOWN = "the service is shutting down; retry on a replica"

@@ -118,8 +118,8 @@ def _refused_before_loading(settings: Any) -> str:
     ("" when nothing): ``GENAUG_REPLICA`` not written ``i/N``; a ``GENAUG_COMPILE_CACHE`` that
     cannot keep what ``GENAUG_COMPILE`` compiles (found now rather than by the save after
     minutes of compiling; nothing is checked when nothing compiles or nothing is kept)."""
+    from ..pipeline.acceleration import compile_cache_root
     from ..pipeline.compile_cache import CompileCacheError, check_cache_folder
-    from ..pipeline.speed import compile_cache_root
     from ..pool.types import PoolConfigError, parse_partition
 
     try:
@@ -198,7 +198,7 @@ def _serve(settings: Any, failures: list[BaseException],
 
 
 def _warm_only(settings: Any) -> int:
-    """``genaug serve --warm-only``: the service's own start (load, speed options, warm-up
+    """``genaug serve --warm-only``: the service's own start (load, acceleration options, warm-up
     through the compile cache) without a socket, then its own shutdown; 0 once warmed and,
     with compilation and a compile cache, once the cache holds what compiling made (1 when
     it kept nothing: the next start would compile again)."""
@@ -227,7 +227,8 @@ def _warm_only(settings: Any) -> int:
             state = app.state.genaug
             while not state.ready and not failures:
                 await asyncio.sleep(0.1)
-            return state.speed.info() if state.speed is not None else {}
+            return (state.acceleration.info() if state.acceleration is not None
+                    else {})
 
     info = asyncio.run(warm())
     if failures:

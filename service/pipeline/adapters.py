@@ -196,7 +196,7 @@ class Adapters:
                 for i in self._infos.values()]
 
     def swap_info(self) -> dict[str, Any]:
-        """How adapters switch, for ``/v1/info``'s ``speed``: ``adapter_swap`` is
+        """How adapters switch, for ``/v1/info``'s ``acceleration``: ``adapter_swap`` is
         ``hotswap`` (one compiled slot of rank ``lora_max_rank``) or ``resident``."""
         hot = self.hotswap and bool(self._infos)
         return {"adapter_swap": "hotswap" if hot else "resident",
@@ -278,8 +278,8 @@ class Adapters:
         order = sorted(states, key=lambda n: -len(states[n][2]))  # stable: load order on ties
         first = order[0]
         # Before the first adapter is injected: the slot is padded to `rank` and its scales
-        # become tensors. check_compiled="ignore": Speed.setup may have called unet.compile(),
-        # which compiles lazily, and nothing has run the UNet yet.
+        # become tensors. check_compiled="ignore": Acceleration.setup may have called
+        # unet.compile(), which compiles lazily, and nothing has run the UNet yet.
         self.pipe.enable_lora_hotswap(target_rank=rank, check_compiled="ignore")
         where, path, state = states[first]
         self._inject(where, state, adapter_name=SLOT)

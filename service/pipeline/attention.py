@@ -1,5 +1,5 @@
 """Which attention kernel ``scaled_dot_product_attention`` uses (``GENAUG_ATTENTION``), chosen
-when the model loads and reported in ``/v1/info``'s ``speed``.
+when the model loads and reported in ``/v1/info``'s ``acceleration``.
 
 diffusers' SDXL attention processors call ``torch.nn.functional.scaled_dot_product_attention``;
 torch picks a kernel per call from an ordered list of backends (by default flash, efficient,
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import SpeedError
+from .errors import AccelerationError
 
 if TYPE_CHECKING:
     import torch
@@ -69,13 +69,13 @@ def choose_attention(setting: str, device: torch.device) -> AttentionChoice:
     """Resolve ``GENAUG_ATTENTION`` on ``device``.
 
     Raises:
-        SpeedError: an unknown name, a CUDA-only kernel on the CPU, FlashAttention-3 on a
+        AccelerationError: an unknown name, a CUDA-only kernel on the CPU, FlashAttention-3 on a
             GPU that is not Hopper or without its package, cuDNN attention without cuDNN.
     """
     import torch
 
     if setting not in ATTENTION_CHOICES:
-        raise SpeedError(
+        raise AccelerationError(
             f"attention {setting!r} is not one of {', '.join(ATTENTION_CHOICES)}; set "
             "GENAUG_ATTENTION to one of those"
         )
@@ -96,24 +96,24 @@ def choose_attention(setting: str, device: torch.device) -> AttentionChoice:
     has = "no compute capability (not a CUDA GPU)" if capability is None else (
         f"compute capability {capability[0]}.{capability[1]}")
     if setting in _CUDA_ONLY and capability is None:
-        raise SpeedError(
+        raise AccelerationError(
             f"GENAUG_ATTENTION={setting} is a CUDA kernel; {device} has {has}. Set "
             "GENAUG_ATTENTION=auto (or flash or math on the CPU)"
         )
     if setting == "flash3":
         if capability is None or capability[0] != _FA3_CAPABILITY[0]:
-            raise SpeedError(
+            raise AccelerationError(
                 f"GENAUG_ATTENTION=flash3 (FlashAttention-3) runs on Hopper GPUs (compute "
                 f"capability 9.x); {device} has {has}. Set GENAUG_ATTENTION=auto"
             )
         if not _fa3_installed():
-            raise SpeedError(
+            raise AccelerationError(
                 f"GENAUG_ATTENTION=flash3 needs FlashAttention-3 ({_FA3_MODULE}, built from "
                 "flash-attention's hopper/ folder), which is not installed, and a torch that "
                 "can activate it; install it, or set GENAUG_ATTENTION=auto"
             )
     if setting == "cudnn" and not _cudnn_available():
-        raise SpeedError(
+        raise AccelerationError(
             "GENAUG_ATTENTION=cudnn needs cuDNN, which this torch build cannot use; set "
             "GENAUG_ATTENTION=auto"
         )

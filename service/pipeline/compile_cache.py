@@ -9,10 +9,10 @@ models, options and machines, a copy to a machine of another instruction set cou
 kernel it cannot run, and a start killed while it compiles would leave half a folder. So:
 
 - **One entry per key.** An entry is ``<GENAUG_COMPILE_CACHE>/<key>/``, the key a hash of what
-  makes compiled code valid (:func:`cache_fields`: the model's weights hash, the speed options,
-  the warm-up's shapes, the versions of Python, torch, triton and diffusers, and the device:
-  the GPU's name and compute capability, or the CPU's instruction set as torch sees it, so a
-  cache made with AVX-512 is never loaded where there is none).
+  makes compiled code valid (:func:`cache_fields`: the model's weights hash, the acceleration
+  options, the warm-up's shapes, the versions of Python, torch, triton and diffusers, and the
+  device: the GPU's name and compute capability, or the CPU's instruction set as torch sees it,
+  so a cache made with AVX-512 is never loaded where there is none).
 - **Loaded before warm-up, into a private folder.** :meth:`CompileCache.open` makes a working
   folder for this process, copies a sound entry into it and points inductor (and Triton) at
   it; a process never writes into an entry.
@@ -54,7 +54,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import SpeedError
+from .errors import AccelerationError
 
 __all__ = ["FORMAT", "CompileCache", "CompileCacheError", "cache_fields", "check_cache_folder",
            "default_cache_dir", "kept"]
@@ -70,7 +70,7 @@ INDUCTOR_VAR = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_VAR = "TRITON_CACHE_DIR"
 
 
-class CompileCacheError(SpeedError):
+class CompileCacheError(AccelerationError):
     """``GENAUG_COMPILE_CACHE`` names a place no entry can be written to; the message (one
     line) names the variable, the path, why, and the fix."""
 
@@ -111,7 +111,7 @@ def default_cache_dir() -> Path:
 def cache_fields(*, weights_hash: str, options: str, shapes: list[str],
                  device: Any) -> dict[str, str]:
     """What makes compiled code valid here, as text: an entry is reused only where every field
-    is equal. ``options`` is the speed options' label, ``shapes`` the warm-up's shapes,
+    is equal. ``options`` is the acceleration options' label, ``shapes`` the warm-up's shapes,
     ``device`` the torch device the UNet runs on."""
     import torch
 
@@ -306,7 +306,7 @@ class CompileCache:
             self.workdir = None
 
     def describe(self) -> dict[str, Any]:
-        """What ``/v1/info``'s ``speed.compile_cache`` shows."""
+        """What ``/v1/info``'s ``acceleration.compile_cache`` shows."""
         return {"folder": str(self.root), "key": self.key, "state": self.state}
 
 

@@ -2,7 +2,7 @@
 blocks), :class:`UNetCall` (the eager wrapper that marks the batch dimension dynamic and runs a
 batch of 1 as 2), and dynamo's counters (:func:`compile_counts`).
 
-:func:`~genaug.service.pipeline.speed.apply_speed` calls :func:`compile_unet` when
+:func:`~genaug.service.pipeline.acceleration.apply_acceleration` calls :func:`compile_unet` when
 ``GENAUG_COMPILE`` is not ``off``; the warm-up reads :func:`compile_counts` to say whether a
 shape compiled, came from the cache or reused a compile. torch is imported inside functions.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import SpeedError
-from .speed_options import SpeedOptions
+from .acceleration_options import AccelerationOptions
+from .errors import AccelerationError
 from .warmup import CompileCounts
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def raise_recompile_limit() -> None:
             return
 
 
-def compile_unet(unet: Any, options: SpeedOptions) -> None:
+def compile_unet(unet: Any, options: AccelerationOptions) -> None:
     """Compile the UNet (``unet``) or its repeated blocks (``regional``) once for every batch
     size.
 
@@ -77,7 +77,7 @@ def compile_unet(unet: Any, options: SpeedOptions) -> None:
     blocks = [m for m in unet.modules()
               if type(m).__name__ in (getattr(unet, "_repeated_blocks", None) or ())]
     if not blocks:
-        raise SpeedError(
+        raise AccelerationError(
             f"GENAUG_COMPILE=regional: the UNet ({type(unet).__name__}) declares no repeated "
             "blocks diffusers can compile; set GENAUG_COMPILE=unet")
     for block in blocks:  # one code object: the blocks of a class share their compile

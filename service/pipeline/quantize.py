@@ -22,7 +22,7 @@ refused in one line. ``skip`` keeps more layers in bf16 by name (e.g. the layer
 
 Example::
 
-    check_fp8(torch.device("cuda:0"))       # raises SpeedError on a device without FP8
+    check_fp8(torch.device("cuda:0"))       # raises AccelerationError on a device without FP8
     layers = quantize_fp8(pipeline.unet)    # 'down_blocks.2.attentions.0...to_q', ...
     fp8_layer_filter(torch.nn.Linear(1280, 1280), "mid_block.attentions.0...to_q")  # True
     quantize_fp8(unet, skip=("up_blocks.0.",))  # the first up block's layers stay bf16
@@ -35,7 +35,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import SpeedError
+from .errors import AccelerationError
 from .quiet import held_back
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def fp8_refusal(device: str, capability: tuple[int, int] | None, name: str = "")
 
 
 def check_fp8(device: torch.device) -> None:
-    """Raise :class:`SpeedError` (one line) unless ``device`` has FP8 and torchao is
+    """Raise :class:`AccelerationError` (one line) unless ``device`` has FP8 and torchao is
     installed."""
     import torch
 
@@ -122,13 +122,13 @@ def check_fp8(device: torch.device) -> None:
         name = torch.cuda.get_device_name(device)
     refusal = fp8_refusal(str(device), capability, name)
     if refusal is not None:
-        raise SpeedError(refusal)
+        raise AccelerationError(refusal)
     load_torchao()
 
 
 def load_torchao() -> tuple[Any, Any, Any]:
     """torchao's ``quantize_``, ``Float8DynamicActivationFloat8WeightConfig`` and ``PerRow``;
-    :class:`SpeedError` naming the extra to install when torchao is missing."""
+    :class:`AccelerationError` naming the extra to install when torchao is missing."""
     try:
         from torchao.quantization import (  # type: ignore[import-not-found,unused-ignore]
             Float8DynamicActivationFloat8WeightConfig,
@@ -136,7 +136,7 @@ def load_torchao() -> tuple[Any, Any, Any]:
             quantize_,
         )
     except ImportError as exc:
-        raise SpeedError(
+        raise AccelerationError(
             f"GENAUG_QUANTIZE=fp8 needs torchao, which is not installed ({exc}); "
             f"{_EXTRA_HINT}, or set GENAUG_QUANTIZE=none"
         ) from exc
@@ -182,7 +182,7 @@ def quantize_fp8(
     ones. ``convs``: the UNet's 2-D convolutions too, each made an
     :class:`~genaug.service.pipeline.fp8_conv.Fp8Conv2d`
     (:func:`~genaug.service.pipeline.fp8_conv.fp8_conv_filter`, ``skip`` applies). Raises
-    :class:`SpeedError` when a chosen layer is not bfloat16.
+    :class:`AccelerationError` when a chosen layer is not bfloat16.
     """
     import torch
 
@@ -199,7 +199,7 @@ def quantize_fp8(
     dtypes = {layers[fqn].weight.dtype for fqn in chosen}
     if dtypes - {torch.bfloat16}:
         found = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-        raise SpeedError(
+        raise AccelerationError(
             f"GENAUG_QUANTIZE=fp8 quantizes bfloat16 layers (per-row scales); the UNet's are "
             f"{found}. Set GENAUG_DTYPE=bfloat16 (or auto on CUDA), or GENAUG_QUANTIZE=none"
         )
@@ -228,7 +228,7 @@ def _quantize_convs(unet: torch.nn.Module, skip: tuple[str, ...]) -> list[str]:
     dtypes = {unet.get_submodule(fqn).weight.dtype for fqn in chosen}
     if dtypes - {torch.bfloat16}:
         found = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-        raise SpeedError(
+        raise AccelerationError(
             f"GENAUG_QUANTIZE=fp8-conv quantizes bfloat16 convolutions; the UNet's are "
             f"{found}. Set GENAUG_DTYPE=bfloat16 (or auto on CUDA), or GENAUG_QUANTIZE=none")
     for fqn in chosen:

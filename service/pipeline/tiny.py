@@ -333,7 +333,7 @@ class PerSample:
     Every tensor argument (also inside dicts, lists and tuples) whose leading dimension equals
     the batch size of the first argument is sliced to that element and copied to fresh,
     aligned memory, so each call sees exactly the shapes and alignment it would see alone.
-    ``inner`` may be replaced (the speed options compile it: every call it sees is a batch of
+    ``inner`` may be replaced (the acceleration options compile it: every call it sees is a batch of
     one, so one compile serves every batch size).
     """
 

@@ -1,9 +1,9 @@
 """The hot-path wrappers of the batcher's worker while compilation is on.
 
 With ``GENAUG_COMPILE`` set, the lifespan wraps the :class:`PipelineWorker` in a
-:class:`TrackedWorker` (:meth:`~genaug.service.pipeline.speed.Speed.wrap`): every batch reports
-its shape to the :class:`~genaug.service.pipeline.warmup.ShapeTracker` before it runs, and
-after it, whatever dynamo compiled meanwhile is counted as a recompile. With CUDA graphs
+:class:`TrackedWorker` (:meth:`~genaug.service.pipeline.acceleration.Acceleration.wrap`): every
+batch reports its shape to the :class:`~genaug.service.pipeline.warmup.ShapeTracker` before it
+runs, and after it, whatever dynamo compiled meanwhile is counted as a recompile. With CUDA graphs
 (``GENAUG_COMPILE_MODE`` reduce-overhead or max-autotune) a :class:`PaddedWorker` around it
 pads each batch to the next of a few batch sizes, all compiled at warm-up. With compilation
 off the worker is not wrapped at all.

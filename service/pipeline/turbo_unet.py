@@ -1,7 +1,7 @@
 """The turbo UNet: a second copy of the UNet with the turbo LoRA fused in, beside the first.
 
 ``GENAUG_TURBO_LORA`` (:mod:`genaug.service.turbo`) is fused into a copy of the UNet
-(:func:`~genaug.service.pipeline.turbo_lora.fuse_turbo_unet`) before the speed options are
+(:func:`~genaug.service.pipeline.turbo_lora.fuse_turbo_unet`) before the acceleration options are
 applied, so compiling and FP8 treat it as they treat the first (its weights are plain
 weights); batches whose key says ``speed="turbo"`` run it, every other batch runs the first
 UNet, untouched, so a quality image is the image it always was. Why a copy and not a second

@@ -9,8 +9,8 @@ bookkeeping of which batch shapes the (compiled) pipeline has seen.
   recompile (counted, and logged with the setting that avoids it). The hot path reports each
   batch to it through :class:`~genaug.service.pipeline.tracked.TrackedWorker`.
 
-The lifespan drives all three through :class:`~genaug.service.pipeline.speed.Speed`. Nothing
-here imports torch.
+The lifespan drives all three through
+:class:`~genaug.service.pipeline.acceleration.Acceleration`. Nothing here imports torch.
 
 Example::
 

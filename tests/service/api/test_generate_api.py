@@ -69,7 +69,13 @@ def test_probes_info_and_metrics(service: Any) -> None:
     assert info["device"]["torch_threads"] >= 1 and info["device"]["cuda_uuid"] is None
     assert info["limits"]["max_batch_images"] == 8
     assert info["limits"]["default_size"] == 64
-    assert set(info) >= {"model", "device", "adapters", "speed", "replica", "limits"}
+    assert set(info) >= {"model", "device", "adapters", "acceleration", "replica", "limits"}
+    # `speed`, the acceleration group's old name, answers the same for one release, and the
+    # schema marks it deprecated (a recipe's and a request's `speed` is the sampler mode).
+    assert info["speed"] == info["acceleration"] and info["acceleration"]["compile"] == "off"
+    schema = httpx.get(service.url + "/openapi.json").json()["components"]["schemas"]
+    assert schema["InfoResponse"]["properties"]["speed"]["deprecated"] is True
+    assert "deprecated" not in schema["InfoResponse"]["properties"]["acceleration"]
     text = httpx.get(service.url + "/metrics").text
     for name in ("genaug_queue_images", "genaug_batch_images", "genaug_images_generated",
                  "genaug_queue_wait_seconds", "genaug_request_latency_seconds",

@@ -305,7 +305,7 @@ def test_ten_adapters_on_a_compiled_unet_never_recompile(tmp_path: Path) -> None
     from torch._dynamo.utils import counters
 
     from genaug.service.adapt.train import AdaptConfig, AdaptData, adapt
-    from genaug.service.pipeline.speed import Speed
+    from genaug.service.pipeline.acceleration import Acceleration
 
     loras: dict[str, Path] = {}
     shots = np.random.default_rng(0).integers(0, 256, (2, 64, 64, 3), dtype=np.uint8)
@@ -320,10 +320,10 @@ def test_ten_adapters_on_a_compiled_unet_never_recompile(tmp_path: Path) -> None
     torch._dynamo.reset()
     try:
         model = fresh_model()
-        speed = Speed.setup(model, settings)
+        acceleration = Acceleration.setup(model, settings)
         worker = PipelineWorker(model, loras=loras, hotswap=True)
         assert worker.adapters.max_rank == 8
-        speed.warm_up(worker, speed.plan(settings, [], defaults=(64, 2, 5.0)))
+        acceleration.warm_up(worker, acceleration.plan(settings, [], defaults=(64, 2, 5.0)))
         graphs = int(counters["stats"]["unique_graphs"])
         assert graphs > 0
         names = [None, *loras]

@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend
 
 from genaug.service.app import check_startup
 from genaug.service.pipeline import attention
+from genaug.service.pipeline.acceleration import AccelerationError
 from genaug.service.pipeline.attention import (
     ATTENTION_CHOICES,
     AttentionChoice,
@@ -26,7 +27,6 @@ from genaug.service.pipeline.attention import (
     choose_attention,
 )
 from genaug.service.pipeline.device import ModelLoadError
-from genaug.service.pipeline.speed import SpeedError
 from genaug.service.settings import Settings
 from genaug.service.testing import load_tiny, start_service
 
@@ -67,7 +67,7 @@ def test_auto_on_the_cpu_is_torchs_own_choice() -> None:
 
 @pytest.mark.parametrize("kernel", ["cudnn", "efficient", "flash3"])
 def test_a_cuda_kernel_on_the_cpu_is_refused_in_one_line(kernel: str) -> None:
-    with pytest.raises(SpeedError) as caught:
+    with pytest.raises(AccelerationError) as caught:
         choose_attention(kernel, CPU)
     message = str(caught.value)
     assert "\n" not in message
@@ -101,10 +101,11 @@ def test_auto_before_hopper_is_torchs_own_choice(gpu: Any, capability: tuple[int
 
 def test_flash3_is_refused_off_hopper_and_without_its_package(gpu: Any) -> None:
     gpu((8, 0), fa3=True)
-    with pytest.raises(SpeedError, match="compute capability 8.0. Set GENAUG_ATTENTION=auto"):
+    with pytest.raises(AccelerationError,
+                       match="compute capability 8.0. Set GENAUG_ATTENTION=auto"):
         choose_attention("flash3", GPU)
     gpu((9, 0), fa3=False)
-    with pytest.raises(SpeedError, match="flash_attn_interface.*not installed"):
+    with pytest.raises(AccelerationError, match="flash_attn_interface.*not installed"):
         choose_attention("flash3", GPU)
     gpu((9, 0), fa3=True)
     assert choose_attention("flash3", GPU).backend == "flash3"
@@ -117,7 +118,7 @@ def test_settings_take_the_documented_names(monkeypatch: pytest.MonkeyPatch) -> 
         assert Settings().attention == name
     with pytest.raises(ValueError, match="attention"):
         Settings(attention="fastest")  # type: ignore[arg-type]
-    with pytest.raises(SpeedError, match="GENAUG_ATTENTION to one of"):
+    with pytest.raises(AccelerationError, match="GENAUG_ATTENTION to one of"):
         choose_attention("fastest", CPU)
 
 
@@ -167,7 +168,7 @@ def test_default_is_torchs_own_state_even_after_another_choice(untouched: None) 
 
 def test_info_reports_the_setting_and_the_kernel_it_chose() -> None:
     with start_service(load_tiny(), attention="auto") as live:
-        speed = httpx.get(live.url + "/v1/info", timeout=10).json()["speed"]
-    assert (speed["attention"], speed["attention_backend"]) == ("auto", "default")
-    assert (speed["quantize"], speed["quantized_layers"]) == ("none", 0)
-    assert (speed["compile_mode"], speed["batch_sizes"]) == ("default", [])
+        acceleration = httpx.get(live.url + "/v1/info", timeout=10).json()["acceleration"]
+    assert (acceleration["attention"], acceleration["attention_backend"]) == ("auto", "default")
+    assert (acceleration["quantize"], acceleration["quantized_layers"]) == ("none", 0)
+    assert (acceleration["compile_mode"], acceleration["batch_sizes"]) == ("default", [])

@@ -19,8 +19,8 @@ import pytest
 
 from genaug.client import Client
 from genaug.service.batching.items import Flight, GroupKey, Item, Outcome, Paused, to_end
-from genaug.service.pipeline.speed import Speed, SpeedError
-from genaug.service.pipeline.speed_options import SpeedOptions
+from genaug.service.pipeline.acceleration import Acceleration, AccelerationError
+from genaug.service.pipeline.acceleration_options import AccelerationOptions
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.pipeline.tracked import PaddedWorker, TrackedWorker
 from genaug.service.pipeline.warmup import (
@@ -86,15 +86,16 @@ def test_batch_sizes_are_powers_of_two_and_the_largest_batch() -> None:
 def test_compile_mode_needs_compilation() -> None:
     with pytest.raises(ValueError, match="GENAUG_COMPILE_MODE=reduce-overhead needs"):
         Settings(compile_mode="reduce-overhead")
-    with pytest.raises(SpeedError, match="GENAUG_COMPILE=unet or regional"):
-        SpeedOptions(compile_mode="max-autotune")
+    with pytest.raises(AccelerationError, match="GENAUG_COMPILE=unet or regional"):
+        AccelerationOptions(compile_mode="max-autotune")
     with pytest.raises(ValueError, match="compile_mode"):
         Settings(compile="unet", compile_mode="fastest")  # type: ignore[arg-type]
     s = Settings(compile="unet", compile_mode="max-autotune")
-    assert SpeedOptions.from_settings(s).cuda_graphs
-    assert not SpeedOptions(compile="unet", compile_mode="max-autotune-no-cudagraphs").cuda_graphs
-    assert not SpeedOptions(compile="unet").cuda_graphs
-    assert SpeedOptions.parse("compile=unet,compile_mode=reduce-overhead").label == (
+    assert AccelerationOptions.from_settings(s).cuda_graphs
+    assert not AccelerationOptions(compile="unet",
+                                   compile_mode="max-autotune-no-cudagraphs").cuda_graphs
+    assert not AccelerationOptions(compile="unet").cuda_graphs
+    assert AccelerationOptions.parse("compile=unet,compile_mode=reduce-overhead").label == (
         "compile=unet+compile_mode=reduce-overhead"
     )
 
@@ -188,22 +189,22 @@ def test_dropping_every_real_row_stops_the_padded_batch(generator: PipelineWorke
 
 
 def test_speed_pads_outside_the_tracker_so_warm_sizes_are_no_recompile() -> None:
-    speed = Speed.setup(build_tiny_pipeline(), Settings(
+    acceleration = Acceleration.setup(build_tiny_pipeline(), Settings(
         compile="unet", compile_mode="reduce-overhead", max_batch_images=4))
-    info = speed.info()
+    info = acceleration.info()
     assert (info["compile_mode"], info["batch_sizes"]) == ("reduce-overhead", [1, 2, 4])
 
     class Stand:
         def run(self, key: GroupKey, batch: Sequence[Item], flight: Any = None) -> Outcome:
             return Outcome(images=[np.zeros((64, 64, 3), np.uint8)] * len(batch))
 
-    worker = speed.wrap(Stand())
+    worker = acceleration.wrap(Stand())
     assert isinstance(worker, PaddedWorker) and isinstance(worker.inner, TrackedWorker)
     for size in (1, 2, 4):
-        speed.tracker.mark_compiled(KEY, size)
+        acceleration.tracker.mark_compiled(KEY, size)
     for n in (1, 2, 3, 4):
         assert len(to_end(worker.run(KEY, items(n))).images) == n
-    assert speed.tracker.recompiles == 0
+    assert acceleration.tracker.recompiles == 0
     assert ShapeTracker(active=False).compiled_shapes == []
 
 
@@ -221,9 +222,9 @@ def test_cuda_graph_mode_warms_every_size_and_serves_any_batch_without_compiling
                            max_batch_images=3, ready_timeout=900) as live:
             import httpx
 
-            speed = httpx.get(live.url + "/v1/info", timeout=10).json()["speed"]
-            assert speed["batch_sizes"] == [1, 2, 3]
-            assert set(speed["compiled_shapes"]) == {"64x64:1", "64x64:2", "64x64:3"}
+            acceleration = httpx.get(live.url + "/v1/info", timeout=10).json()["acceleration"]
+            assert acceleration["batch_sizes"] == [1, 2, 3]
+            assert set(acceleration["compiled_shapes"]) == {"64x64:1", "64x64:2", "64x64:3"}
             with Client(live.url, timeout=900) as client:
                 for n in (1, 2, 3):
                     client.generate("a red circle", n=n, seed=1, steps=2, timeout_s=900)

@@ -28,6 +28,7 @@ import torch
 from genaug.service.app import check_startup
 from genaug.service.batching.items import GroupKey, Item
 from genaug.service.pipeline import quantize
+from genaug.service.pipeline.acceleration import Acceleration, AccelerationError
 from genaug.service.pipeline.device import ModelLoadError
 from genaug.service.pipeline.load import LoadedModel, load_model
 from genaug.service.pipeline.quantize import (
@@ -41,7 +42,6 @@ from genaug.service.pipeline.quantize import (
     quantize_fp8,
 )
 from genaug.service.pipeline.quiet import held_back, quiet_third_party
-from genaug.service.pipeline.speed import Speed, SpeedError
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.pipeline.worker import PipelineWorker
 from genaug.service.settings import Settings
@@ -76,7 +76,7 @@ def test_an_older_gpu_is_refused_naming_it_and_its_capability() -> None:
 
 
 def test_the_cpu_is_refused_in_one_line_naming_the_device_and_its_capability() -> None:
-    with pytest.raises(SpeedError) as caught:
+    with pytest.raises(AccelerationError) as caught:
         check_fp8(torch.device("cpu"))
     message = one_line(str(caught.value))
     assert message.startswith("GENAUG_QUANTIZE=fp8 needs a CUDA GPU with compute capability 8.9")
@@ -92,16 +92,16 @@ def test_start_up_refuses_fp8_on_the_cpu_before_anything_loads() -> None:
 
 def test_applying_fp8_to_a_cpu_model_is_refused_too() -> None:
     pipeline = build_tiny_pipeline()
-    with pytest.raises(SpeedError, match="GENAUG_QUANTIZE=fp8 needs a CUDA GPU"):
-        Speed.setup(pipeline, Settings(quantize="fp8"))
-    assert not hasattr(pipeline, "_genaug_speed")  # nothing was changed
+    with pytest.raises(AccelerationError, match="GENAUG_QUANTIZE=fp8 needs a CUDA GPU"):
+        Acceleration.setup(pipeline, Settings(quantize="fp8"))
+    assert not hasattr(pipeline, "_genaug_acceleration")  # nothing was changed
 
 
 def test_missing_torchao_names_the_extra_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     # None in sys.modules makes `import torchao...` raise ImportError, as if not installed.
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
-    with pytest.raises(SpeedError) as caught:
+    with pytest.raises(AccelerationError) as caught:
         load_torchao()
     message = one_line(str(caught.value))
     assert message.startswith("GENAUG_QUANTIZE=fp8 needs torchao, which is not installed")
@@ -115,7 +115,7 @@ def test_missing_torchao_is_reported_on_a_device_that_has_fp8(
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100")
-    with pytest.raises(SpeedError, match=r"pip install 'genaug\[fp8\]'"):
+    with pytest.raises(AccelerationError, match=r"pip install 'genaug\[fp8\]'"):
         check_fp8(torch.device("cuda", 0))
 
 
@@ -123,8 +123,9 @@ def test_the_service_runs_without_torchao(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
     assert check_startup(Settings(device="cpu"))["type"] == "cpu"
-    speed = Speed.setup(build_tiny_pipeline(), Settings())
-    assert speed.info()["quantize"] == "none" and speed.info()["quantized_layers"] == 0
+    acceleration = Acceleration.setup(build_tiny_pipeline(), Settings())
+    info = acceleration.info()
+    assert info["quantize"] == "none" and info["quantized_layers"] == 0
 
 
 def test_settings_take_none_or_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,8 +139,8 @@ def test_settings_take_none_or_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fp8_with_lora_adapters_is_refused(tmp_path: Path) -> None:
     lora = tmp_path / "a.safetensors"
     lora.write_bytes(b"")
-    with pytest.raises(SpeedError, match="GENAUG_QUANTIZE=fp8 cannot be combined with"):
-        Speed.setup(build_tiny_pipeline(), Settings(quantize="fp8", loras=f"a={lora}"))
+    with pytest.raises(AccelerationError, match="GENAUG_QUANTIZE=fp8 cannot be combined with"):
+        Acceleration.setup(build_tiny_pipeline(), Settings(quantize="fp8", loras=f"a={lora}"))
 
 
 # -- which layers ---------------------------------------------------------------------------
@@ -296,8 +297,8 @@ def fp8_digits() -> LoadedModel:
     """tiny-digits in bf16 with the settings' FP8 applied, as a GPU machine would serve it."""
     model = digits()
     with fp8_on_the_cpu():
-        speed = Speed.setup(model, Settings(quantize="fp8"))
-    assert speed.info()["quantized_layers"] == TINY_FP8_LAYERS
+        acceleration = Acceleration.setup(model, Settings(quantize="fp8"))
+    assert acceleration.info()["quantized_layers"] == TINY_FP8_LAYERS
     return model
 
 
@@ -314,7 +315,7 @@ def digit_items(per_label: int, seed: int = 40) -> tuple[list[Item], list[int]]:
 
 
 def test_a_bf16_unet_is_required_in_one_line() -> None:
-    with fp8_on_the_cpu(), pytest.raises(SpeedError) as caught:
+    with fp8_on_the_cpu(), pytest.raises(AccelerationError) as caught:
         quantize_fp8(build_tiny_pipeline().unet)  # float32, as the CPU's "auto" loads it
     message = one_line(str(caught.value))
     assert "quantizes bfloat16 layers" in message and "the UNet's are float32" in message
@@ -391,7 +392,8 @@ def test_a_model_with_fp8_is_served_whatever_genaug_device_says(
     settings = dict(quantize="fp8", device="cpu", max_batch_images=2, warmup=False)
     with start_service(fp8_digits, record=False, **settings) as live:
         info = httpx.get(live.url + "/v1/info").json()
-        assert info["speed"]["quantize"] == "fp8" and info["speed"]["quantized_layers"] == 40
+        got = info["acceleration"]
+        assert got["quantize"] == "fp8" and got["quantized_layers"] == 40
         r = httpx.post(live.url + "/v1/generate",
                        json={"prompt": "a handwritten seven", "n": 2, "steps": 4,
                              "seed": 2**62 + 12345}, timeout=120)
@@ -418,7 +420,7 @@ def test_fp8_draws_the_digits_bf16_draws() -> None:
         model = digits()
         if name != "bf16":
             with fp8_on_the_cpu():
-                assert Speed.setup(model, Settings(quantize=name)).info()[
+                assert Acceleration.setup(model, Settings(quantize=name)).info()[
                     "quantized_layers"] == layers[name]
         worker = PipelineWorker(model)
         images = []
@@ -442,8 +444,8 @@ def test_fp8_draws_finite_digits_on_a_gpu() -> None:
     model = load_model(source="tiny-digits", unet_weights=None, device="cuda", dtype="bfloat16")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(quantize, "FP8_MIN_FEATURES", TINY_MIN_FEATURES)
-        speed = Speed.setup(model, Settings(device="cuda", quantize="fp8"))
-    assert speed.info()["quantized_layers"] == TINY_FP8_LAYERS
+        acceleration = Acceleration.setup(model, Settings(device="cuda", quantize="fp8"))
+    assert acceleration.info()["quantized_layers"] == TINY_FP8_LAYERS
     items, _ = digit_items(1)
     outcome = PipelineWorker(model).run(GroupKey(height=64, width=64, steps=8), items)
     assert outcome.errors == {}, outcome.errors

@@ -109,7 +109,7 @@ def test_compiled_turbo_and_quality_switch_without_a_recompile(tmp_path: Any) ->
     with start_service(model, port=free_port(), turbo_lora=str(lora), turbo_kind="lcm",
                        loras={"ink": ink}, compile="unet", max_batch_images=2,
                        ready_timeout=600) as live:
-        info = httpx.get(live.url + "/v1/info", timeout=30).json()["speed"]
+        info = httpx.get(live.url + "/v1/info", timeout=30).json()["acceleration"]
         assert info["warmup"]["finished"] and info["warmup"]["total"] == 2  # 64x64:2, twice
         for options in ({}, {"speed": "turbo"}, {"adapter": "ink"},
                         {"speed": "turbo", "adapter": "ink"}, {}, {"speed": "turbo"}):

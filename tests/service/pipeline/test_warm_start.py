@@ -62,12 +62,13 @@ def start(cache: Path, tmp: Path, name: str) -> dict[str, Any]:
                 break
             details.append(ready.json()["detail"])
             time.sleep(0.05)
-        speed = httpx.get(url + "/v1/info", timeout=10).json()["speed"]
+        acceleration = httpx.get(url + "/v1/info", timeout=10).json()["acceleration"]
         metrics = httpx.get(url + "/metrics", timeout=10).text
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(60)
-    return {"details": details, "speed": speed, "metrics": metrics, "log": log.read_text()}
+    return {"details": details, "acceleration": acceleration, "metrics": metrics,
+            "log": log.read_text()}
 
 
 def metric(text: str, name: str) -> float:
@@ -81,8 +82,9 @@ def test_a_cold_start_a_start_from_the_cache_and_a_spoiled_cache(tmp_path: Path)
     warming = [d for d in cold["details"] if d.startswith("warming ")]
     assert any(d.startswith("warming 1 of 4: 64x64 batch 1 (") and d.endswith(", compiling)")
                for d in warming), cold["details"]
-    assert cold["speed"]["warmup"]["finished"] and cold["speed"]["warmup"]["total"] == 4
-    assert cold["speed"]["compile_cache"]["state"].startswith("saved ")
+    warmup = cold["acceleration"]["warmup"]
+    assert warmup["finished"] and warmup["total"] == 4
+    assert cold["acceleration"]["compile_cache"]["state"].startswith("saved ")
     assert 1 <= metric(cold["metrics"], "genaug_compiles_total") <= 2  # four batch sizes
     assert metric(cold["metrics"], "genaug_recompiles_total") == 0
     for n in (1, 2, 4, 8):
@@ -91,7 +93,8 @@ def test_a_cold_start_a_start_from_the_cache_and_a_spoiled_cache(tmp_path: Path)
     (entry,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
 
     warm = start(cache, tmp_path, "warm")
-    assert warm["speed"]["compile_cache"] == {**cold["speed"]["compile_cache"], "state": "kept"}
+    cache = cold["acceleration"]["compile_cache"]
+    assert warm["acceleration"]["compile_cache"] == {**cache, "state": "kept"}
     assert "64x64:1 (GENAUG_WARMUP_SHAPES): " in warm["log"]
     assert ", from the cache" in warm["log"] and ", compiled" not in warm["log"]
     assert all(not d.endswith(", compiling)") for d in warm["details"]), warm["details"]
@@ -103,5 +106,5 @@ def test_a_cold_start_a_start_from_the_cache_and_a_spoiled_cache(tmp_path: Path)
     said = [line for line in spoiled["log"].splitlines() if "compile cache entry" in line]
     assert len(said) == 1 and str(entry) in said[0] and "(spoiled)" in said[0], said
     assert "Traceback" not in spoiled["log"]
-    assert spoiled["speed"]["compile_cache"]["state"].startswith("saved ")
+    assert spoiled["acceleration"]["compile_cache"]["state"].startswith("saved ")
     assert ", compiled" in spoiled["log"]

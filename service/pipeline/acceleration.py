@@ -1,22 +1,22 @@
-"""Applying the speed options to a loaded pipeline, and the lifespan's handle on them
-(:class:`Speed`).
+"""Applying the acceleration options to a loaded pipeline, and the lifespan's handle on them
+(:class:`Acceleration`).
 
 What each option does, and how options are written and refused, is
-:mod:`~genaug.service.pipeline.speed_options` (:class:`SpeedOptions`); this module applies
-them to a loaded pipeline (:func:`apply_speed`) and holds the lifespan's handle; compiling the
-UNet once for every batch size is :mod:`~genaug.service.pipeline.compiling`.
+:mod:`~genaug.service.pipeline.acceleration_options` (:class:`AccelerationOptions`); this module
+applies them to a loaded pipeline (:func:`apply_acceleration`) and holds the lifespan's handle;
+compiling the UNet once for every batch size is :mod:`~genaug.service.pipeline.compiling`.
 
 Life cycle (the app's lifespan is the one caller)::
 
-    speed = Speed.setup(model, settings, metrics)   # after load, before the worker starts
-    worker = speed.wrap(generator)                  # counts batches of shapes not compiled
-    ...                                             # start the batcher
-    plan = speed.plan(settings, recipes.values(), defaults=(size, steps, guidance))
-    await batcher.run_in_worker(lambda: speed.warm_up(generator, plan))  # before /readyz 200
-    speed.info()  # {"compile": "regional", ..., "compiled_shapes": ["1024x1024:8"]}
+    acceleration = Acceleration.setup(model, settings, metrics)  # after load, before the worker
+    worker = acceleration.wrap(generator)     # counts batches of shapes not compiled
+    ...                                       # start the batcher
+    plan = acceleration.plan(settings, recipes.values(), defaults=(size, steps, guidance))
+    await batcher.run_in_worker(lambda: acceleration.warm_up(generator, plan))  # before /readyz
+    acceleration.info()  # {"compile": "regional", ..., "compiled_shapes": ["1024x1024:8"]}
 
 Start-up checks the options that depend on the device before anything loads
-(:func:`check_speed_settings`: FP8 on a device without it, torchao missing, a CUDA-only
+(:func:`check_acceleration_settings`: FP8 on a device without it, torchao missing, a CUDA-only
 attention kernel on the CPU), each refused in one line.
 
 The warm-up itself (its plan, running it, the compiled-shape bookkeeping) is
@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..batching.items import Worker
+from .acceleration_options import AccelerationOptions
 from .compile_cache import CompileCache, cache_fields, default_cache_dir
 from .compiling import compile_counts, compile_unet, raise_recompile_limit
-from .errors import SpeedError
-from .speed_options import SpeedOptions
+from .errors import AccelerationError
 from .tracked import PaddedWorker, TrackedWorker
 from .warmup import (
     ShapeTracker,
@@ -59,21 +59,21 @@ if TYPE_CHECKING:
     from .load import LoadedModel
 
 __all__ = [
-    "Speed",
-    "SpeedError",
-    "apply_speed",
-    "check_speed_settings",
+    "Acceleration",
+    "AccelerationError",
+    "apply_acceleration",
+    "check_acceleration_settings",
 ]
 
 log = logging.getLogger(__name__)
 
 # The attributes on a pipeline that record the options applied to it and what they did
-# (the attention kernel chosen, the layers quantized; see apply_speed).
-_APPLIED_ATTR = "_genaug_speed"
-_REPORT_ATTR = "_genaug_speed_report"
+# (the attention kernel chosen, the layers quantized; see apply_acceleration).
+_APPLIED_ATTR = "_genaug_acceleration"
+_REPORT_ATTR = "_genaug_acceleration_report"
 
 
-def apply_speed(pipeline: Any, options: SpeedOptions) -> SpeedOptions:
+def apply_acceleration(pipeline: Any, options: AccelerationOptions) -> AccelerationOptions:
     """Apply ``options`` to a loaded SDXL pipeline in place; return what was applied.
 
     Call it after loading and before the worker's first batch. Order: fused QKV (new weights),
@@ -90,7 +90,7 @@ def apply_speed(pipeline: Any, options: SpeedOptions) -> SpeedOptions:
     call, whatever was applied before.
 
     Raises:
-        SpeedError: an option this pipeline does not support, or different options already
+        AccelerationError: an option this pipeline does not support, or different options already
             applied.
     """
     from .attention import apply_attention, choose_attention
@@ -100,11 +100,11 @@ def apply_speed(pipeline: Any, options: SpeedOptions) -> SpeedOptions:
     choice = choose_attention(options.attention, device)
     # What changes the pipeline itself, and is recorded on it.
     structural = replace(options, attention="default")
-    previous: SpeedOptions | None = getattr(pipeline, _APPLIED_ATTR, None)
+    previous: AccelerationOptions | None = getattr(pipeline, _APPLIED_ATTR, None)
     report: dict[str, Any] = dict(getattr(pipeline, _REPORT_ATTR, {}))
     if previous is not None and previous != structural:
-        raise SpeedError(
-            f"this pipeline already has the speed options {previous.label} applied and "
+        raise AccelerationError(
+            f"this pipeline already has the acceleration options {previous.label} applied and "
             f"cannot take {structural.label} as well (fused weights, FP8 layers and compiled "
             "modules cannot be undone); load a fresh model"
         )
@@ -118,7 +118,7 @@ def apply_speed(pipeline: Any, options: SpeedOptions) -> SpeedOptions:
 
 
 def _apply_structural(
-    pipeline: Any, options: SpeedOptions, device: torch.device, report: dict[str, Any]
+    pipeline: Any, options: AccelerationOptions, device: torch.device, report: dict[str, Any]
 ) -> None:
     import torch
 
@@ -133,7 +133,7 @@ def _apply_structural(
             try:
                 module.fuse_qkv_projections()
             except (ValueError, AttributeError, NotImplementedError) as exc:
-                raise SpeedError(
+                raise AccelerationError(
                     f"GENAUG_FUSE_QKV: the {name} ({type(module).__name__}) cannot fuse its "
                     f"attention projections: {exc}; set GENAUG_FUSE_QKV=false"
                 ) from exc
@@ -148,7 +148,7 @@ def _apply_structural(
             try:
                 getattr(vae, method)()
             except (AttributeError, NotImplementedError) as exc:
-                raise SpeedError(
+                raise AccelerationError(
                     f"{setting}: the VAE ({type(vae).__name__}) does not support it: {exc}; "
                     f"set {setting}=false"
                 ) from exc
@@ -165,12 +165,13 @@ def _apply_structural(
             compile_unet(module, options)
     # Plain attributes on the pipeline object (not registered components).
     object.__setattr__(pipeline, _APPLIED_ATTR, options)
-    log.info("speed options applied: %s", options.label)
+    log.info("acceleration options applied: %s", options.label)
 
 
 def applied_report(pipeline: Any) -> dict[str, Any]:
-    """What :func:`apply_speed` did to ``pipeline``: ``attention_backend`` (the kernel chosen;
-    ``default`` is torch's own order) and ``quantized_layers`` (FP8), as ``/v1/info`` shows."""
+    """What :func:`apply_acceleration` did to ``pipeline``: ``attention_backend`` (the kernel
+    chosen; ``default`` is torch's own order) and ``quantized_layers`` (FP8), as ``/v1/info``
+    shows."""
     report: dict[str, Any] = getattr(pipeline, _REPORT_ATTR, {})
     return {
         "attention_backend": report.get("attention_backend", "default"),
@@ -187,15 +188,15 @@ def _device_of(module: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def check_speed_settings(settings: Settings, device: torch.device) -> None:
+def check_acceleration_settings(settings: Settings, device: torch.device) -> None:
     """Refuse, before anything loads, the options ``device`` cannot run: FP8 without compute
     capability 8.9 (or without torchao installed), an attention kernel it does not have.
 
     ``device`` is where the model will be loaded (``GENAUG_DEVICE``). A model handed in
-    already loaded may live elsewhere: :func:`apply_speed` checks it on its UNet's own device
+    already loaded may live elsewhere: :func:`apply_acceleration` checks it on its UNet's own device
     (:func:`_device_of`, its parameters'), and the app skips this check for it.
 
-    Raises :class:`SpeedError` (one line naming the device and the fix).
+    Raises :class:`AccelerationError` (one line naming the device and the fix).
     """
     from .attention import choose_attention
 
@@ -209,26 +210,27 @@ def check_speed_settings(settings: Settings, device: torch.device) -> None:
 # -- the lifespan's handle ------------------------------------------------------------------
 
 
-class Speed:
-    """The speed options applied to one loaded model, its shape tracker, its compile cache
+class Acceleration:
+    """The acceleration options applied to one loaded model, its shape tracker, its compile cache
     and its warm-up.
 
     ``publish`` (optional) is called with :meth:`info` at set-up, as the warm-up goes, and
     whenever a shape is first run (in the worker thread): the app merges it into the
-    ``speed`` group that ``GET /v1/info`` reads, next to the scheduler its owner reports.
+    ``acceleration`` group that ``GET /v1/info`` reads, next to the scheduler its owner reports.
 
     Example::
 
-        speed = Speed.setup(model, settings, metrics)   # applies the options (no-op when off)
-        worker = speed.wrap(generator)
-        records = speed.warm_up(generator, speed.plan(settings, [], defaults=(64, 4, 5.0)))
-        speed.info()["warmup"]["text"]                  # 'warmed up: 1 shape(s) in 0 s'
-        speed.close()                                   # at shutdown: the compile cache's folder
+        acceleration = Acceleration.setup(model, settings, metrics)  # no-op when all are off
+        worker = acceleration.wrap(generator)
+        plan = acceleration.plan(settings, [], defaults=(64, 4, 5.0))
+        records = acceleration.warm_up(generator, plan)
+        acceleration.info()["warmup"]["text"]   # 'warmed up: 1 shape(s) in 0 s'
+        acceleration.close()                    # at shutdown: the compile cache's folder
     """
 
     def __init__(
         self,
-        applied: SpeedOptions,
+        applied: AccelerationOptions,
         tracker: ShapeTracker,
         publish: Callable[[dict[str, Any]], object] | None = None,
         *,
@@ -261,26 +263,26 @@ class Speed:
         settings: Settings,
         metrics: Metrics | None = None,
         publish: Callable[[dict[str, Any]], object] | None = None,
-    ) -> Speed:
+    ) -> Acceleration:
         """Apply the settings' options to ``model`` (a ``LoadedModel`` or a bare pipeline).
 
-        Raises :class:`SpeedError` (an option the model cannot take; fused projections or FP8
+        Raises :class:`AccelerationError` (an option the model cannot take; fused projections or FP8
         with LoRA adapters, which they would bypass or break).
         """
-        options = SpeedOptions.from_settings(settings)
+        options = AccelerationOptions.from_settings(settings)
         if options.fuse_qkv and settings.loras:
-            raise SpeedError(
+            raise AccelerationError(
                 "GENAUG_FUSE_QKV cannot be combined with GENAUG_LORAS: the fused "
                 "query/key/value projections would bypass the adapters' LoRA layers; set "
                 "GENAUG_FUSE_QKV=false"
             )
         if options.quantize != "none" and settings.loras:
-            raise SpeedError(
+            raise AccelerationError(
                 f"GENAUG_QUANTIZE={options.quantize} cannot be combined with GENAUG_LORAS: LoRA "
                 "layers cannot wrap float8 layers; set GENAUG_QUANTIZE=none"
             )
         pipeline: Any = getattr(model, "pipeline", model)
-        applied = apply_speed(pipeline, options)
+        applied = apply_acceleration(pipeline, options)
         compiling = applied.compile != "off"
         tracker = ShapeTracker(
             active=compiling, graphs=lambda: compile_counts().graphs,
@@ -358,7 +360,7 @@ class Speed:
             self.cache.close()
 
     def info(self) -> dict[str, Any]:
-        """The ``speed`` group of ``/v1/info`` (the scheduler is reported by its owner)."""
+        """The ``acceleration`` group of ``/v1/info`` (the scheduler is reported by its owner)."""
         return {
             **self.applied.as_dict(),
             **self.report,

@@ -1,7 +1,7 @@
-"""The speed options (``GENAUG_*`` settings, all off by default): what each does, how they are
-written (:meth:`SpeedOptions.parse`, :meth:`SpeedOptions.from_settings`) and which values or
-combinations are refused, each in one line
-(:class:`~genaug.service.pipeline.errors.SpeedError`). The options:
+"""The acceleration options (``GENAUG_*`` settings, all off by default): what each does, how
+they are written (:meth:`AccelerationOptions.parse`, :meth:`AccelerationOptions.from_settings`)
+and which values or combinations are refused, each in one line
+(:class:`~genaug.service.pipeline.errors.AccelerationError`). The options:
 
 - ``compile``: ``off``; ``unet`` (``torch.compile`` of the whole UNet); ``regional`` (only the
   UNet's repeated transformer blocks, as diffusers' ``compile_repeated_blocks``: one compiled
@@ -36,13 +36,14 @@ combinations are refused, each in one line
   tiles are blended, so pixels differ slightly from an untiled decode.
 
 Applying them to a loaded pipeline, the device checks before load and the lifespan's handle are
-:mod:`~genaug.service.pipeline.speed`. The options are a value apart from that, so that the
+:mod:`~genaug.service.pipeline.acceleration`. The options are a value apart from that, so that the
 benchmarks and the tests can name, parse and compare them without the machinery that changes
 a model. Nothing here imports torch.
 
 Example::
 
-    SpeedOptions.parse("compile=regional,channels_last").label   # 'compile=regional+channels_last'
+    AccelerationOptions.parse("compile=regional,channels_last").label
+    # 'compile=regional+channels_last'
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..settings import regional_cuda_graphs_refusal
 from .attention import ATTENTION_CHOICES, AttentionSetting
-from .errors import SpeedError
+from .errors import AccelerationError
 from .warmup import uses_cuda_graphs
 
 if TYPE_CHECKING:
@@ -69,20 +70,20 @@ TORCH_COMPILE_MODES: tuple[TorchCompileMode, ...] = (
 )
 Quantize = Literal["none", "fp8", "fp8-conv"]
 QUANTIZE_CHOICES: tuple[Quantize, ...] = ("none", "fp8", "fp8-conv")
-# A bare option name in SpeedOptions.parse: its value.
+# A bare option name in AccelerationOptions.parse: its value.
 _BARE = {"compile": "unet", "compile_mode": "max-autotune", "quantize": "fp8",
          "attention": "auto"}
 
 
 @dataclass(frozen=True)
-class SpeedOptions:
+class AccelerationOptions:
     """What to do to a loaded pipeline; all off by default.
 
     Example::
 
-        options = SpeedOptions(compile="regional", channels_last=True, fuse_qkv=True)
+        options = AccelerationOptions(compile="regional", channels_last=True, fuse_qkv=True)
         options.enabled        # ['compile=regional', 'channels_last', 'fuse_qkv']
-        SpeedOptions.from_settings(Settings())  # all off but attention=auto
+        AccelerationOptions.from_settings(Settings())  # all off but attention=auto
 
     ``attention`` defaults to ``default`` here (torch's own kernel order: what the benchmark's
     baseline runs) and to ``auto`` in the settings.
@@ -99,7 +100,7 @@ class SpeedOptions:
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
-            raise SpeedError(
+            raise AccelerationError(
                 f"compile mode {self.compile!r} is not one of {', '.join(COMPILE_MODES)}; "
                 "set GENAUG_COMPILE to one of those"
             )
@@ -109,17 +110,17 @@ class SpeedOptions:
             (self.attention, ATTENTION_CHOICES, "GENAUG_ATTENTION"),
         ):
             if value not in allowed:
-                raise SpeedError(
+                raise AccelerationError(
                     f"{setting}={value} is not one of {', '.join(allowed)}; set {setting} to "
                     "one of those"
                 )
         if self.compile_mode != "default" and self.compile == "off":
-            raise SpeedError(
+            raise AccelerationError(
                 f"GENAUG_COMPILE_MODE={self.compile_mode} needs compilation; set "
                 "GENAUG_COMPILE=unet or regional, or GENAUG_COMPILE_MODE=default"
             )
         if self.compile == "regional" and uses_cuda_graphs(self.compile_mode):
-            raise SpeedError(regional_cuda_graphs_refusal(self.compile_mode))
+            raise AccelerationError(regional_cuda_graphs_refusal(self.compile_mode))
 
     @property
     def cuda_graphs(self) -> bool:
@@ -127,12 +128,12 @@ class SpeedOptions:
         return self.compile != "off" and uses_cuda_graphs(self.compile_mode)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SpeedOptions:
+    def from_settings(cls, settings: Settings) -> AccelerationOptions:
         """Each option is the setting of its name (``GENAUG_COMPILE``...)."""
         return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
     @classmethod
-    def parse(cls, text: str) -> SpeedOptions:
+    def parse(cls, text: str) -> AccelerationOptions:
         """``"compile=regional,channels_last,fuse_qkv"`` (or ``"baseline"``/``""``: all off).
         A bare ``compile`` is ``compile=unet``, ``quantize`` is ``quantize=fp8``,
         ``compile_mode`` is ``compile_mode=max-autotune``, ``attention`` is ``attention=auto``."""
@@ -146,7 +147,8 @@ class SpeedOptions:
             name = name.strip()
             if name not in names:
                 known = ", ".join(sorted(names))
-                raise SpeedError(f"unknown speed option {name!r} in {text!r}; options: {known}")
+                raise AccelerationError(
+                    f"unknown acceleration option {name!r} in {text!r}; options: {known}")
             if name in _BARE:
                 values[name] = value.strip() or _BARE[name]
             else:

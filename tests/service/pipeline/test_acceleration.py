@@ -1,5 +1,6 @@
-"""Speed options (service/pipeline/speed.py): each runs, is reported, and keeps the same seed's
-image. The warm-up plan and the shape tracker are tests/service/pipeline/test_warmup.py.
+"""Acceleration options (service/pipeline/acceleration.py): each runs, is reported, and keeps
+the same seed's image. The warm-up plan and the shape tracker are
+tests/service/pipeline/test_warmup.py.
 
 Every option is checked on the tiny pipeline built with true batching
 (``batch_invariant=False``, as a real SDXL pipeline runs): the default per-image tiny
@@ -34,9 +35,9 @@ import torch
 
 from genaug.client import Client
 from genaug.service.batching.items import GroupKey, Item
+from genaug.service.pipeline.acceleration import Acceleration, AccelerationError, apply_acceleration
+from genaug.service.pipeline.acceleration_options import AccelerationOptions
 from genaug.service.pipeline.load import LoadedModel
-from genaug.service.pipeline.speed import Speed, SpeedError, apply_speed
-from genaug.service.pipeline.speed_options import SpeedOptions
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.pipeline.warmup import ShapeTracker
 from genaug.service.pipeline.worker import PipelineWorker
@@ -63,9 +64,10 @@ def items(n: int, size: int = 64, seed: int = 7) -> list[Item]:
     ]
 
 
-def generate(options: SpeedOptions, n: int = 3, size: int = 64, steps: int = 3) -> np.ndarray:
+def generate(options: AccelerationOptions, n: int = 3, size: int = 64,
+             steps: int = 3) -> np.ndarray:
     model = batched_tiny()
-    assert apply_speed(model.pipeline, options) == options
+    assert apply_acceleration(model.pipeline, options) == options
     outcome = PipelineWorker(model).run(GroupKey(size, size, steps), items(n, size))
     assert outcome.errors == {}
     return np.stack(outcome.images).astype(np.int16)
@@ -73,7 +75,7 @@ def generate(options: SpeedOptions, n: int = 3, size: int = 64, steps: int = 3) 
 
 @pytest.fixture(scope="module")
 def baseline() -> np.ndarray:
-    return generate(SpeedOptions())
+    return generate(AccelerationOptions())
 
 
 def assert_close(got: np.ndarray, ref: np.ndarray) -> None:
@@ -98,9 +100,9 @@ def test_speed_settings_default_to_off() -> None:
     assert (s.compile_mode, s.quantize, s.attention) == ("default", "none", "auto")
     assert s.warmup_shapes == ()
     # The settings choose the attention kernel (auto); the options' own default is torch's.
-    assert SpeedOptions.from_settings(s) == SpeedOptions(attention="auto")
-    assert SpeedOptions().label == "baseline"
-    assert SpeedOptions(attention="auto").label == "attention=auto"
+    assert AccelerationOptions.from_settings(s) == AccelerationOptions(attention="auto")
+    assert AccelerationOptions().label == "baseline"
+    assert AccelerationOptions(attention="auto").label == "attention=auto"
 
 
 def test_warmup_shapes_parse_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,18 +132,19 @@ def test_bad_warmup_shapes_name_the_entry_and_the_fix(value: str, message: str) 
 def test_unknown_compile_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="compile"):
         Settings(compile="everything")  # type: ignore[arg-type]
-    with pytest.raises(SpeedError, match="GENAUG_COMPILE"):
-        SpeedOptions(compile="everything")  # type: ignore[arg-type]
+    with pytest.raises(AccelerationError, match="GENAUG_COMPILE"):
+        AccelerationOptions(compile="everything")  # type: ignore[arg-type]
 
 
 def test_options_parse_and_label() -> None:
-    options = SpeedOptions.parse("compile=regional, channels_last,fuse_qkv")
-    assert options == SpeedOptions(compile="regional", channels_last=True, fuse_qkv=True)
+    options = AccelerationOptions.parse("compile=regional, channels_last,fuse_qkv")
+    assert options == AccelerationOptions(compile="regional", channels_last=True, fuse_qkv=True)
     assert options.label == "compile=regional+channels_last+fuse_qkv"
-    assert SpeedOptions.parse("baseline") == SpeedOptions()
-    assert SpeedOptions.parse("vae_tiling=false,vae_slicing") == SpeedOptions(vae_slicing=True)
-    with pytest.raises(SpeedError, match="unknown speed option 'turbo'"):
-        SpeedOptions.parse("turbo")
+    assert AccelerationOptions.parse("baseline") == AccelerationOptions()
+    assert (AccelerationOptions.parse("vae_tiling=false,vae_slicing")
+            == AccelerationOptions(vae_slicing=True))
+    with pytest.raises(AccelerationError, match="unknown acceleration option 'turbo'"):
+        AccelerationOptions.parse("turbo")
 
 
 def test_parse_warmup_shapes_accepts_lists() -> None:
@@ -157,8 +160,8 @@ def test_parse_warmup_shapes_accepts_lists() -> None:
 def test_all_off_changes_nothing() -> None:
     model = batched_tiny()
     before = {k: v.clone() for k, v in model.pipeline.unet.state_dict().items()}
-    speed = Speed.setup(model, Settings())
-    assert speed.info() == {
+    acceleration = Acceleration.setup(model, Settings())
+    assert acceleration.info() == {
         "compile": "off",
         "compile_mode": "default",
         "quantize": "none",
@@ -178,15 +181,15 @@ def test_all_off_changes_nothing() -> None:
     after = model.pipeline.unet.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not hasattr(model.pipeline, "_genaug_speed")
+    assert not hasattr(model.pipeline, "_genaug_acceleration")
     worker = PipelineWorker(model)
-    assert speed.wrap(worker) is worker  # nothing to track without compilation
+    assert acceleration.wrap(worker) is worker  # nothing to track without compilation
 
 
 def test_channels_last_runs_is_reported_and_keeps_the_image(baseline: np.ndarray) -> None:
     model = batched_tiny()
-    speed = Speed.setup(model, Settings(channels_last=True))
-    assert speed.info()["channels_last"] is True
+    acceleration = Acceleration.setup(model, Settings(channels_last=True))
+    assert acceleration.info()["channels_last"] is True
     conv = model.pipeline.unet.conv_in.weight
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
     outcome = PipelineWorker(model).run(GroupKey(64, 64, 3), items(3))
@@ -195,8 +198,8 @@ def test_channels_last_runs_is_reported_and_keeps_the_image(baseline: np.ndarray
 
 def test_fuse_qkv_runs_is_reported_and_keeps_the_image(baseline: np.ndarray) -> None:
     model = batched_tiny()
-    speed = Speed.setup(model, Settings(fuse_qkv=True))
-    assert speed.info()["fuse_qkv"] is True
+    acceleration = Acceleration.setup(model, Settings(fuse_qkv=True))
+    assert acceleration.info()["fuse_qkv"] is True
     processors = {type(p).__name__ for p in model.pipeline.unet.attn_processors.values()}
     assert processors == {"FusedAttnProcessor2_0"}
     assert any(hasattr(m, "to_qkv") for m in model.pipeline.unet.modules())  # self-attention
@@ -209,8 +212,8 @@ def test_vae_slicing_decodes_one_image_at_a_time_and_keeps_the_image(
     baseline: np.ndarray,
 ) -> None:
     model = batched_tiny()
-    speed = Speed.setup(model, Settings(vae_slicing=True))
-    assert speed.info()["vae_slicing"] is True
+    acceleration = Acceleration.setup(model, Settings(vae_slicing=True))
+    assert acceleration.info()["vae_slicing"] is True
     calls: list[int] = []
     decoder = model.pipeline.vae.decoder
     decoder.register_forward_pre_hook(lambda _m, args: calls.append(int(args[0].shape[0])))
@@ -223,12 +226,12 @@ def test_vae_slicing_decodes_one_image_at_a_time_and_keeps_the_image(
 def test_vae_tiling_tiles_only_above_the_vae_size_within_the_stated_psnr(
     baseline: np.ndarray,
 ) -> None:
-    tiled = generate(SpeedOptions(vae_tiling=True))
+    tiled = generate(AccelerationOptions(vae_tiling=True))
     assert np.array_equal(tiled, baseline)  # 64 px: the tiny VAE's own size, no tiles
-    big_ref = generate(SpeedOptions(), n=2, size=128)
+    big_ref = generate(AccelerationOptions(), n=2, size=128)
     model = batched_tiny()
-    speed = Speed.setup(model, Settings(vae_tiling=True))
-    assert speed.info()["vae_tiling"] is True
+    acceleration = Acceleration.setup(model, Settings(vae_tiling=True))
+    assert acceleration.info()["vae_tiling"] is True
     shapes: list[tuple[int, ...]] = []
     model.pipeline.vae.decoder.register_forward_pre_hook(
         lambda _m, args: shapes.append(tuple(args[0].shape[2:]))
@@ -243,22 +246,23 @@ def test_vae_tiling_tiles_only_above_the_vae_size_within_the_stated_psnr(
 
 def test_same_options_twice_is_a_noop_and_other_options_are_refused() -> None:
     model = batched_tiny()
-    options = SpeedOptions(fuse_qkv=True)
-    apply_speed(model.pipeline, options)
+    options = AccelerationOptions(fuse_qkv=True)
+    apply_acceleration(model.pipeline, options)
     fused = [m.to_qkv for m in model.pipeline.unet.modules() if hasattr(m, "to_qkv")]
-    assert apply_speed(model.pipeline, options) == options
+    assert apply_acceleration(model.pipeline, options) == options
     again = [m.to_qkv for m in model.pipeline.unet.modules() if hasattr(m, "to_qkv")]
     assert all(a is b for a, b in zip(fused, again, strict=True))
-    with pytest.raises(SpeedError, match="already has the speed options fuse_qkv"):
-        apply_speed(model.pipeline, SpeedOptions(channels_last=True))
+    with pytest.raises(AccelerationError, match="already has the acceleration options fuse_qkv"):
+        apply_acceleration(model.pipeline, AccelerationOptions(channels_last=True))
 
 
 def test_fused_projections_are_refused_with_lora_adapters(tmp_path: Any) -> None:
     lora = tmp_path / "a.safetensors"
     lora.write_bytes(b"")
     settings = Settings(fuse_qkv=True, loras=f"a={lora}")
-    with pytest.raises(SpeedError, match="GENAUG_FUSE_QKV cannot be combined with GENAUG_LORAS"):
-        Speed.setup(batched_tiny(), settings)
+    with pytest.raises(AccelerationError,
+                       match="GENAUG_FUSE_QKV cannot be combined with GENAUG_LORAS"):
+        Acceleration.setup(batched_tiny(), settings)
 
 
 def test_an_option_the_model_cannot_take_names_the_setting() -> None:
@@ -268,17 +272,17 @@ def test_an_option_the_model_cannot_take_names_the_setting() -> None:
     pipeline = SimpleNamespace(
         unet=SimpleNamespace(fuse_qkv_projections=refuse), vae=SimpleNamespace()
     )
-    with pytest.raises(SpeedError, match="GENAUG_FUSE_QKV.*set GENAUG_FUSE_QKV=false"):
-        apply_speed(pipeline, SpeedOptions(fuse_qkv=True))
+    with pytest.raises(AccelerationError, match="GENAUG_FUSE_QKV.*set GENAUG_FUSE_QKV=false"):
+        apply_acceleration(pipeline, AccelerationOptions(fuse_qkv=True))
 
 
 # -- the lifespan's handle ------------------------------------------------------------------
 
 
-def test_speed_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
+def test_acceleration_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
     info: dict[str, Any] = {"scheduler": "euler"}
-    options = SpeedOptions(compile="regional", fuse_qkv=True)
-    speed = Speed(options, ShapeTracker(active=True), publish=info.update)
+    options = AccelerationOptions(compile="regional", fuse_qkv=True)
+    acceleration = Acceleration(options, ShapeTracker(active=True), publish=info.update)
     assert info == {
         "scheduler": "euler", "compile": "regional", "compile_mode": "default",
         "quantize": "none", "quantized_layers": 0, "attention": "default",
@@ -286,8 +290,8 @@ def test_speed_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
         "fuse_qkv": True, "vae_slicing": False, "vae_tiling": False, "compiled_shapes": [],
         "warmup": None, "compile_cache": None, "recompiles": 0,
     }
-    speed.tracker.mark_compiled(GroupKey(64, 64, 2), 2)
-    speed.tracker.observe(GroupKey(64, 64, 4), 1)
+    acceleration.tracker.mark_compiled(GroupKey(64, 64, 2), 2)
+    acceleration.tracker.observe(GroupKey(64, 64, 4), 1)
     assert info["compiled_shapes"] == ["64x64:2", "64x64:1"]
     assert info["scheduler"] == "euler"
 
@@ -295,9 +299,9 @@ def test_speed_keeps_the_info_dict_current_and_leaves_other_keys() -> None:
 # -- through the service --------------------------------------------------------------------
 
 
-def speed_info(live: Any) -> dict[str, Any]:
-    """``GET /v1/info``'s speed group."""
-    info: dict[str, Any] = httpx.get(live.url + "/v1/info", timeout=10).json()["speed"]
+def acceleration_info(live: Any) -> dict[str, Any]:
+    """``GET /v1/info``'s acceleration group."""
+    info: dict[str, Any] = httpx.get(live.url + "/v1/info", timeout=10).json()["acceleration"]
     return info
 
 
@@ -305,7 +309,7 @@ def test_service_applies_options_and_serves_the_same_images(baseline: np.ndarray
     model = batched_tiny()
     settings = dict(channels_last=True, fuse_qkv=True, vae_slicing=True, max_batch_images=3)
     with start_service(model, **settings) as live:
-        info = speed_info(live)
+        info = acceleration_info(live)
         assert {k: info[k] for k in settings if k in info} == {
             "channels_last": True, "fuse_qkv": True, "vae_slicing": True
         }
@@ -341,7 +345,7 @@ def check_compiled_service(compile_mode: str, extra: dict[str, Any], baseline: n
     with start_service(
         model, compile=compile_mode, max_batch_images=3, ready_timeout=600, **extra
     ) as live:
-        info = speed_info(live)
+        info = acceleration_info(live)
         assert info["compile"] == compile_mode
         assert "64x64:3" in info["compiled_shapes"]
         assert info["warmup"]["finished"] and info["compile_cache"]["state"].startswith("saved")
@@ -356,7 +360,7 @@ def check_compiled_service(compile_mode: str, extra: dict[str, Any], baseline: n
                                     guidance=1.0, timeout_s=600).images
         assert live.metric("genaug_recompiles_total") == 0
         assert compiled_graphs() == graphs  # neither compiled again
-        assert speed_info(live)["compiled_shapes"][-1] == "64x64:1"
+        assert acceleration_info(live)["compiled_shapes"][-1] == "64x64:1"
     assert_close(got, baseline)
     assert_close(one, baseline[:1])
     want = PipelineWorker(batched_tiny()).run(GroupKey(64, 64, 3), [
@@ -385,7 +389,7 @@ def test_listed_warmup_shapes_are_compiled_before_ready(fresh_dynamo: None) -> N
         model, compile="regional", max_batch_images=2, warmup_shapes="64x64:1, 80x80:2",
         ready_timeout=600,
     ) as live:
-        assert speed_info(live)["compiled_shapes"] == ["64x64:1", "80x80:2", "64x64:2"]
+        assert acceleration_info(live)["compiled_shapes"] == ["64x64:1", "80x80:2", "64x64:2"]
         with Client(live.url, timeout=600) as client:
             for n, size in ((1, 64), (2, 80), (2, 64)):
                 client.generate(PROMPT, n=n, seed=1, height=size, width=size, steps=2,
@@ -405,15 +409,15 @@ def test_regional_compile_with_cuda_graphs_is_refused_in_one_line(mode: str) -> 
     with pytest.raises(ValidationError) as info:
         Settings(compile="regional", compile_mode=mode)
     message = str(info.value.errors()[0]["msg"])
-    with pytest.raises(SpeedError) as refused:
-        SpeedOptions(compile="regional", compile_mode=mode)
+    with pytest.raises(AccelerationError) as refused:
+        AccelerationOptions(compile="regional", compile_mode=mode)
     for text in (message, str(refused.value)):
         assert "\n" not in text
         assert f"GENAUG_COMPILE=regional cannot replay CUDA graphs (GENAUG_COMPILE_MODE={mode})"\
             in text
         assert "set GENAUG_COMPILE=unet for CUDA graphs, or GENAUG_COMPILE_MODE=default" in text
     # What stays allowed: regional without graphs, the whole UNet with them.
-    assert not SpeedOptions(compile="regional",
+    assert not AccelerationOptions(compile="regional",
                             compile_mode="max-autotune-no-cudagraphs").cuda_graphs
     assert Settings(compile="unet", compile_mode=mode).compile_mode == mode
 
@@ -449,7 +453,8 @@ def test_whole_unet_cuda_graphs_mark_each_call_and_read_nothing_of_an_old_replay
     model = batched_tiny()
     unet = model.pipeline.unet
     eager = unet.forward
-    apply_speed(model.pipeline, SpeedOptions(compile="unet", compile_mode="reduce-overhead"))
+    apply_acceleration(model.pipeline,
+                       AccelerationOptions(compile="unet", compile_mode="reduce-overhead"))
     assert isinstance(unet.forward, UNetCall) and unet.forward.mark_steps
     unet.forward.compiled = Replay(eager)  # no compile on the CPU: the replay's semantics
     marks: list[int] = []
