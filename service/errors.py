@@ -1,17 +1,41 @@
-"""Errors the service answers with, all in one JSON shape.
+"""What went wrong, in the service's own words: the errors every layer below the HTTP edge
+raises.
 
-``{"error": {"type": ..., "message": ..., "field": ...}}``; ``field`` only where one field is
-at fault. Every message says what was received, the bound it broke and how to fix it.
-Reading a body and describing what is wrong with it is the intake's
-(:mod:`~genaug.service.intake.parse`); this module only holds the errors and their one shape.
+Each says what was received, the bound it broke and how to fix it (``message``); where one
+field is at fault, which (``field``); where asking again later may work (a full queue, a start
+under way, a pool outage), after how many seconds (``retry_after_s``); and for a failure
+logged with its traceback, the id under which (``error_id``). They carry no HTTP status and
+import no web framework: the edge (:mod:`~genaug.service.api.errors`) maps each kind to its
+status and wire type in one table and writes them in the one JSON shape. Reading a body and
+describing what is wrong with it is the intake's (:mod:`~genaug.service.intake.parse`).
+
+Example::
+
+    raise InvalidRequestError("steps 900 > max_steps 150; send at most 150 or set "
+                              "GENAUG_MAX_STEPS", field="steps")
+    raise QueueFullError("queue holds 512 images; ...", retry_after_s=4)
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-from starlette.responses import JSONResponse
+__all__ = [
+    "BodyTooLargeError",
+    "ConflictError",
+    "DeadlineExceededError",
+    "GenerationFailedError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "NotReadyError",
+    "PoolFullError",
+    "PoolUnavailableError",
+    "QueueFullError",
+    "ServiceError",
+    "ShuttingDownError",
+    "UnauthorizedError",
+    "new_id",
+]
 
 
 def new_id() -> str:
@@ -20,106 +44,70 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-class ApiError(Exception):
-    """An answer to the client that is not a success: status, type, message, optional field."""
-
-    status: int = 400
-    error_type: str = "bad_request"
+class ServiceError(Exception):
+    """A request the service does not answer with what it asked for (module doc)."""
 
     def __init__(
         self,
         message: str,
         *,
         field: str | None = None,
-        headers: dict[str, str] | None = None,
+        retry_after_s: float | None = None,
         error_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
-        self.headers = headers or {}
+        self.retry_after_s = retry_after_s
         self.error_id = error_id
 
-    def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"type": self.error_type, "message": self.message}
-        if self.field is not None:
-            error["field"] = self.field
-        if self.error_id is not None:
-            error["id"] = self.error_id
-        return {"error": error}
+
+class InvalidRequestError(ServiceError):
+    """The request itself is wrong: a field out of its bounds, a name nothing has."""
 
 
-class InvalidRequestError(ApiError):
-    status = 422
-    error_type = "invalid_request"
+class UnauthorizedError(ServiceError):
+    """No API key, or one the service does not hold."""
 
 
-class UnauthorizedError(ApiError):
-    status = 401
-    error_type = "unauthorized"
+class NotFoundError(ServiceError):
+    """What the request names (a recipe, a job, an image) does not exist."""
 
 
-class NotFoundError(ApiError):
-    status = 404
-    error_type = "not_found"
-
-
-class PoolFullError(ApiError):
+class PoolFullError(ServiceError):
     """A valid request the pool has no room for now (``/fill`` with ``images``): it depends
-    on the pool's state, not on the body, so not a 422."""
-
-    status = 409
-    error_type = "pool_full"
+    on the pool's state, not on the body."""
 
 
-class ConflictError(ApiError):
+class ConflictError(ServiceError):
     """A valid request the resource's state refuses (cancelling a job that already ended):
-    asking again will not help until the state changes, so a 409, not a 422."""
-
-    status = 409
-    error_type = "conflict"
+    asking again will not help until the state changes."""
 
 
-class BodyTooLargeError(ApiError):
-    status = 413
-    error_type = "body_too_large"
+class BodyTooLargeError(ServiceError):
+    """A body above its route's byte limit."""
 
 
-class QueueFullError(ApiError):
-    status = 429
-    error_type = "queue_full"
+class QueueFullError(ServiceError):
+    """The generation queue holds as many images as it may; ``retry_after_s`` says when it
+    has likely drained."""
 
 
-class NotReadyError(ApiError):
-    status = 503
-    error_type = "not_ready"
+class NotReadyError(ServiceError):
+    """The service is starting (loading, warming up) or its model failed to load."""
 
 
-class GenerationFailedError(ApiError):
+class GenerationFailedError(ServiceError):
     """The pipeline failed for this request's batch; ``error_id`` is also in the log."""
 
-    status = 503
-    error_type = "generation_failed"
+
+class PoolUnavailableError(ServiceError):
+    """The pool database is unreachable (an outage); generation still works."""
 
 
-class PoolUnavailableError(ApiError):
-    """The pool database is unreachable (an outage); generation still works. Retry-After."""
-
-    status = 503
-    error_type = "pool_unavailable"
+class ShuttingDownError(ServiceError):
+    """The service is stopping: the request was not run."""
 
 
-class ShuttingDownError(ApiError):
-    status = 503
-    error_type = "shutting_down"
-
-
-class DeadlineExceededError(ApiError):
-    status = 504
-    error_type = "deadline_exceeded"
-
-
-def error_response(exc: ApiError, *, status: int | None = None) -> JSONResponse:
-    """The one JSON error shape, as a response."""
-    return JSONResponse(exc.body(), status_code=status or exc.status, headers=exc.headers)
-
+class DeadlineExceededError(ServiceError):
+    """The request's deadline (``timeout_s``) passed before its images were made."""

@@ -90,8 +90,9 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(module: str, path: Path) -> list[tuple[str, int]]:
-    """``(imported module, line)`` for every genaug import in ``path``, relative ones resolved."""
+def _imports(module: str, path: Path, *, own: bool = True) -> list[tuple[str, int]]:
+    """``(imported module, line)`` for every genaug import in ``path`` (every import with
+    ``own=False``), relative ones resolved."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -105,7 +106,7 @@ def _imports(module: str, path: Path) -> list[tuple[str, int]]:
                 target = node.module or ""
             # `from . import x` may name a module: count it as that module
             out += [(f"{target}.{alias.name}", node.lineno) for alias in node.names]
-    return [(t, line) for t, line in out if t == "genaug" or t.startswith("genaug.")]
+    return [(t, line) for t, line in out if not own or t == "genaug" or t.startswith("genaug.")]
 
 
 def _resolve(target: str, modules: dict[str, Path]) -> str | None:
@@ -161,6 +162,24 @@ def test_packages_beside_the_service_keep_their_fences() -> None:
 #: A query of the ``jobs`` table (the schema's DDL and upgrades, ``CREATE``/``ALTER TABLE``,
 #: are the store's and not queries).
 _JOBS_QUERY = re.compile(r"\b(FROM|INTO|UPDATE|JOIN)\s+jobs\b", re.IGNORECASE)
+
+
+#: The layers of service/ that speak HTTP: the edge, the app that mounts it, the test support
+#: and the intake, which reads a request's body. The rest raise the domain errors of
+#: ``service/errors.py`` and the edge maps them to statuses (``service/api/errors.py``).
+HTTP_LAYERS = ("api", "app", "testing", "intake")
+
+
+def test_below_the_edge_no_module_imports_a_web_framework() -> None:
+    wrong = []
+    for module, path in _modules().items():
+        if module.startswith("genaug.service.") and _layer(module, "genaug.service") not in (
+                HTTP_LAYERS):
+            wrong += [f"{path.relative_to(ROOT)}:{line} imports {target}"
+                      for target, line in _imports(module, path, own=False)
+                      if target.split(".")[0] in ("starlette", "fastapi")]
+    assert wrong == [], "HTTP below the edge (raise a genaug.service.errors error):\n" + (
+        "\n".join(wrong))
 
 
 def test_the_fill_job_lives_in_one_layer() -> None:

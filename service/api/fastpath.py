@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..errors import ApiError
+from ..errors import ServiceError
 from .handlers import api_error
 from .recipes import sample
 
@@ -21,7 +21,7 @@ class DirectSample:
     not recognise exactly, goes on to the app; the FastAPI route
     (:func:`~genaug.service.api.recipes.sample`, the handler this calls) stays registered,
     and documents the operation in ``/openapi.json``. Errors take the app's handlers:
-    :class:`~genaug.service.errors.ApiError` here (the same
+    :class:`~genaug.service.errors.ServiceError` here (the same
     :func:`~genaug.service.api.handlers.api_error`), anything unexpected propagates to the
     app's 500 handler.
 
@@ -43,7 +43,7 @@ class DirectSample:
         request = Request(scope, receive)
         try:
             response = await sample(name, request)
-        except ApiError as exc:
+        except ServiceError as exc:
             response = await api_error(request, exc)
         await response(scope, receive, send)
 

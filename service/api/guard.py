@@ -23,7 +23,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import ApiError, BodyTooLargeError, UnauthorizedError, error_response
+from ..errors import BodyTooLargeError, ServiceError, UnauthorizedError
+from .errors import error_response
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
 #: Paths under these are open too: the pages (``/pool/{name}``), which hold no data; their
@@ -118,7 +119,7 @@ class GuardMiddleware:
                 raise _body_too_large(int(length), limit, setting)
             if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
                 receive = await _buffered(receive, limit, setting)
-        except ApiError as exc:
+        except ServiceError as exc:
             if self.on_reject is not None:
                 reason = "body_too_large" if isinstance(exc, BodyTooLargeError) else "auth"
                 self.on_reject(reason)

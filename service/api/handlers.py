@@ -23,16 +23,18 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from ..errors import ApiError, InvalidRequestError, error_response, new_id
+from ..errors import InvalidRequestError, ServiceError, new_id
 from ..intake.parse import describe_validation
+from .errors import error_response
 from .requests import state_of
 
 log = logging.getLogger(__name__)
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
-    """An :class:`~genaug.service.errors.ApiError` in its own status; 422s are counted."""
-    assert isinstance(exc, ApiError)
+    """A :class:`~genaug.service.errors.ServiceError` in its status (the edge's table,
+    :mod:`~genaug.service.api.errors`); 422s are counted."""
+    assert isinstance(exc, ServiceError)
     if isinstance(exc, InvalidRequestError):
         state_of(request).metrics.rejections.labels("invalid").inc()
     return error_response(exc)
@@ -91,7 +93,7 @@ async def unexpected(request: Request, exc: Exception) -> Response:
 
 
 EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-    ApiError: api_error,
+    ServiceError: api_error,
     RequestValidationError: validation_error,
     StarletteHTTPException: http_error,
     Exception: unexpected,

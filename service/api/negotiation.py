@@ -32,7 +32,7 @@ from fastapi import Request
 
 from genaug.wire import PNG_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE
 
-from ..errors import ApiError
+from ..errors import ServiceError
 from .responses import ErrorBody, binary_answer
 
 #: Any bytes: every binary answer is also offered under this type.
@@ -49,11 +49,9 @@ _PARAMETER = re.compile(_PAIR)
 _QVALUE = re.compile(r"0(?:\.\d{0,3})?|1(?:\.0{0,3})?")
 
 
-class NotAcceptableError(ApiError):
-    """The ``Accept`` header admits none of the media types the route answers."""
-
-    status = 406
-    error_type = "not_acceptable"
+class NotAcceptableError(ServiceError):
+    """The ``Accept`` header admits none of the media types the route answers (406, with
+    ``Vary: Accept``: :mod:`~genaug.service.api.errors`)."""
 
 
 class MediaRange(NamedTuple):
@@ -188,7 +186,7 @@ class Offers:
                 f"Accept {shown!r} admits none of the types {request.url.path} answers "
                 f"({', '.join(self.types)}); send Accept: {self.own[0]} (or one of the others, "
                 f"or */*), or no Accept header for {self.own[0]}",
-                field="Accept", headers={"Vary": "Accept"})
+                field="Accept")
         return Answer(chosen, self.own[0] if chosen == OCTET_STREAM else chosen)
 
     def responses(self, description: str) -> dict[int | str, dict[str, Any]]:

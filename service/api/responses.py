@@ -3,7 +3,7 @@ and the encoding of image payloads off the event loop when they are large.
 
 The request models are the intake's (:mod:`~genaug.service.intake.schemas`); these are the
 answers, serialized by FastAPI and documented in ``/openapi.json``. Every non-2xx answer has
-the one shape :class:`ErrorBody` (:class:`~genaug.service.errors.ApiError`). The routes that
+the one shape :class:`ErrorBody` (:mod:`~genaug.service.api.errors`). The routes that
 answer images declare only the bytes they send (:func:`binary_answer`): their media types
 with a binary schema and, for a safetensors batch, its layout (:data:`SAFETENSORS_LAYOUT`),
 so a client generated from the schema reads the body as bytes, never as JSON.

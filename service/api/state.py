@@ -96,7 +96,7 @@ class AppState:
             raise NotReadyError(
                 f"the service is {self.starting()}; retry shortly (GET /readyz turns 200 "
                 "when ready)",
-                headers={"Retry-After": "2"},
+                retry_after_s=2,
             )
         return self.batcher
 
@@ -113,7 +113,7 @@ class AppState:
         self.require_batcher()
         if self.pools is None:
             raise NotReadyError(
-                "the recipe pools are not open yet; retry shortly", headers={"Retry-After": "2"}
+                "the recipe pools are not open yet; retry shortly", retry_after_s=2
             )
         return self.pools
 

@@ -218,7 +218,7 @@ class Batcher:
                 f"queue holds {self.queue.images} images; {n} more would exceed "
                 f"max_queue_images {self.max_queue_images}; retry after {retry} s, ask for "
                 "fewer images, or set GENAUG_MAX_QUEUE_IMAGES",
-                headers={"Retry-After": str(retry)},
+                retry_after_s=retry,
             )
         request = QueuedRequest(
             key=key,

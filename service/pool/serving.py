@@ -346,7 +346,7 @@ class unavailable:
             raise PoolUnavailableError(
                 f"{exc}; pre-generated images are unavailable for now, /v1/generate still "
                 f"works; retry after {_RETRY_AFTER_S} s",
-                headers={"Retry-After": str(_RETRY_AFTER_S)},
+                retry_after_s=_RETRY_AFTER_S,
             ) from exc
 
 

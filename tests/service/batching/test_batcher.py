@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from genaug.service.api.errors import status_of
 from genaug.service.batching.batcher import Batcher
 from genaug.service.batching.items import Flight, GroupKey, IdleWork, Item, Outcome, Paused
 from genaug.service.batching.request import QueuedRequest
@@ -303,8 +304,8 @@ def test_queue_full_has_retry_after_and_admits_again_after_drain() -> None:
             batcher.submit(KEY, items("one too many", 1), client="b", priority="interactive",
                            timeout_s=30)
         error = caught.value
-        assert error.status == 429
-        assert int(error.headers["Retry-After"]) >= 1
+        assert status_of(error) == 429 and error.retry_after_s is not None
+        assert error.retry_after_s >= 1
         assert "max_queue_images 4" in error.message
         assert "GENAUG_MAX_QUEUE_IMAGES" in error.message
         assert sample(batcher, "genaug_rejections_total", reason="queue_full") == 1
@@ -432,7 +433,7 @@ def test_worker_exception_fails_only_that_batch() -> None:
         assert len(error_ids) == 1 and None not in error_ids
         error_id = error_ids.pop()
         assert isinstance(error_id, str) and error_id in errors[0].message
-        assert errors[0].status == 503
+        assert isinstance(errors[0], GenerationFailedError) and status_of(errors[0]) == 503
         assert_painted(await later.result(), [40, 41])
         assert sample(batcher, "genaug_batch_failures_total", reason="RuntimeError") == 1
 

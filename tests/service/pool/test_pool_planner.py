@@ -17,6 +17,7 @@ import pytest
 from _postgres import PgCluster
 from PIL import Image
 
+from genaug.service.api.errors import status_of
 from genaug.service.batching.items import IdleWork, Outcome
 from genaug.service.errors import PoolUnavailableError
 from genaug.service.jobs.fill_jobs import FillJobs
@@ -242,7 +243,7 @@ def test_outage_pauses_planning_keeps_finished_batches_and_resumes() -> None:
         serving = PoolServing(planner)
         with pytest.raises(PoolUnavailableError) as info:
             serving.detail("r")
-        assert info.value.status == 503 and info.value.headers["Retry-After"]
+        assert status_of(info.value) == 503 and info.value.retry_after_s
         assert serving.summary("r")["fill"] == {"a": 0}  # last known counts, no error
         cluster.start()
         deadline = time.monotonic() + 30
