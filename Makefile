@@ -50,7 +50,7 @@ test-slow: $(STAMP) $(KEDA)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy service client trainer genaug torchfeed
+	$(BIN)/mypy service client feeding trainer genaug torchfeed
 
 bench: $(STAMP)
 	$(BIN)/python -m bench all

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from .batching.items import runs_guidance
+
 __all__ = ["SPEEDS", "TURBO_KINDS", "RecipeSpeed", "Sampling", "Speed", "Turbo", "TurboKind",
            "turbo_mode", "turbo_refusal"]
 
@@ -95,7 +97,9 @@ class Sampling:
 
     @property
     def guided(self) -> bool:
-        return self.guidance > 1
+        """Whether this sampler runs classifier-free guidance
+        (:func:`~genaug.service.batching.items.runs_guidance`)."""
+        return runs_guidance(self.guidance)
 
     @property
     def cost(self) -> int:

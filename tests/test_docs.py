@@ -186,4 +186,4 @@ def test_a_wrong_path_in_the_architecture_is_named(right: str, wrong: str, named
     if "| `" not in right:
         assert missing == [named]
     else:
-        assert {"feeder.py", "cycle.py", "class_error.py"} <= set(missing)
+        assert {"feeder.py", "callback.py", "need.py"} <= set(missing)

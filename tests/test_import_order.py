@@ -22,7 +22,7 @@ from genaug.cli import COMMANDS
 ROOT = Path(__file__).resolve().parents[1]
 #: Top-level folders and the import names pyproject.toml maps them to.
 PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.client",
-            "trainer": "genaug.trainer", "torchfeed": "genaug.torch"}
+            "feeding": "genaug.feeding", "trainer": "genaug.trainer", "torchfeed": "genaug.torch"}
 
 #: service/'s layers from the top down: each imports only layers below it. The wiring (test
 #: support, the commands, adapt (``genaug adapt``'s work: it uses the pipeline and the judge),
@@ -52,16 +52,15 @@ ORDERS = {"genaug.service": ORDER, "genaug.trainer": TRAINER_ORDER}
 #: What the packages beside service/ may import of genaug (prefixes).
 FENCES = {
     "genaug.client": ("genaug.client", "genaug.wire", "genaug.job_states", "genaug.urls"),
-    "genaug.trainer": ("genaug.trainer", "genaug.client", "genaug.wire", "genaug.digits",
-                       "genaug.local_service", "genaug.urls", "genaug.flags", "genaug.mixing",
-                       "genaug.match", "genaug"),
-    # PyTorch trainers: the client and the TensorFlow-free half of the trainer's feeding (the
-    # feeder, its preflight, the class-error measure), never its TensorFlow layers.
-    "genaug.torch": ("genaug.torch", "genaug.client", "genaug.wire", "genaug.urls",
-                     "genaug.mixing", "genaug.match",
-                     "genaug.trainer.feeding.feeder", "genaug.trainer.feeding.cycle",
-                     "genaug.trainer.feeding.preflight", "genaug.trainer.feeding.class_error",
-                     "genaug.trainer.feeding.labels", "genaug"),
+    # Feeding, shared by both trainers: the client and the base, no trainer.
+    "genaug.feeding": ("genaug.feeding", "genaug.client", "genaug.wire", "genaug.urls",
+                       "genaug.mixing", "genaug.match", "genaug"),
+    "genaug.trainer": ("genaug.trainer", "genaug.feeding", "genaug.client", "genaug.wire",
+                       "genaug.digits", "genaug.local_service", "genaug.urls", "genaug.flags",
+                       "genaug.mixing", "genaug.match", "genaug"),
+    # PyTorch trainers: the client and the shared feeding, never the TensorFlow trainer.
+    "genaug.torch": ("genaug.torch", "genaug.feeding", "genaug.client", "genaug.wire",
+                     "genaug.urls", "genaug.mixing", "genaug.match", "genaug"),
 }
 
 #: genaug/'s base: what every package beside it may import (the wire format, the digits,
@@ -252,14 +251,14 @@ def test_genaugs_base_imports_only_the_base() -> None:
 def test_every_module_of_genaug_is_base_or_top_and_the_top_is_fenced_off() -> None:
     modules = _modules()
     top = {".".join(m.split(".")[:2]) for m in modules if m.split(".")[:2][-1] not in
-           {"service", "client", "trainer", "torch"}}
+           {"service", "client", "feeding", "trainer", "torch"}}
     assert top == set(BASE) | set(TOP), (
         f"place these in BASE or TOP (and in docs/architecture.md): "
         f"{top ^ (set(BASE) | set(TOP))}")
     wrong = []
     for module, path in modules.items():
-        if (module.startswith(("genaug.service", "genaug.client", "genaug.trainer",
-                               "genaug.torch"))
+        if (module.startswith(("genaug.service", "genaug.client", "genaug.feeding",
+                               "genaug.trainer", "genaug.torch"))
                 and module not in TOP_ELSEWHERE):
             for target, line in _imports(module, path):
                 resolved = _resolve(target, modules) or target

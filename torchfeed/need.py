@@ -1,7 +1,7 @@
 """What a PyTorch trainer still needs, per recipe label: each class's error (or mean loss) on
 held-out *real* images, for :meth:`~genaug.torch.dataset.PoolDataset.report_need`.
 
-The measure is the TensorFlow side's (:func:`~genaug.trainer.feeding.class_error.per_class_need`,
+The measure is the TensorFlow side's (:func:`~genaug.feeding.class_error.per_class_need`,
 no TensorFlow in it); this module runs the model over a held-out loader without gradients and
 names each class by its recipe label. The service's planner then fills those labels faster.
 
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from genaug.trainer.feeding.class_error import Measure, per_class_need
+from genaug.feeding.class_error import Measure, per_class_need
 
 __all__ = ["class_need"]
 

@@ -3,7 +3,7 @@
 :class:`HostReservoir` is what the TensorFlow side's
 :class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir` is, without TensorFlow: a uint8
 array ``images[C, M, H, W, K]`` with ``fill[C]``, written by a
-:class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`'s thread (it is a ``ReservoirLike``)
+:class:`~genaug.feeding.feeder.Feeder`'s thread (it is a ``ReservoirLike``)
 and read by the dataset's iterator in the same process. Each class is a ring of ``M`` slots:
 once full, new images replace its oldest ones. A draw copies one image under the lock, so a
 reader never sees a slot half-written, and never an image of another class.

@@ -6,10 +6,9 @@ process (:func:`stream_for`): its own client, thread and reservoir, so nothing n
 crosses a ``fork``. Its set-up runs on a thread: read the recipe (labels, size, channels),
 size the reservoir from the byte budget (at the match's shape when the config has a
 :class:`~genaug.match.DomainMatch`: the feeder then matches every batch it receives before
-writing it), start a
-:class:`~genaug.trainer.feeding.feeder.ReservoirFeeder` (the TensorFlow side's, which imports
-no TensorFlow) under the client id ``<trainer>/r<rank>/w<worker>``. A draw reads the reservoir
-and nothing else: it never waits on the network. A stream inherited through ``fork`` (its
+writing it), start a :class:`~genaug.feeding.feeder.Feeder` (the feeder both trainers share)
+under the client id ``<trainer>/r<rank>/w<worker>``. A draw reads the reservoir and nothing
+else: it never waits on the network. A stream inherited through ``fork`` (its
 thread did not come along) is replaced, and said once.
 
 :class:`Tally` holds every process's counters in shared memory made where the dataset was
@@ -179,7 +178,7 @@ class Stream:
         """The recipe's detail; outages retried (the set-up waits, draws fall back), a
         mistake raised at once."""
         from genaug.client import Client
-        from genaug.trainer.feeding.preflight import is_outage
+        from genaug.feeding.preflight import is_outage
 
         delay = 0.25
         while not self._stop.is_set():
@@ -200,11 +199,11 @@ class Stream:
         return None
 
     def _start_feeder(self) -> None:
-        from genaug.trainer.feeding.feeder import ReservoirFeeder
-        from genaug.trainer.feeding.preflight import FeederConfigError
+        from genaug.feeding.feeder import Feeder
+        from genaug.feeding.preflight import FeederConfigError
 
         assert self.reservoir is not None
-        self.feeder = ReservoirFeeder(
+        self.feeder = Feeder(
             self.reservoir, url=self.config.url, recipe=self.config.recipe,
             label_map=self.label_map, batch=self.config.batch,
             interval_s=self.config.interval_s, backoff_initial_s=0.25,
@@ -301,7 +300,7 @@ def layout(config: StreamConfig, detail: Mapping[str, Any]
     the recipe's); :class:`StreamError` for a map that does not fit."""
     labels = [str(x) for x in detail.get("labels") or []]
     if config.classes is not None:
-        from genaug.trainer.feeding.labels import LabelMapError, match_labels
+        from genaug.feeding.labels import LabelMapError, match_labels
 
         try:
             label_map = match_labels(config.classes, labels, recipe=repr(config.recipe))

@@ -42,7 +42,7 @@ The package is in layers, one package each, by what a user is doing:
 
 The demo's and the benchmarks' experiments live in ``genaug.experiments``.
 
-Names are imported lazily: ``genaug.trainer.feeding`` (the feeder and its preflight),
+Names are imported lazily: ``genaug.trainer.feeding`` (the feeder, on :mod:`genaug.feeding`),
 ``genaug.trainer.hardware`` and ``genaug.trainer.checks.diagnose`` do not import TensorFlow at
 import time; the reservoir, the audit and ``NeedCallback`` do.
 """
@@ -65,9 +65,8 @@ if TYPE_CHECKING:
         tracing_counts,
     )
     from .checks.diagnose import diagnose, diagnose_callback
-    from .feeding.feeder import FeederStats, ReservoirFeeder
+    from .feeding.feeder import FeederConfigError, FeederStats, ReservoirFeeder
     from .feeding.need import NeedCallback
-    from .feeding.preflight import FeederConfigError
     from .hardware.devices import DeviceError, configure_devices
     from .mixing.reservoir import SyntheticReservoir
 
@@ -95,7 +94,7 @@ __all__ = [
 _WHERE = {
     "PYTHON_OP_TYPES": "checks.audit",
     "DeviceError": "hardware.devices",
-    "FeederConfigError": "feeding.preflight",
+    "FeederConfigError": "feeding.feeder",
     "configure_devices": "hardware.devices",
     "diagnose": "checks.diagnose",
     "diagnose_callback": "checks.diagnose",

@@ -65,6 +65,13 @@ class GroupKey:
     speed: str = "quality"
 
 
+def runs_guidance(guidance: float) -> bool:
+    """Whether an image drawn with ``guidance`` runs classifier-free guidance: above 1 (the
+    unconditional half of the UNet runs too, so it costs two UNet rows), as in diffusers;
+    1 or less means none. The one place the rule is written."""
+    return guidance > 1
+
+
 @dataclass(frozen=True, eq=False)
 class Item:
     """One image to make.
@@ -86,6 +93,11 @@ class Item:
     channels: int = 3
     source: np.ndarray | None = field(default=None, repr=False)
     source_hash: str | None = None
+
+    @property
+    def guided(self) -> bool:
+        """Whether this image runs classifier-free guidance (:func:`runs_guidance`)."""
+        return runs_guidance(self.guidance)
 
     @property
     def output_shape(self) -> tuple[int, int, int]:

@@ -361,7 +361,7 @@ def image_cost(key: GroupKey, item: Item) -> float:
     """What one image costs the generator, in latent-pixel denoising steps: latent pixels
     (an 8x-downscaled height x width) x steps x UNet rows (two with classifier-free guidance,
     ``guidance > 1``: the unconditional half runs too)."""
-    rows = 2 if item.guidance > 1 else 1
+    rows = 2 if item.guided else 1
     return (key.height / 8) * (key.width / 8) * key.steps * rows
 
 

@@ -142,7 +142,7 @@ class Sampler:
 
         embeds, pooled = self._encode([item.prompt for item in items])
         distilled = unet.config.time_cond_proj_dim is not None
-        guided = [i for i, item in enumerate(items) if item.guidance > 1 and not distilled]
+        guided = [i for i, item in enumerate(items) if item.guided and not distilled]
         negative = negative_pooled = None
         if guided:
             negative, negative_pooled = self._negatives([items[i] for i in guided], embeds, pooled)

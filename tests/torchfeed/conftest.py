@@ -5,11 +5,14 @@ triangle), pre-generation on and a pool of 24 per label, so a stream finds image
 ``real_shapes``: a small map-style dataset of real-looking images of the recipe's size, the
 user's own data a :class:`~genaug.torch.MixedDataset` mixes into (``_torch_shapes.py``: a
 module of its own name, so that a spawned DataLoader worker unpickling one finds it whatever
-other ``conftest`` the run collected).
+other ``conftest`` the run collected). Every test runs as on a machine without TensorFlow
+(``no_tensorflow``): genaug.torch feeds through ``genaug.feeding``, never the TensorFlow
+trainer.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +20,14 @@ import pytest
 from _torch_shapes import RealShapes, wait_for_pool
 
 from genaug.service.testing import LiveService
+
+
+@pytest.fixture(autouse=True)
+def no_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing TensorFlow or Keras fails in this process for the test (as where neither is
+    installed); a spawned DataLoader worker imports only what a stream needs."""
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "keras", None)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

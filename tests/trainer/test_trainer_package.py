@@ -56,8 +56,8 @@ def test_importing_train_and_its_modules_imports_neither_tensorflow_nor_torch() 
     assert_imports_neither_tensorflow_nor_torch(
         "import genaug.trainer.reference.train, genaug.trainer.hardware.devices\n"
         "import genaug.trainer.checks.instruments, genaug.trainer.reference.config\n"
-        "import genaug.trainer.reference.summary, genaug.trainer.feeding.preflight\n"
-        "import genaug.trainer.feeding.labels, genaug.trainer.checks.diagnose\n"
+        "import genaug.trainer.reference.summary, genaug.feeding.preflight\n"
+        "import genaug.feeding.labels, genaug.trainer.checks.diagnose\n"
         "import genaug.trainer.hardware.host\n"
         "import genaug.doctor\n"
     )

@@ -1,17 +1,11 @@
-"""Feeding: getting the service's images into the reservoir, and telling it what is needed.
+"""Feeding a Keras run: the TensorFlow side of :mod:`genaug.feeding` (the feeder both trainers
+share, its first-contact checks, label matching and the class-error measure).
 
-- ``feeder.py``: :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`, the daemon thread's
-  lifecycle (start, stop, stats, need reports); ``callback.py``, its Keras callback
-  (``feeder.callback()``).
-- ``cycle.py``: what the feeder thread does between start and stop: one request cycle (the
-  labels it asks for, where the images go), its counters and its backoff.
-- ``preflight.py``: a strict feeder's first-contact checks
-  (:class:`~genaug.trainer.feeding.preflight.FeederConfigError`).
-- ``labels.py``: matching a dataset's class names with a recipe's labels.
+- ``feeder.py``: :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`, the shared feeder with
+  a Keras callback and the warning when TensorFlow can use the generator's GPU; ``callback.py``,
+  that callback (``feeder.callback()``).
 - ``need.py``: :class:`~genaug.trainer.feeding.need.NeedCallback`, per-class need measured on
-  held-out real images (Keras), reported through the feeder; ``class_error.py``, the measure
-  itself, without Keras.
+  held-out real images (Keras), reported through the feeder.
 
-Only ``need.py`` and ``callback.py`` import TensorFlow (Keras), each when used; the feeder
-imports neither it nor torch (``genaug.torch`` runs it).
+Only ``need.py`` and ``callback.py`` import TensorFlow (Keras), each when used.
 """

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 __all__ = ["feeder_callback"]
 
-log = logging.getLogger("genaug.trainer.feeding.feeder")  # the feeder's own log, as before
+log = logging.getLogger("genaug.trainer.feeding.feeder")  # the feeder's own log
 
 
 class Startable(Protocol):

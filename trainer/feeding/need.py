@@ -35,7 +35,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from .class_error import Measure, per_class_need
+from genaug.feeding.class_error import Measure, per_class_need
 
 __all__ = ["NeedCallback", "per_class_need"]
 

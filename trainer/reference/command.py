@@ -43,10 +43,11 @@ def run(args: argparse.Namespace) -> int:
     ``--doctor`` found a problem (nothing trained)."""
     # The trainer's modules bring numpy (and TensorFlow once it runs): imported here, so
     # that `genaug train --help` imports neither.
+    from genaug.feeding.labels import LabelMapError
+    from genaug.feeding.preflight import FeederConfigError
+
     from ..checks.audit import PythonInGraphError
     from ..checks.instruments import NonFiniteLossError
-    from ..feeding.labels import LabelMapError
-    from ..feeding.preflight import FeederConfigError
     from ..hardware.devices import DeviceError
     from .data import DatasetError
     from .train import Trainer

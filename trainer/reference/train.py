@@ -20,7 +20,7 @@ a generated demo set (:func:`genaug.trainer.reference.data.make_demo_dataset`):
   mixed into each batch with graph ops, refreshed by a
   :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder` thread sampling the recipe's pool (or
   ``generate`` with ``--prompt LABEL=TEXT`` when the service has no such recipe). Dataset class
-  names are matched to the recipe's label names (:mod:`genaug.trainer.feeding.labels`); a class with
+  names are matched to the recipe's label names (:mod:`genaug.feeding.labels`); a class with
   no label is an error. ``--rebalance 1,1,4`` draws a replacement's class from those weights
   (the label follows the pixels), oversampling a rare class. The feeder is strict: a
   configuration mistake the service reveals stops the run before its first step (exit 2).
@@ -59,13 +59,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from genaug.feeding.labels import LabelMapError, match_labels, recipe_status
+
 from ..checks.instruments import (
     NonFiniteLossError,
     StepTimer,
     nan_guard,
     non_finite_culprits,
 )
-from ..feeding.labels import LabelMapError, match_labels, recipe_status
 from ..hardware.devices import configure_devices
 from .config import TrainConfig
 from .data import DatasetError, FolderScan, make_demo_dataset, scan_image_folder
@@ -360,7 +361,7 @@ class Trainer:
         they were, so :meth:`fit` trains as if nothing had run.
 
         With mixing, the feeder is started first (strict: a configuration mistake raises
-        :class:`~genaug.trainer.feeding.preflight.FeederConfigError` here, as in ``fit``) and given
+        :class:`~genaug.feeding.preflight.FeederConfigError` here, as in ``fit``) and given
         up to ``fill_timeout_s`` seconds to put images of every class in the reservoir: a class
         still empty after that is reported, since the first steps would see it so.
         """

@@ -93,8 +93,8 @@ def test_a_cold_start_a_start_from_the_cache_and_a_spoiled_cache(tmp_path: Path)
     (entry,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
 
     warm = start(cache, tmp_path, "warm")
-    cache = cold["acceleration"]["compile_cache"]
-    assert warm["acceleration"]["compile_cache"] == {**cache, "state": "kept"}
+    saved = cold["acceleration"]["compile_cache"]
+    assert warm["acceleration"]["compile_cache"] == {**saved, "state": "kept"}
     assert "64x64:1 (GENAUG_WARMUP_SHAPES): " in warm["log"]
     assert ", from the cache" in warm["log"] and ", compiled" not in warm["log"]
     assert all(not d.endswith(", compiling)") for d in warm["details"]), warm["details"]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from _tf_env import tf_child_env
 
-from genaug.trainer.feeding.class_error import per_class_need, rebalance_weights
+from genaug.feeding.class_error import per_class_need, rebalance_weights
 
 HERE = Path(__file__).resolve().parent
 MARK = "GENAUG_RESULT "

@@ -26,9 +26,9 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
+from genaug.feeding.labels import LabelMapError, match_labels
 from genaug.local_service import free_port, running_service
 from genaug.trainer.checks.instruments import NonFiniteLossError
-from genaug.trainer.feeding.labels import LabelMapError, match_labels
 from genaug.trainer.reference import command
 from genaug.trainer.reference.config import TrainConfig
 from genaug.trainer.reference.data import DatasetError, make_demo_dataset, scan_image_folder

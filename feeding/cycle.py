@@ -1,4 +1,4 @@
-"""What a :class:`~genaug.trainer.feeding.feeder.ReservoirFeeder`'s thread does between its
+"""What a :class:`~genaug.feeding.feeder.Feeder`'s thread does between its
 start and its stop: one request cycle, its counters, its backoff.
 
 Each cycle asks for the labels the reservoir lacks most (:func:`wanted_labels`), fetches one
@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 
 
 class ReservoirLike(Protocol):
-    """What the feeder needs of a reservoir (a :class:`SyntheticReservoir` or a stand-in)."""
+    """What the feeder needs of a reservoir (the TensorFlow trainer's
+    :class:`~genaug.trainer.mixing.reservoir.SyntheticReservoir`, a ``genaug.torch`` stream's,
+    or a stand-in)."""
 
     num_classes: int
     slots_per_class: int
@@ -48,7 +50,7 @@ class ReservoirLike(Protocol):
 
 @dataclass(frozen=True)
 class FeederStats:
-    """A snapshot of a feeder's counters (see :attr:`ReservoirFeeder.stats`).
+    """A snapshot of a feeder's counters (see :attr:`~genaug.feeding.feeder.Feeder.stats`).
 
     Attributes:
         images_received: images written into the reservoir since construction.

@@ -2,7 +2,7 @@
 
 A training run that quietly goes on without synthetic images because of a typo is worse than
 one that stops. At its first contact with the service a strict
-:class:`~genaug.trainer.feeding.feeder.ReservoirFeeder` reads ``/v1/info`` and
+:class:`~genaug.feeding.feeder.Feeder` reads ``/v1/info`` and
 ``/v1/recipes/{name}`` (:func:`first_contact_answers`) and checks them
 (:func:`first_contact_problems`): a rejected API key, an unknown recipe, a ``label_map`` name
 the recipe lacks, images of another size or channel count than the reservoir's, or a pool that
@@ -30,7 +30,6 @@ __all__ = [
     "first_contact_problems",
     "is_outage",
     "match_shape_refusal",
-    "warn_if_tensorflow_sees_generator_gpu",
 ]
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class FeederConfigError(RuntimeError):
     """A strict feeder's first contact found a configuration mistake; the message lists each
-    one with its fix. Raised by :meth:`~genaug.trainer.feeding.feeder.ReservoirFeeder.start` (and so
+    one with its fix. Raised by :meth:`~genaug.feeding.feeder.Feeder.start` (and so
     by ``fit`` through the callback) before any training step."""
 
 
@@ -199,17 +198,3 @@ async def first_contact_answers(
             ) from exc
         raise
     return info, detail
-
-
-def warn_if_tensorflow_sees_generator_gpu(info: Mapping[str, Any], where: str) -> None:
-    """Log a loud warning when TensorFlow in this process can use the generator's GPU
-    (:func:`~genaug.trainer.hardware.devices.tensorflow_sees_service_gpu`); never raises."""
-    from ..hardware.devices import tensorflow_sees_service_gpu
-
-    try:
-        warning = tensorflow_sees_service_gpu(info, where)
-    except Exception:  # a warning must never stop the feeder
-        log.debug("could not compare TensorFlow's GPUs with the service's", exc_info=True)
-        return
-    if warning:
-        log.warning("!" * 78 + "\n%s\n" + "!" * 78, warning)

@@ -1,7 +1,8 @@
 """Per-class need from predictions on held-out real data: pure NumPy, no TensorFlow.
 
-:class:`~genaug.trainer.feeding.need.NeedCallback` (a Keras callback) calls :func:`per_class_need`
-on the model's predictions; kept apart so it is tested, and usable, without importing Keras.
+:class:`~genaug.trainer.feeding.need.NeedCallback` (a Keras callback) and ``genaug.torch``'s
+``class_need`` call :func:`per_class_need` on the model's predictions; no framework is
+imported, so both trainers share it.
 """
 
 from __future__ import annotations
