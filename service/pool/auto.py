@@ -59,10 +59,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from ..turbo import Sampling, Turbo
 from .auto_rule import (
@@ -77,11 +74,12 @@ from .auto_rule import (
     diversity_of_sum,
     final_test,
 )
+from .sampler_queries import SamplerRow, Tally
 from .types import PoolError
 
 if TYPE_CHECKING:
     from ..recipes.spec import Recipe
-    from .unit_of_work import Units
+    from .store import PoolStore
 
 __all__ = ["AutoSampler", "auto_basis", "candidates"]
 
@@ -122,36 +120,13 @@ def auto_basis(judge_key: str | None, adapter_hashes: Sequence[str | None],
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-@dataclass
-class _Row:
-    """The pool's ``samplers`` row as read: the basis, the state (``probing``/``decided``),
-    the chosen sampler's name, the reason and the evidence (the candidate under test, the
-    rejected ones with why, the probes wanted per sampler and label)."""
-
-    basis: str
-    state: str
-    sampler: str | None
-    reason: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Counts:
-    """One sampler's tally on one label: images judged and kept, and the sum of their unit
-    judge embeddings (None: not kept)."""
-
-    judged: int = 0
-    kept: int = 0
-    embedding: np.ndarray | None = None
-
-
 class AutoSampler:
     """One ``auto`` pool's sampler choice (module doc). ``sampling_for``, ``probe_needs``
     and ``stop_evidence`` run in the planner's thread; ``stored`` in the store thread;
     ``describe`` anywhere (cached). ``stopped()``: the labels the judge stopped now (left out
     of the decision)."""
 
-    def __init__(self, store: Units, pool_id: str, recipe: Recipe, *, judge_key: str,
+    def __init__(self, store: PoolStore, pool_id: str, recipe: Recipe, *, judge_key: str,
                  adapters: Mapping[str, str | None], turbo: Turbo | None,
                  probe: int = PROBE_IMAGES, max_probe: int = MAX_PROBE_IMAGES,
                  stopped: Callable[[], Collection[str]] = frozenset) -> None:
@@ -169,9 +144,9 @@ class AutoSampler:
         self.max_probe = max_probe
         self._stopped = stopped
         self._lock = threading.Lock()
-        self._row: _Row | None = None
+        self._row: SamplerRow | None = None
         #: Judged and kept images per sampler name and label under this basis (as last read).
-        self._counts_read: dict[str, dict[str, _Counts]] = {}
+        self._counts_read: dict[str, dict[str, Tally]] = {}
         #: The labels the judge had stopped when last read.
         self._halted: frozenset[str] = frozenset()
         self._dirty = True
@@ -184,7 +159,7 @@ class AutoSampler:
         with self._lock:
             return self._pick(self._refresh(), label)
 
-    def _refresh(self) -> _Row:
+    def _refresh(self) -> SamplerRow:
         """The row, read and advanced again when images were stored or labels stopped since
         the last read (hold the lock)."""
         halted = frozenset(self._stopped())
@@ -226,12 +201,12 @@ class AutoSampler:
                 names.add(row.sampler)
             out: dict[str, tuple[int, int]] = {}
             for label in self.recipe.label_names:
-                counts = [self._counts_read.get(n, {}).get(label, _Counts()) for n in names]
+                counts = [self._counts_read.get(n, {}).get(label, Tally()) for n in names]
                 out[label] = (sum(c.judged for c in counts), sum(c.kept for c in counts))
             return out
 
     def _judged(self, name: str, label: str) -> int:
-        return self._counts_read.get(name, {}).get(label, _Counts()).judged
+        return self._counts_read.get(name, {}).get(label, Tally()).judged
 
     def _drawn_labels(self) -> list[str]:
         """The recipe's labels the judge has not stopped: the ones a decision is made over."""
@@ -255,7 +230,7 @@ class AutoSampler:
             except PoolError:
                 row = None
             if row is None or row.basis != self.basis:
-                row = _Row(self.basis, "probing", None, "not planned yet")
+                row = SamplerRow(self.basis, "probing", None, "not planned yet")
         chosen = self._by_name.get(row.sampler or "")
         return {
             "state": row.state,
@@ -269,7 +244,7 @@ class AutoSampler:
 
     # -- the decision ----------------------------------------------------------------------
 
-    def _pick(self, row: _Row, label: str) -> Sampling:
+    def _pick(self, row: SamplerRow, label: str) -> Sampling:
         if row.state == "decided" and row.sampler in self._by_name:
             return self._by_name[row.sampler]
         wanted: dict[str, dict[str, int]] = row.evidence.get("wanted", {})
@@ -280,14 +255,15 @@ class AutoSampler:
         # drawing with the candidate under test (more evidence, and it is the cheaper).
         return self._by_name[row.evidence.get("testing", self.own.name)]
 
-    def _advance(self) -> _Row:
+    def _advance(self) -> SamplerRow:
         """Read the row and the evidence; test, decide, withdraw; write what changed."""
         row = self._read()
         if row is None or row.basis != self.basis:
             why = "new pool" if row is None else "the judge, an adapter or turbo changed"
-            row = _Row(self.basis, "probing", None, f"probing the recipe's own sampler ({why})",
-                       {"testing": self._first_untried({}), "rejected": {}, "why": why,
-                        "since": time.time()})
+            row = SamplerRow(self.basis, "probing", None,
+                             f"probing the recipe's own sampler ({why})",
+                             {"testing": self._first_untried({}), "rejected": {}, "why": why,
+                              "since": time.time()})
             self._write(row)
         counts = self._counts()
         self._counts_read = counts
@@ -308,7 +284,7 @@ class AutoSampler:
                 return sampling.name
         return self.own.name
 
-    def _test(self, row: _Row, counts: dict[str, dict[str, _Counts]]) -> bool:
+    def _test(self, row: SamplerRow, counts: dict[str, dict[str, Tally]]) -> bool:
         """Test the candidate under test if its probes are in; True when the state moved on
         (decided, or the next candidate is up), so the caller tests again."""
         testing = row.evidence.get("testing", self.own.name)
@@ -326,7 +302,7 @@ class AutoSampler:
         # Worse with evidence on any label, probes complete or not: rejected now, so a
         # hopeless candidate costs a few images of the fill, not a round of them.
         for label in labels:
-            ref, cand = own_counts.get(label, _Counts()), cand_counts.get(label, _Counts())
+            ref, cand = own_counts.get(label, Tally()), cand_counts.get(label, Tally())
             if (cand.judged >= EARLY_IMAGES and ref.judged >= EARLY_IMAGES
                     and acceptance_test(cand.kept, cand.judged, ref.kept, ref.judged) == "fail"):
                 return self._reject(row, testing, f"label {label}: acceptance "
@@ -337,7 +313,7 @@ class AutoSampler:
         estimated: list[str] = []
         worst = 1.0
         for label in labels:
-            ref, cand = own_counts.get(label, _Counts()), cand_counts.get(label, _Counts())
+            ref, cand = own_counts.get(label, Tally()), cand_counts.get(label, Tally())
             need_ref = wanted.get(self.own.name, {}).get(label, self.probe)
             need = wanted.get(testing, {}).get(label, self.probe)
             if ref.judged < need_ref or cand.judged < need:
@@ -381,7 +357,7 @@ class AutoSampler:
         if more:
             for label in more:
                 for name in (self.own.name, testing):
-                    have = counts.get(name, {}).get(label, _Counts()).judged
+                    have = counts.get(name, {}).get(label, Tally()).judged
                     wanted.setdefault(name, {})[label] = min(self.max_probe, have + self.probe)
             row.reason = (f"probing {testing}: labels {', '.join(more)} need more images to "
                           "tell")
@@ -399,7 +375,7 @@ class AutoSampler:
             "per image"))
         return True
 
-    def _reject(self, row: _Row, name: str, why: str) -> bool:
+    def _reject(self, row: SamplerRow, name: str, why: str) -> bool:
         row.evidence.setdefault("rejected", {})[name] = why
         nxt = self._first_untried(row.evidence["rejected"])
         row.evidence["testing"] = nxt
@@ -407,19 +383,19 @@ class AutoSampler:
         log.info("pool %s auto: %s", self.pool_id, row.reason)
         return True
 
-    def _decide(self, row: _Row, chosen: Sampling, reason: str) -> None:
+    def _decide(self, row: SamplerRow, chosen: Sampling, reason: str) -> None:
         row.state, row.sampler, row.reason = "decided", chosen.name, reason
         row.evidence["decided_at"] = time.time()
         log.info("pool %s auto: decided %s", self.pool_id, reason)
 
-    def _recheck(self, row: _Row, counts: dict[str, dict[str, _Counts]]) -> None:
+    def _recheck(self, row: SamplerRow, counts: dict[str, dict[str, Tally]]) -> None:
         """Hysteresis: withdraw the decision only when the chosen sampler is worse with
         evidence on some label."""
         if row.sampler is None or row.sampler == self.own.name:
             return
         own_counts, cand_counts = counts.get(self.own.name, {}), counts.get(row.sampler, {})
         for label in self.recipe.label_names:
-            ref, cand = own_counts.get(label, _Counts()), cand_counts.get(label, _Counts())
+            ref, cand = own_counts.get(label, Tally()), cand_counts.get(label, Tally())
             if not ref.judged or not cand.judged:
                 continue
             _, upper = acceptance_interval(cand.kept, cand.judged, ref.kept, ref.judged)
@@ -432,7 +408,7 @@ class AutoSampler:
                              f"{ref.kept}/{ref.judged} by more than {MARGIN:g}")
                 return
 
-    def _diversity_ratio(self, counts: dict[str, dict[str, _Counts]], name: str,
+    def _diversity_ratio(self, counts: dict[str, dict[str, Tally]], name: str,
                          label: str) -> float | None:
         """The candidate's diversity over the recipe sampler's on ``label``, from every
         probe's embedding (the tallies' sums); None when either has no sum (images judged
@@ -447,38 +423,18 @@ class AutoSampler:
 
     # -- the pool database ---------------------------------------------------------------------
 
-    def _read(self) -> _Row | None:
-        with self.store.unit_of_work(write=False) as uow:
-            got = uow.execute("SELECT basis, state, sampler, reason, evidence FROM samplers"
-                              " WHERE pool_id = ?", (self.pool_id,)).fetchone()
-        if got is None:
-            return None
-        basis, state, sampler, reason, evidence = got
-        return _Row(str(basis), str(state), sampler, str(reason), json.loads(evidence))
+    def _read(self) -> SamplerRow | None:
+        return self.store.samplers.read(self.pool_id)
 
-    def _write(self, row: _Row) -> None:
-        with self.store.unit_of_work(write=True) as uow:
-            uow.execute(
-                "INSERT INTO samplers (pool_id, basis, state, sampler, reason, evidence,"
-                " decided) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pool_id) DO UPDATE SET"
-                " basis = excluded.basis, state = excluded.state,"
-                " sampler = excluded.sampler, reason = excluded.reason,"
-                " evidence = excluded.evidence, decided = excluded.decided",
-                (self.pool_id, row.basis, row.state, row.sampler, row.reason,
-                 json.dumps(row.evidence, sort_keys=True), time.time()))
+    def _write(self, row: SamplerRow) -> None:
+        self.store.samplers.write(self.pool_id, row)
 
-    def _counts(self) -> dict[str, dict[str, _Counts]]:
+    def _counts(self) -> dict[str, dict[str, Tally]]:
         """Judged and kept images per sampler and label, under this judge and each label's
         adapter (the store's tallies)."""
-        with self.store.unit_of_work(write=False) as uow:
-            rows = uow.execute(
-                "SELECT sampler, label, adapter_hash, judged, kept, embedding FROM"
-                " sampler_tallies WHERE pool_id = ? AND judge_key = ?",
-                (self.pool_id, self.judge_key)).fetchall()
-        out: dict[str, dict[str, _Counts]] = {}
-        for name, label, adapter, judged, kept, embedding in rows:
-            if self.adapters.get(str(label)) == str(adapter):
-                total = None if embedding is None else np.asarray(json.loads(embedding))
-                out.setdefault(str(name), {})[str(label)] = _Counts(int(judged), int(kept),
-                                                                     total)
+        out: dict[str, dict[str, Tally]] = {}
+        for name, label, adapter, tally in self.store.samplers.tallies(self.pool_id,
+                                                                       self.judge_key):
+            if self.adapters.get(label) == adapter:
+                out.setdefault(name, {})[label] = tally
         return out

@@ -31,7 +31,7 @@ from .types import LabelStats
 
 if TYPE_CHECKING:
     from ..recipes.spec import Recipe
-    from .unit_of_work import Units
+    from .store import PoolStore
 
 __all__ = ["Candidate", "PoolSamplers"]
 
@@ -43,7 +43,7 @@ class PoolSamplers:
     """The sampler of every recipe's pool (module doc); ``auto`` for the judged ``auto``
     recipes (``judge_keys``: their judges' keys)."""
 
-    def __init__(self, recipes: Mapping[str, Recipe], store: Units, pool_ids: Mapping[str, str],
+    def __init__(self, recipes: Mapping[str, Recipe], store: PoolStore, pool_ids: Mapping[str, str],
                  *, turbo: Turbo | None, judge_keys: Mapping[str, str],
                  adapter_hash: Callable[[Recipe, str], str | None], pregenerate: bool = True,
                  stopped: Callable[[str], Collection[str]] | None = None) -> None:

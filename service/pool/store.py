@@ -73,7 +73,6 @@ transaction: that is what stops planners exactly at the target, no plan index re
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -83,6 +82,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -94,10 +94,19 @@ from .curation import Curation
 from .draw import decode_rows, empty_sample, spread
 from .reads import PoolReads
 from .recipe_specs import RecipeSpecs
+from .sampler_queries import SamplerQueries
 from .shared_targets import raise_targets
 from .stop_queries import Stops
 from .tables import POOL_TABLES
-from .types import DEFAULT_LEASE_S, LabelStats, PoolError, PoolSample, Provenance, Reservation
+from .types import (
+    DEFAULT_LEASE_S,
+    AddedBatch,
+    LabelStats,
+    PoolError,
+    PoolSample,
+    Provenance,
+    Reservation,
+)
 from .unit_of_work import UnitOfWork
 
 __all__ = ["PoolStore"]
@@ -164,6 +173,9 @@ class PoolStore(ABC):
         #: a write unit of work; their failures are the store's outage, logged.
         self.on_renew: list[Callable[[UnitOfWork], object]] = []
         self.on_close: list[Callable[[UnitOfWork], object]] = []
+        #: Called by every :meth:`add` that stored images, in its transaction under the
+        #: label's lock, with what it stored (``auto``'s tallies: ``samplers.tally``).
+        self.on_added: list[Callable[[UnitOfWork, AddedBatch], object]] = []
         # The features that compose over the store, each through unit_of_work():
         #: A person's verdicts, browsing and an image's pixels (the pool page).
         self.curation = Curation(self)
@@ -173,6 +185,9 @@ class PoolStore(ABC):
         self.reads = PoolReads(self)
         #: The recipe spec that made each pool.
         self.recipe_specs = RecipeSpecs(self)
+        #: ``auto``'s decisions and the tallies it decides on (counted as images are added).
+        self.samplers = SamplerQueries(self)
+        self.on_added.append(self.samplers.tally)
 
     # -- what a backend supplies ---------------------------------------------------------
 
@@ -398,14 +413,15 @@ class PoolStore(ABC):
         the judge kept each (needs ``scores``; default all kept). An image not kept is stored
         and counted (``rejected``, ``judged_total``) but never sampled. ``provenance``: what
         made the batch (steps, guidance, ...), stored with each image (None: not recorded).
-        With ``provenance.sampler`` the judged images are tallied under it (``auto``'s
-        evidence), ``embedding_sum`` (the sum of their unit judge embeddings) added to its
-        tally's.
+        Each listener of :attr:`on_added` hears what was stored, in this transaction, with
+        ``embedding_sum`` (the sum of the judged images' unit judge embeddings: ``auto``'s
+        tallies add it up).
         """
         batch = batch_rows(images, seeds, plan_indices=plan_indices, sources=sources,
                            reservation=reservation, scores=scores, keep=keep)
         h, w, c = batch.shape
         made = provenance or Provenance()
+        added = AddedBatch(pool_id, label, made, 0, 0, embedding_sum)
         now = time.time()
         with self._tx(write=True) as conn:
             self._lock_label(conn, pool_id, label)  # writers of a label queue here, in order
@@ -442,35 +458,16 @@ class PoolStore(ABC):
                 f" next_index = {self._GREATEST}(next_index, ?) WHERE pool_id = ? AND label = ?",
                 (stored, judged, kept, next_index or 0, pool_id, label),
             )
-            if made.sampler is not None and judged:
-                self._tally(conn, pool_id, label, made, judged, kept, embedding_sum)
+            if stored:
+                unit = self._unit(conn)
+                for listener in self.on_added:
+                    listener(unit, replace(added, judged=judged, kept=kept))
             if reservation is not None:
                 self._exec(conn, "DELETE FROM reservations WHERE id = ?", (reservation.id,))
             evicted = self._evict(conn, pool_id, label)
         if evicted:
             log.debug("pool %s label %s: evicted %d", pool_id, label, evicted)
         return evicted
-
-    def _tally(self, conn: Any, pool_id: str, label: str, made: Provenance, judged: int,
-               kept: int, embedding_sum: Sequence[float] | None) -> None:
-        """``auto``'s evidence (pool/auto.py), under the label's lock: judged and kept images
-        and their summed embeddings per sampler, judge and adapter, kept whatever is evicted."""
-        key = (pool_id, label, made.sampler, made.judge_key or "", made.adapter_hash or "")
-        where = ("pool_id = ? AND label = ? AND sampler = ? AND judge_key = ?"
-                 " AND adapter_hash = ?")
-        row = self._exec(conn, f"SELECT embedding FROM sampler_tallies WHERE {where}",
-                         key).fetchone()
-        total = None if embedding_sum is None else np.asarray(embedding_sum, np.float64)
-        if row is not None and row[0] is not None and total is not None:
-            total = total + np.asarray(json.loads(row[0]), np.float64)
-        text = None if total is None else json.dumps([round(float(v), 6) for v in total])
-        if row is None:
-            self._exec(conn, "INSERT INTO sampler_tallies (pool_id, label, sampler, judge_key,"
-                       " adapter_hash, judged, kept, embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (*key, judged, kept, text))
-        else:
-            self._exec(conn, "UPDATE sampler_tallies SET judged = judged + ?, kept = kept + ?,"
-                       f" embedding = ? WHERE {where}", (judged, kept, text, *key))
 
     def _evict(self, conn: Any, pool_id: str, label: str) -> int:
         """Keep at most ``capacity_per_label`` accepted images (most-served, then oldest, go

@@ -5,10 +5,10 @@ here and created by the backends (:mod:`~genaug.service.pool.sqlite`,
 :mod:`~genaug.service.pool.postgres`), with their upgrades. The features own their queries:
 ``jobs`` is the fill jobs' (:mod:`genaug.service.jobs.queries`), ``stops`` the judge's
 (:mod:`~genaug.service.pool.stop_queries`), ``recipes`` the recipe specs'
-(:mod:`~genaug.service.pool.recipe_specs`), ``samplers`` ``auto``'s decisions
-(:mod:`~genaug.service.pool.auto`); ``sampler_tallies`` is the store's own (every judged image
-it adds is counted there by its sampler, judge and adapter, with the sum of its unit judge
-embeddings, in the add's transaction, so eviction never takes ``auto``'s evidence away).
+(:mod:`~genaug.service.pool.recipe_specs`), ``samplers`` and ``sampler_tallies`` ``auto``'s
+(:mod:`~genaug.service.pool.sampler_queries`: every judged image the store adds is counted
+there by its sampler, judge and adapter, with the sum of its unit judge embeddings, by a
+listener in the add's transaction, so eviction never takes ``auto``'s evidence away).
 
 The dialects differ only where filled in: ``real`` is the backend's float type, ``options``
 what follows a table's definition (SQLite: `` WITHOUT ROWID``: the keys are text).

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 __all__ = [
     "DEFAULT_LEASE_S",
+    "AddedBatch",
     "BrowsePage",
     "LabelStats",
     "PG_SCHEMES",
@@ -255,6 +256,20 @@ class Provenance:
     judge_settings: str | None = None
     speed: str | None = None
     sampler: str | None = None
+
+
+@dataclass(frozen=True)
+class AddedBatch:
+    """What one add stored, as the store's add listeners hear it (``store.on_added``, in the
+    add's transaction): the pool and label, what made the batch, how many of its images the
+    judge scored and kept, and the sum of their unit judge embeddings (None: not given)."""
+
+    pool_id: str
+    label: str
+    provenance: Provenance
+    judged: int
+    kept: int
+    embedding_sum: Sequence[float] | None = None
 
 
 @dataclass(frozen=True)
