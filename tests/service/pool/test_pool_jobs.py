@@ -18,6 +18,7 @@ import pytest
 import torch
 from _postgres import back_to_version, shared_cluster, stored_schema_version
 
+from genaug.service.api.errors import status_of
 from genaug.service.batching.items import IdleWork, Outcome
 from genaug.service.errors import ConflictError, NotFoundError
 from genaug.service.jobs.fill_jobs import FillJobs
@@ -130,7 +131,7 @@ def test_cancel_releases_only_what_no_other_live_job_wants(open_store: Opener) -
     assert store.stats(PID, ["0"])["0"].target == 3  # fill 2 + 1 in flight: nothing wasted
     with pytest.raises(ConflictError, match="already ended \\(cancelled\\)") as e:
         jobs.cancel(small.id)
-    assert e.value.status == 409 and e.value.field == "id"
+    assert status_of(e.value) == 409 and e.value.field == "id"
     with pytest.raises(NotFoundError, match="no such job"):
         jobs.cancel("j_ffffffffffffffff")
     # A target someone else raised beyond the job's (a waiting sample) is left alone.
