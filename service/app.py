@@ -233,7 +233,7 @@ async def _load_and_warm(state: AppState) -> None:
         state.model = model
         await asyncio.to_thread(_report_long_prompts, state, model)
         # Before the acceleration options: they compile and quantize the turbo UNet too.
-        turbo = await asyncio.to_thread(attach_turbo, model.pipeline, settings)
+        turbo = await asyncio.to_thread(attach_turbo, model, settings)
         acceleration = await asyncio.to_thread(Acceleration.setup, model, settings, state.metrics,
                                         lambda info: state.acceleration_info.update(info))
         state.acceleration = acceleration

@@ -515,7 +515,7 @@ def run_config(
         bench.sync()
         run.build_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        apply_acceleration(model.pipeline, options)
+        apply_acceleration(model, options)
         run.apply_s = time.perf_counter() - t0
         worker = PipelineWorker(model)
         run.warmup_s = warm_up(bench, worker, batches)
@@ -735,7 +735,7 @@ def warmup_only(bench: Bench) -> dict[str, Any]:
     model = bench.build()
     bench.sync()
     build_s = time.perf_counter() - t0
-    apply_acceleration(model.pipeline, options)
+    apply_acceleration(model, options)
     return {"build_s": build_s,
             "warmup_s": warm_up(bench, PipelineWorker(model), batches)}
 

@@ -49,7 +49,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     pin_threads(args.threads)
     from bench.gpu.turbo_lora_file import write_turbo_lora
     from genaug.service.batching.items import GroupKey, Item
-    from genaug.service.pipeline.turbo_unet import turbo_unet_of
     from genaug.service.pipeline.worker import PipelineWorker
     from genaug.service.settings import Settings
 
@@ -62,11 +61,11 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                 rank=8)
         from genaug.service.pipeline.turbo_unet import attach_turbo
 
-        turbo = attach_turbo(pipe, Settings(model="tiny-random", turbo_lora=lora,
+        turbo = attach_turbo(model, Settings(model="tiny-random", turbo_lora=lora,
                                             turbo_kind="lcm"))
     assert turbo is not None
     worker = PipelineWorker(model, turbo=turbo)
-    copy = turbo_unet_of(pipe)
+    copy = model.state.turbo_unet
     first_bytes = sum(p.numel() * p.element_size() for p in pipe.unet.parameters())
     copy_bytes = sum(p.numel() * p.element_size() for p in copy.parameters())
     drawn = turbo.sampling

@@ -67,14 +67,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The attributes on a pipeline that record the options applied to it and what they did
-# (the attention kernel chosen, the layers quantized; see apply_acceleration).
-_APPLIED_ATTR = "_genaug_acceleration"
-_REPORT_ATTR = "_genaug_acceleration_report"
 
-
-def apply_acceleration(pipeline: Any, options: AccelerationOptions) -> AccelerationOptions:
-    """Apply ``options`` to a loaded SDXL pipeline in place; return what was applied.
+def apply_acceleration(model: LoadedModel, options: AccelerationOptions) -> AccelerationOptions:
+    """Apply ``options`` to a loaded model's pipeline (and its turbo UNet) in place; return
+    what was applied, recorded in ``model.state`` with what it did.
 
     Call it after loading and before the worker's first batch. Order: fused QKV (new weights),
     then channels_last (their layout), then the VAE switches, then FP8 (it quantizes the fused
@@ -95,13 +91,13 @@ def apply_acceleration(pipeline: Any, options: AccelerationOptions) -> Accelerat
     """
     from .attention import apply_attention, choose_attention
 
-    unet = pipeline.unet
-    device = _device_of(unet)
+    state = model.state
+    pipeline: Any = model.pipeline  # diffusers' components are dynamic attributes
+    device = _device_of(pipeline.unet)
     choice = choose_attention(options.attention, device)
-    # What changes the pipeline itself, and is recorded on it.
+    # What changes the pipeline's modules themselves, and is recorded in the model's state.
     structural = replace(options, attention="default")
-    previous: AccelerationOptions | None = getattr(pipeline, _APPLIED_ATTR, None)
-    report: dict[str, Any] = dict(getattr(pipeline, _REPORT_ATTR, {}))
+    previous = state.acceleration
     if previous is not None and previous != structural:
         raise AccelerationError(
             f"this pipeline already has the acceleration options {previous.label} applied and "
@@ -109,25 +105,22 @@ def apply_acceleration(pipeline: Any, options: AccelerationOptions) -> Accelerat
             "modules cannot be undone); load a fresh model"
         )
     apply_attention(choice)
-    report["attention_backend"] = choice.backend
-    object.__setattr__(pipeline, _REPORT_ATTR, report)
+    state.attention_backend = choice.backend
     if previous is not None or not structural.enabled:
         return options
-    _apply_structural(pipeline, structural, device, report)
+    _apply_structural(model, structural, device)
     return options
 
 
-def _apply_structural(
-    pipeline: Any, options: AccelerationOptions, device: torch.device, report: dict[str, Any]
-) -> None:
+def _apply_structural(model: LoadedModel, options: AccelerationOptions,
+                      device: torch.device) -> None:
     import torch
 
-    from .turbo_unet import turbo_unet_of
-
+    pipeline: Any = model.pipeline
     unet = pipeline.unet
     vae = pipeline.vae
     # The turbo UNet (GENAUG_TURBO_LORA: plain fused weights) takes every option the first does.
-    unets = [u for u in (unet, turbo_unet_of(pipeline)) if u is not None]
+    unets = [u for u in (unet, model.state.turbo_unet) if u is not None]
     if options.fuse_qkv:
         for name, module in (*(("unet", u) for u in unets), ("vae", vae)):
             try:
@@ -156,27 +149,27 @@ def _apply_structural(
         from .quantize import check_fp8, quantize_fp8
 
         check_fp8(device)
-        report["quantized_layers"] = len(quantize_fp8(unet, convs=options.quantize == "fp8-conv"))
+        model.state.quantized_layers = len(
+            quantize_fp8(unet, convs=options.quantize == "fp8-conv"))
         for other in unets[1:]:
             quantize_fp8(other, convs=options.quantize == "fp8-conv")
     if options.compile != "off":
         raise_recompile_limit()
         for module in unets:
             compile_unet(module, options)
-    # Plain attributes on the pipeline object (not registered components).
-    object.__setattr__(pipeline, _APPLIED_ATTR, options)
+    model.state.acceleration = options
     log.info("acceleration options applied: %s", options.label)
 
 
-def applied_report(pipeline: Any) -> dict[str, Any]:
-    """What :func:`apply_acceleration` did to ``pipeline``: ``attention_backend`` (the kernel
-    chosen; ``default`` is torch's own order) and ``quantized_layers`` (FP8), as ``/v1/info``
-    shows."""
-    report: dict[str, Any] = getattr(pipeline, _REPORT_ATTR, {})
-    return {
-        "attention_backend": report.get("attention_backend", "default"),
-        "quantized_layers": report.get("quantized_layers", 0),
-    }
+def applied_report(model: LoadedModel | None) -> dict[str, Any]:
+    """What :func:`apply_acceleration` did to ``model`` (None: nothing): ``attention_backend``
+    (the kernel chosen; ``default`` is torch's own order) and ``quantized_layers`` (FP8), as
+    ``/v1/info`` shows."""
+    from .load import ModelState  # torch: imported when a report is asked for
+
+    state = model.state if model is not None else ModelState()
+    return {"attention_backend": state.attention_backend,
+            "quantized_layers": state.quantized_layers}
 
 
 def _device_of(module: Any) -> torch.device:
@@ -259,12 +252,12 @@ class Acceleration:
     @classmethod
     def setup(
         cls,
-        model: LoadedModel | Any,
+        model: LoadedModel,
         settings: Settings,
         metrics: Metrics | None = None,
         publish: Callable[[dict[str, Any]], object] | None = None,
     ) -> Acceleration:
-        """Apply the settings' options to ``model`` (a ``LoadedModel`` or a bare pipeline).
+        """Apply the settings' options to ``model``.
 
         Raises :class:`AccelerationError` (an option the model cannot take; fused projections or FP8
         with LoRA adapters, which they would bypass or break).
@@ -281,16 +274,16 @@ class Acceleration:
                 f"GENAUG_QUANTIZE={options.quantize} cannot be combined with GENAUG_LORAS: LoRA "
                 "layers cannot wrap float8 layers; set GENAUG_QUANTIZE=none"
             )
-        pipeline: Any = getattr(model, "pipeline", model)
-        applied = apply_acceleration(pipeline, options)
+        applied = apply_acceleration(model, options)
         compiling = applied.compile != "off"
         tracker = ShapeTracker(
             active=compiling, graphs=lambda: compile_counts().graphs,
             on_recompile=metrics.recompiles.inc if metrics is not None else None)
         sizes = batch_sizes(settings.max_batch_images) if applied.cuda_graphs else ()
         root = compile_cache_root(settings.compile_cache) if compiling else None
-        return cls(applied, tracker, publish, report=applied_report(pipeline), batch_sizes=sizes,
-                   cache_root=root, weights_hash=str(getattr(model, "weights_hash", "") or ""),
+        pipeline: Any = model.pipeline
+        return cls(applied, tracker, publish, report=applied_report(model), batch_sizes=sizes,
+                   cache_root=root, weights_hash=model.weights_hash,
                    device=_device_of(pipeline.unet), metrics=metrics)
 
     def _publish(self) -> None:

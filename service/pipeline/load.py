@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +65,9 @@ from .weights import (
 if TYPE_CHECKING:
     from diffusers import StableDiffusionXLPipeline
 
-__all__ = ["MODEL_KINDS", "LoadedModel", "ModelLoadError", "load_model"]
+    from .acceleration_options import AccelerationOptions
+
+__all__ = ["MODEL_KINDS", "LoadedModel", "ModelLoadError", "ModelState", "load_model"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,29 @@ _TRAINED_ON = "trained_on.json"  # next to model_index.json: what a folder was t
 
 MODEL_KINDS = ("tiny-digits", "tiny-digits-base", "tiny-random", "diffusers", "single-file")
 """Every value of :attr:`LoadedModel.kind` (``/v1/info`` ``model.kind``)."""
+
+
+@dataclass
+class ModelState:
+    """What genaug made of a loaded pipeline, owned by its :class:`LoadedModel` (nothing is
+    hung on the diffusers pipeline itself).
+
+    Attributes:
+        turbo_unet: ``GENAUG_TURBO_LORA`` fused into a copy of the UNet
+            (:func:`~genaug.service.pipeline.turbo_unet.attach_turbo`), or None: the UNet
+            ``speed="turbo"`` batches run.
+        acceleration: the acceleration options applied to the pipeline's modules (fused
+            projections, layout, FP8, compiled UNets: they cannot be undone), or None
+            (:func:`~genaug.service.pipeline.acceleration.apply_acceleration`).
+        attention_backend: the attention kernel chosen on this device (``default``: torch's
+            own order).
+        quantized_layers: the UNet's FP8 linear layers.
+    """
+
+    turbo_unet: Any | None = None
+    acceleration: AccelerationOptions | None = None
+    attention_backend: str = "default"
+    quantized_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +121,9 @@ class LoadedModel:
             version, seed, labels, ...) for ``tiny-digits``, ``tiny-digits-base`` and for
             folders written by ``tools/train_tiny_generator.py`` (its ``trained_on.json``);
             ``None`` when unknown. A ``unet_weights`` override leaves it as the base's.
+        state: what genaug made of the pipeline (:class:`ModelState`): its turbo UNet and
+            the acceleration applied. A model copied with another pipeline
+            (``dataclasses.replace(model, pipeline=...)``) starts with a state of its own.
     """
 
     pipeline: StableDiffusionXLPipeline
@@ -105,6 +133,8 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     trained_on: dict[str, Any] | None = None
+    state: ModelState = field(default_factory=ModelState, init=False, compare=False,
+                              repr=False)
 
 
 def load_model(

@@ -60,7 +60,6 @@ from ..batching.items import GroupKey, Item
 from .denoising import Denoising
 from .quiet import quiet_diffusers
 from .schedulers import Schedulers
-from .turbo_unet import turbo_unet_of
 from .vae import Vae
 
 __all__ = ["Sampler", "img2img_pipeline", "prompt_tokens"]
@@ -112,8 +111,11 @@ class Sampler:
         device: torch.device,
         schedulers: Schedulers,
         vae: Vae | None = None,
+        turbo_unet: Any | None = None,
     ) -> None:
         self.pipe: Any = pipeline
+        #: The UNet ``speed="turbo"`` batches run (the model's fused copy), or None.
+        self.turbo_unet = turbo_unet
         self.img2img: Any = img2img_pipeline(pipeline)
         self.device = device
         self.schedulers = schedulers
@@ -133,7 +135,7 @@ class Sampler:
         starting latents), as a :class:`Denoising` to step through."""
         _check_key(key)
         pipe = self.pipe
-        turbo = turbo_unet_of(pipe) if key.speed == "turbo" else None
+        turbo = self.turbo_unet if key.speed == "turbo" else None
         unet = turbo if turbo is not None else pipe.unet
         generators = [torch.Generator(device=self.device).manual_seed(it.seed) for it in items]
         # The batch's own scheduler: one paused at a step boundary keeps its state (multistep

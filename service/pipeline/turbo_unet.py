@@ -9,11 +9,12 @@ LoRA slot: switching modes then costs nothing (no weights move, nothing compiles
 stays possible, and the cost is memory: one more UNet (2.6 B parameters: 5.1 GB in bf16, 2.6
 GB in FP8), measured in docs/benchmarks.md.
 
-The copy hangs on the pipeline object as a plain attribute (not a registered component, so
-diffusers' pipeline methods never see it). Example::
+The copy is the model's (``model.state.turbo_unet``: :class:`~genaug.service.pipeline.load.
+ModelState`), not a component of the diffusers pipeline, so the pipeline's own methods never
+see it. Example::
 
-    turbo = attach_turbo(model.pipeline, settings)   # the Turbo served, its LoRA hash named
-    turbo_unet_of(model.pipeline)                    # the fused copy, or None
+    turbo = attach_turbo(model, settings)   # the Turbo served, its LoRA hash named
+    model.state.turbo_unet                  # the fused copy, or None
 """
 
 from __future__ import annotations
@@ -21,42 +22,41 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..turbo import Turbo, turbo_mode
 from .weights import hash_files
 
-__all__ = ["attach_turbo", "turbo_unet_of"]
+if TYPE_CHECKING:
+    from .load import LoadedModel
+
+__all__ = ["attach_turbo"]
 
 log = logging.getLogger(__name__)
 
-_ATTR = "_genaug_turbo_unet"
 
-
-def attach_turbo(pipeline: Any, settings: Any) -> Turbo | None:
-    """The turbo mode ``settings`` serve on ``pipeline``: with ``GENAUG_TURBO_LORA`` its UNet
-    copy fused and attached, and its sampler named with the LoRA's kind and content hash
-    (what the pool's provenance keeps); else the built-in model's setting, or None.
+def attach_turbo(model: LoadedModel, settings: Any) -> Turbo | None:
+    """The turbo mode ``settings`` serve on ``model``: with ``GENAUG_TURBO_LORA`` its UNet
+    copy fused and kept in ``model.state.turbo_unet``, and its sampler named with the LoRA's
+    kind and content hash (what the pool's provenance keeps); else the built-in model's
+    setting, or None.
 
     Raises :class:`~genaug.service.pipeline.turbo_lora.TurboLoraError` for a file that is not
     a turbo LoRA of this model (one line, with the fix)."""
     turbo = turbo_mode(settings)
     if turbo is None or turbo.lora is None:
         # A model object served again without a turbo LoRA (tests share one) runs none.
-        object.__setattr__(pipeline, _ATTR, None)
+        model.state.turbo_unet = None
         return turbo
     from .turbo_lora import fuse_turbo_unet, read_turbo_lora
 
     started = time.monotonic()
-    state = read_turbo_lora(turbo.lora, str(turbo.kind), unet_config=pipeline.unet.config)
-    unet = fuse_turbo_unet(pipeline.unet, state)
-    object.__setattr__(pipeline, _ATTR, unet)
+    pipeline: Any = model.pipeline  # diffusers' components are dynamic attributes
+    unet = pipeline.unet
+    state = read_turbo_lora(turbo.lora, str(turbo.kind), unet_config=unet.config)
+    model.state.turbo_unet = fuse_turbo_unet(unet, state)
     digest = hash_files([turbo.lora])
     log.info("turbo: %s LoRA %s (%s) fused into a copy of the UNet in %.1f s", turbo.kind,
              turbo.lora, digest, time.monotonic() - started)
     return replace(turbo, sampling=turbo.sampling.with_lora(f"{turbo.kind} {digest}"))
 
-
-def turbo_unet_of(pipeline: Any) -> Any | None:
-    """The turbo UNet attached to ``pipeline``, or None."""
-    return getattr(pipeline, _ATTR, None)

@@ -62,7 +62,6 @@ from .load import LoadedModel
 from .quantize import nonfinite_advice
 from .sampler import Sampler
 from .schedulers import Schedulers
-from .turbo_unet import turbo_unet_of
 from .vae import Vae
 
 if TYPE_CHECKING:
@@ -139,7 +138,8 @@ class PipelineWorker:
     ) -> None:
         self.model = model
         #: What ``speed="turbo"`` batches draw with (None: no turbo); its UNet, with a turbo
-        #: LoRA, is the pipeline's attached copy (:mod:`~genaug.service.pipeline.turbo_unet`).
+        #: LoRA, is the model's copy (``model.state.turbo_unet``:
+        #: :mod:`~genaug.service.pipeline.turbo_unet`).
         self.turbo = turbo
         self.cut_rows = cut_rows
         # diffusers' pipeline classes are dynamically typed: components are attributes.
@@ -152,7 +152,7 @@ class PipelineWorker:
         # into the turbo UNet (a view of the pipeline that holds it, without the text
         # encoders, which the first Adapters already adapts and both modes share; nothing is
         # copied).
-        turbo_unet = turbo_unet_of(self.pipe)
+        turbo_unet = model.state.turbo_unet
         self.turbo_adapters: Adapters | None = None
         if turbo_unet is not None and loras:
             pipe: Any = model.pipeline
@@ -162,9 +162,8 @@ class PipelineWorker:
                 view, loras, base_hash=model.weights_hash, base_name=model.source,
                 hotswap=hotswap, max_rank=lora_max_rank)
         self.vae = Vae(self.pipe, device=model.device)
-        self.sampler = Sampler(
-            self.pipe, device=model.device, schedulers=self.schedulers, vae=self.vae
-        )
+        self.sampler = Sampler(self.pipe, device=model.device, schedulers=self.schedulers,
+                               vae=self.vae, turbo_unet=turbo_unet)
 
     @classmethod
     def from_settings(

@@ -37,7 +37,7 @@ from genaug.client import Client
 from genaug.service.batching.items import GroupKey, Item
 from genaug.service.pipeline.acceleration import Acceleration, AccelerationError, apply_acceleration
 from genaug.service.pipeline.acceleration_options import AccelerationOptions
-from genaug.service.pipeline.load import LoadedModel
+from genaug.service.pipeline.load import LoadedModel, ModelState
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.pipeline.warmup import ShapeTracker
 from genaug.service.pipeline.worker import PipelineWorker
@@ -67,7 +67,7 @@ def items(n: int, size: int = 64, seed: int = 7) -> list[Item]:
 def generate(options: AccelerationOptions, n: int = 3, size: int = 64,
              steps: int = 3) -> np.ndarray:
     model = batched_tiny()
-    assert apply_acceleration(model.pipeline, options) == options
+    assert apply_acceleration(model, options) == options
     outcome = PipelineWorker(model).run(GroupKey(size, size, steps), items(n, size))
     assert outcome.errors == {}
     return np.stack(outcome.images).astype(np.int16)
@@ -181,7 +181,7 @@ def test_all_off_changes_nothing() -> None:
     after = model.pipeline.unet.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not hasattr(model.pipeline, "_genaug_acceleration")
+    assert model.state.acceleration is None
     worker = PipelineWorker(model)
     assert acceleration.wrap(worker) is worker  # nothing to track without compilation
 
@@ -247,13 +247,13 @@ def test_vae_tiling_tiles_only_above_the_vae_size_within_the_stated_psnr(
 def test_same_options_twice_is_a_noop_and_other_options_are_refused() -> None:
     model = batched_tiny()
     options = AccelerationOptions(fuse_qkv=True)
-    apply_acceleration(model.pipeline, options)
+    apply_acceleration(model, options)
     fused = [m.to_qkv for m in model.pipeline.unet.modules() if hasattr(m, "to_qkv")]
-    assert apply_acceleration(model.pipeline, options) == options
+    assert apply_acceleration(model, options) == options
     again = [m.to_qkv for m in model.pipeline.unet.modules() if hasattr(m, "to_qkv")]
     assert all(a is b for a, b in zip(fused, again, strict=True))
     with pytest.raises(AccelerationError, match="already has the acceleration options fuse_qkv"):
-        apply_acceleration(model.pipeline, AccelerationOptions(channels_last=True))
+        apply_acceleration(model, AccelerationOptions(channels_last=True))
 
 
 def test_fused_projections_are_refused_with_lora_adapters(tmp_path: Any) -> None:
@@ -272,8 +272,10 @@ def test_an_option_the_model_cannot_take_names_the_setting() -> None:
     pipeline = SimpleNamespace(
         unet=SimpleNamespace(fuse_qkv_projections=refuse), vae=SimpleNamespace()
     )
+    model = SimpleNamespace(pipeline=pipeline, state=ModelState())
     with pytest.raises(AccelerationError, match="GENAUG_FUSE_QKV.*set GENAUG_FUSE_QKV=false"):
-        apply_acceleration(pipeline, AccelerationOptions(fuse_qkv=True))
+        apply_acceleration(model, AccelerationOptions(fuse_qkv=True))  # type: ignore[arg-type]
+    assert model.state.acceleration is None
 
 
 # -- the lifespan's handle ------------------------------------------------------------------
@@ -453,7 +455,7 @@ def test_whole_unet_cuda_graphs_mark_each_call_and_read_nothing_of_an_old_replay
     model = batched_tiny()
     unet = model.pipeline.unet
     eager = unet.forward
-    apply_acceleration(model.pipeline,
+    apply_acceleration(model,
                        AccelerationOptions(compile="unet", compile_mode="reduce-overhead"))
     assert isinstance(unet.forward, UNetCall) and unet.forward.mark_steps
     unet.forward.compiled = Replay(eager)  # no compile on the CPU: the replay's semantics

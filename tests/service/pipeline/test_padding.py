@@ -189,7 +189,7 @@ def test_dropping_every_real_row_stops_the_padded_batch(generator: PipelineWorke
 
 
 def test_speed_pads_outside_the_tracker_so_warm_sizes_are_no_recompile() -> None:
-    acceleration = Acceleration.setup(build_tiny_pipeline(), Settings(
+    acceleration = Acceleration.setup(load_tiny(), Settings(
         compile="unet", compile_mode="reduce-overhead", max_batch_images=4))
     info = acceleration.info()
     assert (info["compile_mode"], info["batch_sizes"]) == ("reduce-overhead", [1, 2, 4])

@@ -45,7 +45,7 @@ from genaug.service.pipeline.quiet import held_back, quiet_third_party
 from genaug.service.pipeline.tiny import build_tiny_pipeline
 from genaug.service.pipeline.worker import PipelineWorker
 from genaug.service.settings import Settings
-from genaug.service.testing import start_service
+from genaug.service.testing import load_tiny, start_service
 from genaug.wire import decode_batch
 
 SDXL_UNET_CONFIG = Path(__file__).resolve().parents[3] / "bench" / "gpu" / "sdxl" / "unet.json"
@@ -91,10 +91,10 @@ def test_start_up_refuses_fp8_on_the_cpu_before_anything_loads() -> None:
 
 
 def test_applying_fp8_to_a_cpu_model_is_refused_too() -> None:
-    pipeline = build_tiny_pipeline()
+    model = load_tiny()
     with pytest.raises(AccelerationError, match="GENAUG_QUANTIZE=fp8 needs a CUDA GPU"):
-        Acceleration.setup(pipeline, Settings(quantize="fp8"))
-    assert not hasattr(pipeline, "_genaug_acceleration")  # nothing was changed
+        Acceleration.setup(model, Settings(quantize="fp8"))
+    assert model.state.acceleration is None  # nothing was changed
 
 
 def test_missing_torchao_names_the_extra_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,7 +123,7 @@ def test_the_service_runs_without_torchao(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
     assert check_startup(Settings(device="cpu"))["type"] == "cpu"
-    acceleration = Acceleration.setup(build_tiny_pipeline(), Settings())
+    acceleration = Acceleration.setup(load_tiny(), Settings())
     info = acceleration.info()
     assert info["quantize"] == "none" and info["quantized_layers"] == 0
 
@@ -140,7 +140,7 @@ def test_fp8_with_lora_adapters_is_refused(tmp_path: Path) -> None:
     lora = tmp_path / "a.safetensors"
     lora.write_bytes(b"")
     with pytest.raises(AccelerationError, match="GENAUG_QUANTIZE=fp8 cannot be combined with"):
-        Acceleration.setup(build_tiny_pipeline(), Settings(quantize="fp8", loras=f"a={lora}"))
+        Acceleration.setup(load_tiny(), Settings(quantize="fp8", loras=f"a={lora}"))
 
 
 # -- which layers ---------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from bench.gpu.turbo_lora_file import write_turbo_lora
 from genaug.client import Client
 from genaug.local_service import free_port
 from genaug.service.pipeline.load import load_model
-from genaug.service.pipeline.turbo_unet import turbo_unet_of
 from genaug.service.testing import LiveService, make_lora, start_service
 
 PROMPT = ("depth image of an inflamed diabetic foot ulcer with a necrotic centre, macerated "
@@ -63,7 +62,7 @@ def test_quality_is_untouched_and_turbo_runs_the_fused_copy(
     # The same again: a mode switch changes nothing of either.
     assert np.array_equal(turbo, _images(turbo_live.url, speed="turbo"))
     assert np.array_equal(_images(turbo_live.url), _images(service.url))
-    unet = turbo_unet_of(turbo_live.state.model.pipeline)
+    unet = turbo_live.state.model.state.turbo_unet
     assert unet is not None and unet is not turbo_live.state.model.pipeline.unet
 
 
