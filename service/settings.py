@@ -309,7 +309,7 @@ class Settings(BaseSettings):
         check_lora_names(value)
         return value
 
-    # -- speed --
+    # -- acceleration --
     compile: Literal["off", "unet", "regional"] = Field(
         default="off",
         description="torch.compile: off; unet (the whole UNet); regional (only its repeated "
