@@ -82,7 +82,6 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -421,7 +420,6 @@ class PoolStore(ABC):
                            reservation=reservation, scores=scores, keep=keep)
         h, w, c = batch.shape
         made = provenance or Provenance()
-        added = AddedBatch(pool_id, label, made, 0, 0, embedding_sum)
         now = time.time()
         with self._tx(write=True) as conn:
             self._lock_label(conn, pool_id, label)  # writers of a label queue here, in order
@@ -460,8 +458,9 @@ class PoolStore(ABC):
             )
             if stored:
                 unit = self._unit(conn)
+                added = AddedBatch(pool_id, label, made, judged, kept, embedding_sum)
                 for listener in self.on_added:
-                    listener(unit, replace(added, judged=judged, kept=kept))
+                    listener(unit, added)
             if reservation is not None:
                 self._exec(conn, "DELETE FROM reservations WHERE id = ?", (reservation.id,))
             evicted = self._evict(conn, pool_id, label)
