@@ -27,6 +27,7 @@ COPY constraints/ ./constraints/
 COPY genaug/ ./genaug/
 COPY service/ ./service/
 COPY client/ ./client/
+COPY feeding/ ./feeding/
 COPY trainer/ ./trainer/
 COPY torchfeed/ ./torchfeed/
 
