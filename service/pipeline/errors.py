@@ -8,5 +8,5 @@ __all__ = ["AccelerationError"]
 
 
 class AccelerationError(RuntimeError):
-    """A acceleration option cannot be applied; the message (one line) names the setting, the
+    """An acceleration option cannot be applied; the message (one line) names the setting, the
     device where it matters, and the fix."""
