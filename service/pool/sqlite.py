@@ -30,6 +30,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
+from .draw import decode_rows, empty_sample, spread
 from .store import PoolStore
 from .tables import schema_tables
 from .types import DEFAULT_LEASE_S, SCHEMA_VERSION, PoolError, PoolSample, PoolSchemaError
@@ -278,6 +281,70 @@ class SqlitePoolStore(PoolStore):
             self._conns.append(conn)
         setattr(self._local, slot, conn)
         return conn
+
+    def sample(self, pool_id: str, labels: Sequence[str], n: int,
+               rng: np.random.Generator | None = None) -> PoolSample:
+        """:meth:`~genaug.service.pool.store.PoolStore.sample` in Python: one snapshot reads
+        each label's accepted ids and served counts and fetches the rows chosen (least
+        served first, ``rng`` among equals); a write transaction counts them served."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rng = rng if rng is not None else np.random.default_rng()
+        wanted = list(dict.fromkeys(labels))
+        chosen: list[tuple[str, list[int]]] = []
+        rows: list[tuple[int, int, int, int, int, str | None, bytes]] = []
+        names: list[str] = []
+        with self._tx(write=False) as conn:  # one snapshot: chosen rows exist when fetched
+            candidates = []
+            for label in wanted:
+                meta = self._exec(
+                    conn,
+                    "SELECT id, served FROM images WHERE pool_id = ? AND label = ?"
+                    " AND accepted = 1",
+                    (pool_id, label),
+                ).fetchall()
+                candidates.append(np.array(meta, dtype=np.int64).reshape(-1, 2))
+            counts = spread(n, [len(c) for c in candidates], rng)
+            for label, cand, k in zip(wanted, candidates, counts, strict=True):
+                if k == 0:
+                    continue
+                # served + U[0,1): least served first, uniformly random among equals
+                keys = cand[:, 1] + rng.random(len(cand))
+                pick = np.argpartition(keys, k - 1)[:k] if k < len(cand) else slice(None)
+                chosen.append((label, cand[pick, 0].tolist()))
+            for label, ids in chosen:
+                for lo in range(0, len(ids), self._CHUNK):
+                    part = ids[lo : lo + self._CHUNK]
+                    got = self._exec(
+                        conn,
+                        "SELECT i.id, i.seed, i.height, i.width, i.channels, i.source, d.data"
+                        " FROM images AS i JOIN image_data AS d ON d.id = i.id"
+                        f" WHERE i.id IN ({','.join('?' * len(part))})",
+                        part,
+                    ).fetchall()
+                    rows.extend(got)
+                    names.extend([label] * len(got))
+        if not rows:
+            return empty_sample()
+        sample = decode_rows(pool_id, [row[1:] for row in rows], names)
+        served_ids = [int(row[0]) for row in rows]
+
+        with self._tx(write=True) as conn:
+            # Counter rows first, in label order, as every writer locks them: no deadlock.
+            for label, ids in sorted(chosen):
+                self._lock_label(conn, pool_id, label)
+                self._exec(
+                    conn,
+                    "UPDATE counters SET served_total = served_total + ?"
+                    " WHERE pool_id = ? AND label = ?",
+                    (len(ids), pool_id, label),
+                )
+            for lo in range(0, len(served_ids), self._CHUNK):
+                part = served_ids[lo : lo + self._CHUNK]
+                marks = ",".join("?" * len(part))
+                self._exec(conn, f"UPDATE images SET served = served + 1 WHERE id IN ({marks})",
+                           part)
+        return sample
 
     def sample_now(self, pool_id: str, labels: Sequence[str], n: int) -> PoolSample | None:
         """:meth:`~genaug.service.pool.store.PoolStore.sample` on this thread, or ``None`` at once

@@ -90,7 +90,6 @@ import numpy.typing as npt
 
 from .batch import batch_rows
 from .curation import Curation
-from .draw import decode_rows, empty_sample, spread
 from .reads import PoolReads
 from .recipe_specs import RecipeSpecs
 from .sampler_queries import SamplerQueries
@@ -521,6 +520,7 @@ class PoolStore(ABC):
 
     # -- sampling --------------------------------------------------------------------------
 
+    @abstractmethod
     def sample(self, pool_id: str, labels: Sequence[str], n: int,
                rng: np.random.Generator | None = None) -> PoolSample:
         """Draw up to ``n`` distinct images spread evenly over ``labels``; count them served.
@@ -528,66 +528,11 @@ class PoolStore(ABC):
         Only accepted images (see the module docstring: never one a judge or a person
         rejected). Labels without images get none and their share goes to the others; within
         a label the least-served images go first, random among equals. The result is grouped
-        by label in the order of ``labels`` (duplicates ignored).
+        by label in the order of ``labels`` (duplicates ignored). Each backend chooses the
+        rows its own way (SQLite in Python with ``rng``, PostgreSQL in one ranked query) and
+        shares :mod:`~genaug.service.pool.draw`'s steps; every one counts the images served
+        under the labels' counter locks, taken in label order as every writer takes them.
         """
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        rng = rng if rng is not None else np.random.default_rng()
-        wanted = list(dict.fromkeys(labels))
-        chosen: list[tuple[str, list[int]]] = []
-        rows: list[tuple[int, int, int, int, int, str | None, bytes]] = []
-        names: list[str] = []
-        with self._tx(write=False) as conn:  # one snapshot: chosen rows exist when fetched
-            candidates = []
-            for label in wanted:
-                meta = self._exec(
-                    conn,
-                    "SELECT id, served FROM images WHERE pool_id = ? AND label = ?"
-                    " AND accepted = 1",
-                    (pool_id, label),
-                ).fetchall()
-                candidates.append(np.array(meta, dtype=np.int64).reshape(-1, 2))
-            counts = spread(n, [len(c) for c in candidates], rng)
-            for label, cand, k in zip(wanted, candidates, counts, strict=True):
-                if k == 0:
-                    continue
-                # served + U[0,1): least served first, uniformly random among equals
-                keys = cand[:, 1] + rng.random(len(cand))
-                pick = np.argpartition(keys, k - 1)[:k] if k < len(cand) else slice(None)
-                chosen.append((label, cand[pick, 0].tolist()))
-            for label, ids in chosen:
-                for lo in range(0, len(ids), self._CHUNK):
-                    part = ids[lo : lo + self._CHUNK]
-                    got = self._exec(
-                        conn,
-                        "SELECT i.id, i.seed, i.height, i.width, i.channels, i.source, d.data"
-                        " FROM images AS i JOIN image_data AS d ON d.id = i.id"
-                        f" WHERE i.id IN ({','.join('?' * len(part))})",
-                        part,
-                    ).fetchall()
-                    rows.extend(got)
-                    names.extend([label] * len(got))
-        if not rows:
-            return empty_sample()
-        sample = decode_rows(pool_id, [row[1:] for row in rows], names)
-        served_ids = [int(row[0]) for row in rows]
-
-        with self._tx(write=True) as conn:
-            # Counter rows first, in label order, as every writer locks them: no deadlock.
-            for label, ids in sorted(chosen):
-                self._lock_label(conn, pool_id, label)
-                self._exec(
-                    conn,
-                    "UPDATE counters SET served_total = served_total + ?"
-                    " WHERE pool_id = ? AND label = ?",
-                    (len(ids), pool_id, label),
-                )
-            for lo in range(0, len(served_ids), self._CHUNK):
-                part = served_ids[lo : lo + self._CHUNK]
-                marks = ",".join("?" * len(part))
-                self._exec(conn, f"UPDATE images SET served = served + 1 WHERE id IN ({marks})",
-                           part)
-        return sample
 
     def sample_now(self, pool_id: str, labels: Sequence[str], n: int) -> PoolSample | None:
         """:meth:`sample` on the calling thread without waiting for a lock, or ``None`` when

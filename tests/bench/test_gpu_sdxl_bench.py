@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench.gpu import _sdxl_bench as measuring
 from bench.gpu import _sdxl_model as sdxl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,17 +204,17 @@ def test_the_turbo_cell_serves_a_turbo_lora_and_asks_for_speed_turbo(
     and leave steps and guidance to the service (its turbo steps, scheduler, guidance)."""
     args = bench.parse_args(["--plan", "speed"])
     assert args.turbo_kind == "lcm"
-    run = bench.Bench(args, None, None, 0.0, {})
+    run = measuring.Bench(args, None, None, 0.0, {})
     options = bench.options_of("turbo", bench.BEST)
     lora = tmp_path / "turbo-lcm.safetensors"
-    settings = bench.service_settings(run, options, 16, turbo=(lora, "lcm"))
+    settings = measuring.service_settings(run, options, 16, turbo=(lora, "lcm"))
     assert (settings.turbo_lora, settings.turbo_kind) == (lora, "lcm")
     assert (settings.compile, settings.max_batch_images) == ("regional", 16)
-    assert bench.service_settings(run, options, 16).turbo_lora is None
-    turbo = bench.generate_options(run, 16, 7, "turbo")
+    assert measuring.service_settings(run, options, 16).turbo_lora is None
+    turbo = measuring.generate_options(run, 16, 7, "turbo")
     assert turbo == {"n": 16, "seed": 7, "height": 1024, "width": 1024, "timeout_s": 3600,
                      "speed": "turbo"}
-    quality = bench.generate_options(run, 8, 7, "quality")
+    quality = measuring.generate_options(run, 8, 7, "quality")
     assert (quality["steps"], quality["guidance"]) == (30, bench.GUIDANCE)
     assert "speed" not in quality
 
