@@ -1,10 +1,10 @@
-"""``AsyncClient``: the asyncio client (httpx). It only sends and sleeps; ``_base`` and the
-modules beside it decide (``_progress`` draws a wait's bar)."""
+"""``AsyncClient``: the asyncio client (httpx). It only sends and sleeps: it takes the steps of
+the flows ``_flows`` writes once for both clients; ``_base`` and the modules beside it decide
+(``_progress`` draws a wait's bar)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -12,14 +12,13 @@ from typing import Any, TypeVar, Unpack
 import httpx
 import numpy as np
 
-from ._base import PROBE_TIMEOUT_S, BaseClient
+from ._base import BaseClient
 from ._calls import Call
+from ._flows import Flow, Run, Sleep, Step, send_call, wait_job, wait_ready
 from ._jobs import JOB_POLL_S, JOBS_LIMIT, FillAnswer, JobWatch, OnUpdate
 from ._options import SAMPLE_N, SAMPLE_WAIT_S, GenerateOptions, VariantOptions
 from ._progress import job_bar
 from ._results import GenerateResult, SampleResult
-from ._retry import Endpoint
-from .errors import GenaugError, TransportError, UnavailableError
 
 T = TypeVar("T")
 
@@ -74,49 +73,24 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _call(self, call: Call[T]) -> T:
-        base = self._base
-        retry = base.retry_state()
-        while True:
-            endpoint = base.endpoints.pick()
-            error: GenaugError
-            if endpoint.failures:
-                # It failed before: recheck readiness before sending it real work.
-                probe = await self._probe(endpoint)
-                if probe is not None:
-                    await asyncio.sleep(retry.next_delay(probe, failover=base.can_fail_over()))
-                    continue
-            endpoint.outstanding += 1
-            try:
-                response = await self._http.request(
-                    call.method, endpoint.url + call.path, **call.content(),
-                    headers=base.headers(call.accept), timeout=call.timeout or base.timeout,
-                )
-            except httpx.TransportError as exc:
-                error = base.transport_error(exc, endpoint)
-            else:
-                if response.status_code < 400:
-                    base.endpoints.mark_up(endpoint)
-                    return call.decode(response.content)
-                error = base.status_error(
-                    response.status_code, response.content, response.headers, endpoint
-                )
-            finally:
-                endpoint.outstanding -= 1
-            await asyncio.sleep(retry.next_delay(error, failover=base.can_fail_over()))
+        return await self._run(send_call(self._base, call))
 
-    async def _probe(self, endpoint: Endpoint) -> GenaugError | None:
-        """``None`` if ``endpoint`` answers ``/readyz`` with 200 (it is marked up), else the
-        error (it rests again)."""
-        try:
-            response = await self._http.get(endpoint.url + "/readyz", timeout=PROBE_TIMEOUT_S)
-        except httpx.TransportError as exc:
-            return self._base.transport_error(exc, endpoint)
-        if response.status_code == 200:
-            self._base.endpoints.mark_up(endpoint)
+    async def _run(self, flow: Flow[T]) -> T:
+        """Take ``flow``'s steps (``_flows``: send, sleep) and return what it returns."""
+        run = Run(flow)
+        while (step := run.next_step()) is not None:
+            try:
+                run.reply = await self._take(step)
+            except BaseException as exc:  # cancellation too: the flow's ``finally`` runs
+                run.failure = exc
+        return run.result
+
+    async def _take(self, step: Step) -> httpx.Response | None:
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
             return None
-        return self._base.status_error(
-            response.status_code, response.content, response.headers, endpoint
-        )
+        return await self._http.request(step.method, step.url, headers=step.headers,
+                                        timeout=step.timeout, **step.content)
 
     async def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
         """Generate ``n`` images; ``seed`` makes them reproducible (image i uses seed + i).
@@ -262,11 +236,7 @@ class AsyncClient:
         (``None``: no limit); the job goes on in the service."""
         watch = JobWatch(job_id, timeout=timeout, poll_s=poll_s, on_update=on_update)
         with job_bar(watch, progress):
-            while True:
-                job = await self.job(job_id)
-                if watch.seen(job):
-                    return job
-                await asyncio.sleep(watch.delay())
+            return await self._run(wait_job(self._base, watch))
 
     async def feedback(self, recipe: str, need: Mapping[str, float]) -> dict[str, Any]:
         """Tell the service what this client needs from ``recipe``'s pool: ``need`` maps
@@ -299,25 +269,7 @@ class AsyncClient:
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once a replica answers ``/readyz`` with 200; raise after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        last: GenaugError | None = None
-        while True:
-            for endpoint in self._base.endpoints.endpoints:
-                try:
-                    response = await self._http.get(endpoint.url + "/readyz", timeout=5.0)
-                except httpx.TransportError as exc:
-                    last = self._base.transport_error(exc, endpoint)
-                    continue
-                if response.status_code == 200:
-                    self._base.endpoints.mark_up(endpoint)
-                    return
-                last = UnavailableError(
-                    f"{endpoint.url} is not ready yet: {response.text[:200]}", status=503,
-                    url=endpoint.url,
-                )
-            if time.monotonic() >= deadline:
-                raise TransportError(f"no genaug replica became ready within {timeout:g} s: {last}")
-            await asyncio.sleep(0.2)
+        await self._run(wait_ready(self._base, timeout))
 
 
 class AsyncFillJob(FillAnswer):

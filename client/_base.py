@@ -3,7 +3,7 @@
 an error status). ``Client`` and ``AsyncClient`` only send requests and sleep; every decision
 is made here or in the modules beside it, once: the calls (``_calls``), what they send
 (``_options``) and answer (``_results``), replica choice and retry timing (``_retry``), fill
-jobs (``_jobs``).
+jobs (``_jobs``), and the steps of each operation between them (``_flows``).
 
 Example::
 
@@ -36,7 +36,6 @@ from .errors import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-PROBE_TIMEOUT_S = 2.0
 
 
 def _env_urls() -> list[str]:

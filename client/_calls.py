@@ -1,9 +1,9 @@
 """The calls: every route of the API as one :class:`Call` (method, path, body, answer type,
 timeout), built in one place, :class:`Calls`, and sent by both clients alike.
 
-A client method is one line: build the call, send it (``Client._call`` /
-``AsyncClient._call``: the replica, the retries), decode the answer with the call's own
-decoder. A route's path or body changes here only.
+A client method is one line: build the call, send it (``_flows.send_call``: the replica, the
+retries; the client takes its steps), decode the answer with the call's own decoder. A
+route's path or body changes here only.
 
 Example::
 

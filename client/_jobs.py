@@ -106,7 +106,7 @@ OnUpdate = Callable[[dict[str, Any]], object]
 
 class JobWatch:
     """One wait for a job, without I/O: its deadline, the delay before the next poll, whether
-    the job ended, and the last answer seen. The clients poll; this decides.
+    the job ended, and the last answer seen. ``_flows.wait_job`` polls; this decides.
 
     ``on_update``: called with every poll's answer, the last one (the job ended) included,
     before the wait returns; a progress bar or a log line hangs here, never in this class

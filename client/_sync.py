@@ -1,6 +1,7 @@
 """``Client``: the synchronous client (httpx), for notebooks and scripts. It only sends and
-sleeps; ``_base`` and the modules beside it decide (``_progress`` draws a wait's bar). Same
-methods as ``AsyncClient``, without ``await``."""
+sleeps: it takes the steps of the flows ``_flows`` writes once for both clients; ``_base`` and
+the modules beside it decide (``_progress`` draws a wait's bar). Same methods as
+``AsyncClient``, without ``await``."""
 
 from __future__ import annotations
 
@@ -12,15 +13,14 @@ from typing import Any, TypeVar, Unpack
 import httpx
 import numpy as np
 
-from ._base import PROBE_TIMEOUT_S, BaseClient
+from ._base import BaseClient
 from ._calls import Call
+from ._flows import Flow, Run, Sleep, Step, send_call, wait_job, wait_ready
 from ._jobs import JOB_POLL_S, JOBS_LIMIT, FillAnswer, JobWatch, OnUpdate
 from ._options import SAMPLE_N, SAMPLE_WAIT_S, GenerateOptions, VariantOptions
 from ._progress import job_bar
 from ._results import GenerateResult, SampleResult
-from ._retry import Endpoint
 from ._transport import mounts
-from .errors import GenaugError, TransportError, UnavailableError
 
 T = TypeVar("T")
 
@@ -77,49 +77,24 @@ class Client:
         self._http.close()
 
     def _call(self, call: Call[T]) -> T:
-        base = self._base
-        retry = base.retry_state()
-        while True:
-            endpoint = base.endpoints.pick()
-            error: GenaugError
-            if endpoint.failures:
-                # It failed before: recheck readiness before sending it real work.
-                probe = self._probe(endpoint)
-                if probe is not None:
-                    time.sleep(retry.next_delay(probe, failover=base.can_fail_over()))
-                    continue
-            endpoint.outstanding += 1
-            try:
-                response = self._http.request(
-                    call.method, endpoint.url + call.path, **call.content(),
-                    headers=base.headers(call.accept), timeout=call.timeout or base.timeout,
-                )
-            except httpx.TransportError as exc:
-                error = base.transport_error(exc, endpoint)
-            else:
-                if response.status_code < 400:
-                    base.endpoints.mark_up(endpoint)
-                    return call.decode(response.content)
-                error = base.status_error(
-                    response.status_code, response.content, response.headers, endpoint
-                )
-            finally:
-                endpoint.outstanding -= 1
-            time.sleep(retry.next_delay(error, failover=base.can_fail_over()))
+        return self._run(send_call(self._base, call))
 
-    def _probe(self, endpoint: Endpoint) -> GenaugError | None:
-        """``None`` if ``endpoint`` answers ``/readyz`` with 200 (it is marked up), else the
-        error (it rests again)."""
-        try:
-            response = self._http.get(endpoint.url + "/readyz", timeout=PROBE_TIMEOUT_S)
-        except httpx.TransportError as exc:
-            return self._base.transport_error(exc, endpoint)
-        if response.status_code == 200:
-            self._base.endpoints.mark_up(endpoint)
+    def _run(self, flow: Flow[T]) -> T:
+        """Take ``flow``'s steps (``_flows``: send, sleep) and return what it returns."""
+        run = Run(flow)
+        while (step := run.next_step()) is not None:
+            try:
+                run.reply = self._take(step)
+            except BaseException as exc:  # Ctrl-C too: the flow's ``finally`` runs
+                run.failure = exc
+        return run.result
+
+    def _take(self, step: Step) -> httpx.Response | None:
+        if isinstance(step, Sleep):
+            time.sleep(step.seconds)
             return None
-        return self._base.status_error(
-            response.status_code, response.content, response.headers, endpoint
-        )
+        return self._http.request(step.method, step.url, headers=step.headers,
+                                  timeout=step.timeout, **step.content)
 
     def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
         """Generate ``n`` images; ``seed`` makes them reproducible (image i uses seed + i).
@@ -265,11 +240,7 @@ class Client:
         limit); the job goes on in the service."""
         watch = JobWatch(job_id, timeout=timeout, poll_s=poll_s, on_update=on_update)
         with job_bar(watch, progress):
-            while True:
-                job = self.job(job_id)
-                if watch.seen(job):
-                    return job
-                time.sleep(watch.delay())
+            return self._run(wait_job(self._base, watch))
 
     def feedback(self, recipe: str, need: Mapping[str, float]) -> dict[str, Any]:
         """Tell the service what this client needs from ``recipe``'s pool: ``need`` maps
@@ -302,25 +273,7 @@ class Client:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once a replica answers ``/readyz`` with 200; raise after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        last: GenaugError | None = None
-        while True:
-            for endpoint in self._base.endpoints.endpoints:
-                try:
-                    response = self._http.get(endpoint.url + "/readyz", timeout=5.0)
-                except httpx.TransportError as exc:
-                    last = self._base.transport_error(exc, endpoint)
-                    continue
-                if response.status_code == 200:
-                    self._base.endpoints.mark_up(endpoint)
-                    return
-                last = UnavailableError(
-                    f"{endpoint.url} is not ready yet: {response.text[:200]}", status=503,
-                    url=endpoint.url,
-                )
-            if time.monotonic() >= deadline:
-                raise TransportError(f"no genaug replica became ready within {timeout:g} s: {last}")
-            time.sleep(0.2)
+        self._run(wait_ready(self._base, timeout))
 
 
 class FillJob(FillAnswer):
