@@ -173,7 +173,7 @@ def check_sampling(detail: Mapping[str, Any], *, pregenerate: bool, url: str,
                                                 "restart: probing begins again")
     fill = {str(k): int(v) for k, v in (detail.get("fill") or {}).items()}
     capacity = int(detail.get("capacity_per_label") or 0)
-    from genaug.service.pool.auto_rule import PROBE_IMAGES  # numpy only, as the client
+    from genaug.service.sampling.rule import PROBE_IMAGES  # numpy only, as the client
 
     # Both arms' next round of probes fits in this many per label (every accepted image is
     # judged, so a fill to it draws at least that many).

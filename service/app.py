@@ -47,7 +47,6 @@ from .jobs.fill_jobs import FillJobs
 from .jobs.loop import JobLoop
 from .jobs.webhooks import WebhookSender
 from .metrics import Metrics
-from .notify_url import allowed_hosts
 from .pipeline.acceleration import Acceleration, AccelerationError, check_acceleration_settings
 from .pool.open import open_pool_store, replica_info
 from .pool.pending import pending_by_recipe
@@ -55,7 +54,7 @@ from .pool.planner import PoolPlanner, pool_model_hash
 from .pool.serving import PoolServing
 from .recipes.load import check_recipes, load_recipes, long_prompts
 from .settings import Settings
-from .turbo import turbo_mode
+from .settings.notify_url import allowed_hosts
 
 if TYPE_CHECKING:
     from .pipeline.load import LoadedModel
@@ -81,15 +80,20 @@ def create_app(
     when background loading fails (the CLI exits the process). Raises
     :class:`~genaug.service.recipes.spec.RecipeError` for an invalid recipes file.
     """
+    from .pipeline.turbo_unet import served_turbo  # torch-free
+
     settings = settings or Settings()
     recipes = load_recipes(settings.recipes) if settings.recipes is not None else {}
+    # The one turbo mode of this service: /v1/generate's, the pools' and auto's.
+    turbo = served_turbo(settings)
     check_recipes(recipes, adapters=set(settings.loras), data_root=settings.data_root,
-                  path=settings.recipes, turbo=turbo_mode(settings) is not None)
+                  path=settings.recipes, turbo=turbo is not None)
     api = build_api_models(
         settings,
         recipes=recipes,
         adapters=tuple(settings.loras),
         defaults=settings.request_defaults(),
+        turbo=turbo,
     )
     state = AppState(
         settings=settings,
@@ -233,7 +237,8 @@ async def _load_and_warm(state: AppState) -> None:
         state.model = model
         await asyncio.to_thread(_report_long_prompts, state, model)
         # Before the acceleration options: they compile and quantize the turbo UNet too.
-        turbo = await asyncio.to_thread(attach_turbo, model, settings)
+        turbo = state.api.turbo
+        await asyncio.to_thread(attach_turbo, model, turbo)
         acceleration = await asyncio.to_thread(Acceleration.setup, model, settings, state.metrics,
                                         lambda info: state.acceleration_info.update(info))
         state.acceleration = acceleration
@@ -246,8 +251,7 @@ async def _load_and_warm(state: AppState) -> None:
         state.adapters_info = pipeline_worker.adapters.info()
         state.acceleration_info.update(scheduler=pipeline_worker.schedulers.describe(),
                                 **pipeline_worker.adapters.swap_info())
-        state.turbo_info = (pipeline_worker.turbo.describe()
-                            if pipeline_worker.turbo is not None else None)
+        state.turbo_info = turbo.describe() if turbo is not None else None
         if state.store is not None:
             store = state.store
             # In a thread: it reads the recipes' label image folders and the judges' shots
@@ -264,7 +268,7 @@ async def _load_and_warm(state: AppState) -> None:
                     need_half_life_s=settings.need_half_life_s,
                     judges=build_judges(state.recipes, settings.data_root, model.device),
                     adapter_hashes={a["name"]: a["hash"] for a in state.adapters_info},
-                    turbo=pipeline_worker.turbo,
+                    turbo=turbo,
                 ))
             )
             state.fill_jobs = FillJobs(state.pools.planner)

@@ -31,15 +31,14 @@ PACKAGES = {"genaug": "genaug", "service": "genaug.service", "client": "genaug.c
 #: plans with intake's plan and stores what the pipeline made, then the judge, which scores it
 #: before the pool stores it; the request's own way below it
 #: (intake, then the pipeline); and at the bottom the vocabulary every layer shares: recipes,
-#: settings (how an invalid one is said, ``setting_errors.py``, above them; the parsers of
-#: its composite values, ``setting_values.py``, below; the
-#: ``notify_url`` rule, which the settings, the intake and the webhooks share; ``turbo``, the
-#: speed modes' words: a request's, a recipe's, the pool's and the pipeline's), batching
-#: (``items.py``, the queue, the batcher), errors and metrics.
+#: settings (the package: the fields, how an invalid one is said, the parsers of its composite
+#: values, the ``notify_url`` rule that the settings, the intake and the webhooks share),
+#: sampling (which sampler draws a label: the speed modes, a request's, a recipe's, the
+#: pool's and the pipeline's words, and ``auto``'s choice over records the store keeps),
+#: batching (``items.py``, the queue, the batcher), errors and metrics.
 ORDER = ("testing", "__main__", "commands", "adapt", "app", "api", "jobs", "pool", "judge",
-         "intake", "pipeline", "recipes", "setting_errors", "settings", "setting_values",
-         "notify_url",
-         "turbo", "batching", "errors", "metrics")
+         "intake", "pipeline", "recipes", "settings", "sampling", "batching", "errors",
+         "metrics")
 
 #: trainer/'s layers from the top down, the same way: the reference trainer, the checks,
 #: feeding, and at the bottom the hardware and the reservoir's mixing (the package's

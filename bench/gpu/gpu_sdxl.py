@@ -162,7 +162,7 @@ GIB = 1024**3
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from genaug.service.turbo import TURBO_KINDS  # a leaf: no torch
+    from genaug.service.sampling.modes import TURBO_KINDS  # a leaf: no torch
 
     p = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],

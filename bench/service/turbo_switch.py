@@ -59,10 +59,10 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="genaug-bench-") as tmp:
         lora = write_turbo_lora(Path(tmp) / "lcm.safetensors", "lcm", dict(pipe.unet.config),
                                 rank=8)
-        from genaug.service.pipeline.turbo_unet import attach_turbo
+        from genaug.service.pipeline.turbo_unet import attach_turbo, served_turbo
 
-        turbo = attach_turbo(model, Settings(model="tiny-random", turbo_lora=lora,
-                                            turbo_kind="lcm"))
+        turbo = served_turbo(Settings(model="tiny-random", turbo_lora=lora, turbo_kind="lcm"))
+        attach_turbo(model, turbo)
     assert turbo is not None
     worker = PipelineWorker(model, turbo=turbo)
     copy = model.state.turbo_unet

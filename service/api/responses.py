@@ -223,14 +223,16 @@ class HealthResponse(BaseModel):
 
 
 class SamplerInfo(BaseModel):
-    """One sampler: its speed mode, scheduler, steps, guidance and its name as the pool's
-    provenance spells it."""
+    """One sampler: its speed mode, scheduler, steps, guidance, its name as people read it
+    and its id as the pool stores it (``speed:scheduler:steps:guidance``, then a turbo LoRA's
+    kind and hash)."""
 
     speed: str
     scheduler: str
     steps: int
     guidance: float
     name: str
+    id: str
 
 
 class SamplingChoice(BaseModel):

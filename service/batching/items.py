@@ -50,7 +50,7 @@ class GroupKey:
     in a key ``"default"`` means the service's ``GENAUG_SCHEDULER`` (whose own ``"default"``
     is the scheduler the model brings). ``adapter`` is a loaded LoRA's name (``GENAUG_LORAS``)
     or ``None``, active at ``adapter_scale`` for the whole call. ``speed`` is the mode the
-    batch is drawn in (:mod:`genaug.service.turbo`): ``"turbo"`` runs the turbo UNet when a
+    batch is drawn in (:mod:`genaug.service.sampling.modes`): ``"turbo"`` runs the turbo UNet when a
     turbo LoRA is served, so two modes never share a UNet call.
     """
 

@@ -53,7 +53,7 @@ def checked_settings(args: argparse.Namespace, command: str) -> tuple[Settings |
     ``GENAUG_*`` variable or its flag, the value and what is allowed."""
     from pydantic import ValidationError
 
-    from ..setting_errors import settings_refusal
+    from ..settings.errors import settings_refusal
 
     try:
         return pool_settings(args), ""

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"genaug adapt: {_one_line(exc)}", file=sys.stderr)
         return 2
     except ValidationError as exc:  # GENAUG_* or --model/--device/--recipes: one line each
-        from ..setting_errors import settings_refusal
+        from ..settings.errors import settings_refusal
 
         given = {field: flag for field, flag in _SETTING_FLAGS.items()
                  if getattr(args, field, None) is not None}

@@ -6,7 +6,7 @@ of the recipe (other prompts or models), the largest is written unless ``--pool`
 
 Beside the PNGs, ``OUT/manifest.jsonl`` holds one JSON object per PNG, in the order written,
 with what made it (:func:`manifest_row`: recipe hash, model and adapter hashes, seed, size,
-steps, guidance, scheduler, speed and sampler, the judge's score and settings, a person's
+steps, guidance, scheduler, speed and sampler (its name), the judge's score and settings, a person's
 verdict), so an
 exported image can be cited and remade; ``OUT/manifest.json`` is the export's header (genaug
 version, time, pool, recipe spec). docs/curation.md ("The export's manifest") lists the fields.
@@ -125,6 +125,8 @@ def manifest_row(record: PoolRecord, file: str, pool: str, recipe_name: str, *,
         not_recorded.append("recipe_hash")
     if model is None:
         not_recorded.append("model")
+    from ..sampling.modes import name_of_id  # numpy: not at import (``--help`` stays light)
+
     height, width, channels = record.image.shape
     return {
         "file": file,
@@ -149,7 +151,7 @@ def manifest_row(record: PoolRecord, file: str, pool: str, recipe_name: str, *,
         "guidance": made.guidance,
         "scheduler": record.scheduler,
         "speed": made.speed,
-        "sampler": made.sampler,
+        "sampler": name_of_id(made.sampler) if made.sampler is not None else None,
         "strength": made.strength,
         "source": record.source,
         "score": record.score,

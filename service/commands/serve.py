@@ -65,8 +65,8 @@ def serve(overrides: dict[str, Any] | None = None, *, warm_only: bool = False,
     """
     from pydantic import ValidationError
 
-    from ..setting_errors import settings_refusal
     from ..settings import Settings, configure_logging
+    from ..settings.errors import settings_refusal
 
     try:
         settings = Settings(**(overrides or {}))

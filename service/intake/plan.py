@@ -4,8 +4,8 @@ a batch's :class:`~genaug.service.batching.items.GroupKey` and its per-image
 
 ``defaults`` is ``(size, steps, guidance)``: what the running configuration fills in for a
 field the request leaves out. With ``speed: turbo`` the service's turbo
-:class:`~genaug.service.turbo.Sampling` fills in steps, scheduler and guidance instead; a
-recipe's batch is drawn with the :class:`~genaug.service.turbo.Sampling` its pool chose
+:class:`~genaug.service.sampling.modes.Sampling` fills in steps, scheduler and guidance instead; a
+recipe's batch is drawn with the :class:`~genaug.service.sampling.modes.Sampling` its pool chose
 (the recipe's own, turbo, or ``auto``'s decision).
 
 Example::
@@ -25,7 +25,7 @@ from ..batching.items import GroupKey, Item
 from ..errors import InvalidRequestError
 from ..recipes.sources import SourceImage, source_hash
 from ..recipes.spec import Recipe
-from ..turbo import Sampling, Turbo, turbo_refusal
+from ..sampling.modes import Sampling, Turbo, recipe_sampling, turbo_refusal
 from .schemas import GenerateRequest, GenerationFields
 from .uploads import Upload
 
@@ -182,8 +182,3 @@ def plan_pool_batch(
             source_hash=source.hash if source is not None else None,
         ))
     return key, items
-
-
-def recipe_sampling(recipe: Recipe) -> Sampling:
-    """The recipe's own sampler: its scheduler, steps and guidance (speed ``quality``)."""
-    return Sampling(recipe.scheduler, recipe.steps, recipe.guidance)

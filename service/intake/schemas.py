@@ -27,7 +27,7 @@ JSON numbers: an integer field accepts an integral number (``4.0``), as JSON Sch
 Example::
 
     models = build_api_models(Settings(max_n=8), recipes={}, adapters=(),
-                              defaults=(64, 4, 5.0))
+                              defaults=(64, 4, 5.0), turbo=None)
     body = models.generate.model_validate_json(b'{"prompt": "a wound", "n": 4}')
     body.n   # 4
 """
@@ -42,7 +42,9 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..batching.items import SCHEDULERS
-from ..notify_url import (
+from ..sampling.modes import SPEEDS, Turbo
+from ..settings import Settings
+from ..settings.notify_url import (
     MAX_URL_CHARS,
     RefusedUrl,
     allowed_hosts,
@@ -50,8 +52,6 @@ from ..notify_url import (
     fix_text,
     notify_url_pattern,
 )
-from ..settings import Settings
-from ..turbo import SPEEDS, Turbo, turbo_mode
 from .fields import (
     MAX_ADAPTER_SCALE,
     MAX_GUIDANCE,
@@ -404,9 +404,11 @@ def build_api_models(
     recipes: Mapping[str, Recipe],
     adapters: Sequence[str],
     defaults: tuple[int, int, float],
+    turbo: Turbo | None,
     schedulers: Sequence[str] = SCHEDULERS,
 ) -> ApiModels:
-    """The request models of an app with these settings, recipes, adapter names and the
+    """The request models of an app with these settings, recipes, adapter names, turbo mode
+    (the service's, resolved once: ``speed: turbo`` is admitted when it is not None) and the
     schedulers its worker runs: each declared field with its bound resolved.
 
     Raises:
@@ -416,7 +418,6 @@ def build_api_models(
     s = settings
     if _side(Limits(s)) < 8:
         raise ValueError(f"max_side {s.max_side} leaves no multiple of 8 to generate at")
-    turbo = turbo_mode(s)
     choices = {"schedulers": tuple(schedulers), "adapters": tuple(adapters),
                "webhook_hosts": allowed_hosts(s.webhook_hosts),
                "speeds": SPEEDS if turbo is not None else SPEEDS[:1]}

@@ -3,7 +3,7 @@
 A fill may carry ``notify_url``; when its job ends the service POSTs the job's JSON there.
 
 - **Only hosts an operator allowed.** The fill's request model checks ``notify_url`` once,
-  when the fill arrives, with the one rule in :mod:`~genaug.service.notify_url` (an
+  when the fill arrives, with the one rule in :mod:`~genaug.service.settings.notify_url` (an
   ``http``/``https`` URL whose host is listed in ``GENAUG_WEBHOOK_HOSTS``); the sender only
   sends to URLs that passed it. The list is empty by default, and then every ``notify_url``
   is refused: webhooks are off until an operator names a receiver.
@@ -46,8 +46,8 @@ import httpx
 
 from genaug import __version__
 
-from ..notify_url import HOSTS_SETTING, SECRET_SETTING
-from ..setting_values import MIN_SECRET_CHARS
+from ..settings.notify_url import HOSTS_SETTING, SECRET_SETTING
+from ..settings.values import MIN_SECRET_CHARS
 
 log = logging.getLogger(__name__)
 

@@ -88,7 +88,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from ..turbo import TURBO_KINDS, TurboKind
+from ..sampling.modes import TURBO_KINDS, TurboKind
 from .quiet import quiet_diffusers
 
 if TYPE_CHECKING:

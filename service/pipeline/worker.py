@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from ..batching.items import Flight, GroupKey, Item, Outcome, Paused
 from ..metrics import Metrics
-from ..turbo import Turbo
+from ..sampling.modes import Turbo
 from .adapters import Adapters
 from .denoising import Denoising
 from .load import LoadedModel

@@ -36,7 +36,7 @@ with the shared targets the planner works out for it (:meth:`PoolPlanner.plan_fi
 :meth:`PoolPlanner.plan_budget`) in one transaction; in-process ``genaug pregenerate`` raises
 this planner's own targets (:meth:`PoolPlanner.raise_target`). Each stored image keeps what
 made it (:class:`~genaug.service.pool.types.Provenance`: the sampler its recipe's speed chose,
-:mod:`~genaug.service.pool.samplers`; steps, guidance, strength, adapter and judge hashes).
+:mod:`~genaug.service.sampling.pools`; steps, guidance, strength, adapter and judge hashes).
 
 Variants. A label with ``images: <folder>`` is filled with img2img variants of its images
 (read under ``GENAUG_DATA_ROOT`` once, at the generation size): plan index k takes source
@@ -71,12 +71,12 @@ from ..errors import InvalidRequestError, PoolFullError
 from ..intake.plan import plan_pool_batch
 from ..recipes.sources import SourceImage, load_label_sources, sources_digest
 from ..recipes.spec import Recipe, pool_id
-from ..turbo import Turbo
+from ..sampling.modes import Turbo
+from ..sampling.pools import PoolSamplers
 from .acceptance import AcceptanceStop
 from .choice import allocate, choose_label, label_score, label_weight
 from .need import NeedBoard
 from .outcomes import BatchOutcomes
-from .samplers import Candidate, PoolSamplers
 from .stops import SharedStops, judge_keys
 from .store import PoolStore
 from .targets import DemandBoard, asked_fill, fill_target, label_limit
@@ -91,6 +91,9 @@ log = logging.getLogger(__name__)
 _RATE_WINDOW_S = 60.0
 _MAX_BACKOFF_S = 10.0
 _SHARED_POLL_S = 1.0
+
+#: A planning candidate: (tier, score, recipe, label, missing, target).
+Candidate = tuple[int, float, str, str, int, int]
 
 
 def _no_wake(delay: float = 0.0) -> None:
@@ -167,7 +170,7 @@ class PoolPlanner:
             outage=self._pause, rejected=lambda: self._wake(0.0))
         #: The sampler each pool is drawn with: its own, turbo, or auto's choice.
         self.samplers = PoolSamplers(
-            recipes, store, self.pool_ids, turbo=turbo, adapter_hash=self._adapter_hash,
+            recipes, store.samplers, self.pool_ids, turbo=turbo, adapter_hash=self._adapter_hash,
             judge_keys={name: key for name, (key, _) in self._judge_made.items()},
             pregenerate=pregenerate, stopped=self.stopped)
         #: Test hook: called between reading a label's counts and reserving its batch.
@@ -355,7 +358,7 @@ class PoolPlanner:
                                        targets[label] - tier_planned[label].fill,
                                        targets[label]))
                     tier_planned[label] = replace(tier_planned[label], fill=targets[label])
-        candidates += self.samplers.probe_work(self.last_stats, self.stopped)
+        candidates += self._probe_work()
         # Asked-for work first, then the best score; the reservation re-checks under the
         # label's lock and may refuse.
         candidates.sort(key=lambda c: (c[0], -c[1]))
@@ -382,7 +385,7 @@ class PoolPlanner:
                 steps=key.steps, guidance=drawn.guidance,
                 strength=key.strength if key.mode == "img2img" else None,
                 adapter_hash=self._adapter_hash(recipe, label), judge_key=judge_key_,
-                judge_settings=settings, speed=drawn.speed, sampler=drawn.name),
+                judge_settings=settings, speed=drawn.speed, sampler=drawn.id),
         }
         on_done, on_failed = self._outcomes.handlers(
             name, pid, label, items, reservation, meta=meta, size=recipe.output_size,
@@ -390,6 +393,19 @@ class PoolPlanner:
         return IdleWork(key=key, items=items, on_done=on_done, on_failed=on_failed)
 
     # -- the low-acceptance stop and outcomes (their own modules) ---------------------------
+
+    def _probe_work(self) -> list[Candidate]:
+        """``auto``'s probes (:meth:`~genaug.service.sampling.pools.PoolSamplers.probe_needs`)
+        as the last tier of work, for the labels last read and not stopped."""
+        work: list[Candidate] = []
+        for name, needs in self.samplers.probe_needs().items():
+            counts, halted = self.last_stats.get(name, {}), self.stopped(name)
+            for label, missing in needs.items():
+                if label in halted or label not in counts:
+                    continue
+                planned = counts[label].fill + counts[label].reserved
+                work.append((2, 0.0, name, label, missing, planned + missing))
+        return work
 
     def stopped(self, name: str, *, cached: bool = False) -> dict[str, str]:
         """Labels of ``name`` the planner stopped spending on, each with why and the fix: this

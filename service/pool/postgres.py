@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .draw import decode_rows, empty_sample
+from .sampler_queries import rekey_samplers
 from .store import PoolStore
 from .tables import schema_tables
 from .types import (
@@ -344,6 +345,8 @@ class PostgresPoolStore(PoolStore):
                             self.location, start, start + 1)
                 for statement in _UPGRADES.get(start, []):
                     conn.execute(statement)
+            if exists and version < 7:
+                rekey_samplers(conn.execute, "%s")
             for statement in _AFTER_UPGRADES:
                 conn.execute(statement)
             conn.execute(

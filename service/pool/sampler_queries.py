@@ -4,11 +4,13 @@ decision (``samplers``) and the tallies of judged images per sampler (``sampler_
 The tallies are counted where images are stored: :meth:`SamplerQueries.tally` listens to the
 store's adds (``store.on_added``: in the add's transaction, under the label's lock), so
 eviction never takes ``auto``'s evidence away and the store knows nothing of what a tally is.
-:class:`~genaug.service.pool.auto.AutoSampler` reads and writes through ``store.samplers``.
+:class:`~genaug.service.sampling.auto.AutoSampler` reads and writes through ``store.samplers``
+(the :class:`~genaug.service.sampling.records.SamplerRecords` of the pool database); every
+sampler by its :attr:`~genaug.service.sampling.modes.Sampling.id`.
 
 Example::
 
-    store.samplers.read(pid)                  # SamplerRow(basis, "decided", "lcm 1 step...")
+    store.samplers.read(pid)                  # SamplerRow(basis, "decided", "quality:lcm:1:0")
     store.samplers.tallies(pid, judge_key)    # [(sampler, label, adapter_hash, Tally), ...]
 """
 
@@ -16,39 +18,19 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ..sampling.modes import id_of_name
+from ..sampling.records import Evidence, SamplerRow, Tally
 
 if TYPE_CHECKING:
     from .types import AddedBatch
     from .unit_of_work import UnitOfWork, Units
 
-__all__ = ["SamplerQueries", "SamplerRow", "Tally"]
-
-
-@dataclass
-class SamplerRow:
-    """The pool's ``samplers`` row: the basis, the state (``probing``/``decided``), the
-    chosen sampler's name, the reason and the evidence (the candidate under test, the
-    rejected ones with why, the probes wanted per sampler and label)."""
-
-    basis: str
-    state: str
-    sampler: str | None
-    reason: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Tally:
-    """One sampler's tally on one label: images judged and kept, and the sum of their unit
-    judge embeddings (None: not kept)."""
-
-    judged: int = 0
-    kept: int = 0
-    embedding: np.ndarray | None = None
+__all__ = ["SamplerQueries", "rekey_samplers"]
 
 
 _KEY = "pool_id = ? AND label = ? AND sampler = ? AND judge_key = ? AND adapter_hash = ?"
@@ -69,7 +51,8 @@ class SamplerQueries:
         if got is None:
             return None
         basis, state, sampler, reason, evidence = got
-        return SamplerRow(str(basis), str(state), sampler, str(reason), json.loads(evidence))
+        return SamplerRow(str(basis), str(state), sampler, str(reason),
+                          Evidence.from_json(evidence))
 
     def write(self, pool_id: str, row: SamplerRow) -> None:
         """Store ``row`` as the pool's decision (one row per pool, replaced)."""
@@ -81,7 +64,7 @@ class SamplerQueries:
                 " sampler = excluded.sampler, reason = excluded.reason,"
                 " evidence = excluded.evidence, decided = excluded.decided",
                 (pool_id, row.basis, row.state, row.sampler, row.reason,
-                 json.dumps(row.evidence, sort_keys=True), time.time()))
+                 row.evidence.to_json(), time.time()))
 
     def tallies(self, pool_id: str, judge_key: str) -> list[tuple[str, str, str, Tally]]:
         """``(sampler, label, adapter_hash, tally)`` of every tally under ``judge_key``."""
@@ -117,3 +100,32 @@ class SamplerQueries:
         else:
             uow.execute("UPDATE sampler_tallies SET judged = judged + ?, kept = kept + ?,"
                         f" embedding = ? WHERE {_KEY}", (added.judged, added.kept, text, *key))
+
+
+def rekey_samplers(execute: Callable[..., Any], mark: str = "?") -> int:
+    """Schema 7's upgrade: every sampler a pool names (an image's, a tally's, a decision's and
+    its evidence's) from its display name, which schema 6 stored, to its stable
+    :attr:`~genaug.service.sampling.modes.Sampling.id`, in the open transaction. Every image,
+    tally and decision is kept; a text that is not a sampler's name stays as it is.
+    ``execute``: the backend connection's, whose parameters are ``mark``. Returns the names
+    rekeyed."""
+    names: set[str] = set()
+    for table in ("images", "sampler_tallies", "samplers"):
+        names |= {str(r[0]) for r in execute(
+            f"SELECT DISTINCT sampler FROM {table} WHERE sampler IS NOT NULL").fetchall()}
+    ids = {name: new for name in names if (new := id_of_name(name)) is not None}
+    for name, new in ids.items():
+        for table in ("images", "sampler_tallies", "samplers"):
+            execute(f"UPDATE {table} SET sampler = {mark} WHERE sampler = {mark}", (new, name))
+
+    def rekey(name: str | None) -> str | None:
+        return None if name is None else (id_of_name(name) or name)
+
+    for pool_id, text in execute("SELECT pool_id, evidence FROM samplers").fetchall():
+        evidence = Evidence.from_json(text)
+        evidence.testing = rekey(evidence.testing)
+        evidence.rejected = {rekey(k) or k: why for k, why in evidence.rejected.items()}
+        evidence.wanted = {rekey(k) or k: wanted for k, wanted in evidence.wanted.items()}
+        execute(f"UPDATE samplers SET evidence = {mark} WHERE pool_id = {mark}",
+                (evidence.to_json(), pool_id))
+    return len(ids)

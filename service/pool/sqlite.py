@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .draw import decode_rows, empty_sample, spread
+from .sampler_queries import rekey_samplers
 from .store import PoolStore
 from .tables import schema_tables
 from .types import DEFAULT_LEASE_S, SCHEMA_VERSION, PoolError, PoolSample, PoolSchemaError
@@ -428,6 +429,8 @@ class SqlitePoolStore(PoolStore):
                 for column, decl in _V5_JOB_COLUMNS.items():
                     if column not in have:
                         conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
+            if version < 7 and not fresh:
+                rekey_samplers(conn.execute)
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key)"
                 " DO UPDATE SET value = excluded.value",

@@ -57,9 +57,10 @@ reservations, source, channels, adapter or scheduler); 2 adds them; 3 adds curat
 (``steps``, ``guidance``, ``strength``, ``adapter_hash``, ``judge_key``, ``judge_settings``:
 NULL, "not recorded", for an image stored before); 5 adds ``recipes`` (each pool's recipe
 spec) and a webhook's first attempt; 6 adds each image's ``speed`` and ``sampler``, the
-``samplers`` table (an ``auto`` pool's decision: :mod:`~genaug.service.pool.auto`) and
+``samplers`` table (an ``auto`` pool's decision: :mod:`~genaug.service.sampling.auto`) and
 ``sampler_tallies`` (judged and kept images per sampler, judge and adapter, counted by
-``add``).
+``add``); 7 names every sampler by its stable id instead of its display name
+(:func:`~genaug.service.pool.sampler_queries.rekey_samplers`).
 
 Size. An image takes ``h * w * c`` bytes plus ~100 bytes of row: 1,000 1024² RGB images per
 label for 10 labels is about 30 GiB (docs/deploy.md has the table). Beyond a few hundred GiB,

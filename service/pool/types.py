@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 #: The database layout this genaug writes; older ones are upgraded in place, newer refused.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: URL schemes of a PostgreSQL pool (anything else is a SQLite path).
 PG_SCHEMES = ("postgresql://", "postgres://")
 #: Seconds a reservation lives without its owner's heartbeat.
@@ -237,8 +237,8 @@ class Provenance:
     """What made a pool batch beyond its recipe name and seed, stored with each image (schema
     4; ``speed`` and ``sampler`` schema 6) so an exported image can be remade: ``speed`` the
     mode (quality, turbo; an ``auto`` pool's images say which mode their sampler ran),
-    ``sampler`` the :attr:`~genaug.service.turbo.Sampling.name` it was drawn with (a turbo
-    LoRA's kind and hash included), ``steps`` and ``guidance`` the batch ran with,
+    ``sampler`` the :attr:`~genaug.service.sampling.modes.Sampling.id` it was drawn with (schema
+    7; a turbo LoRA's kind and hash included), ``steps`` and ``guidance`` the batch ran with,
     ``strength`` for img2img variants (None: text-to-image), ``adapter_hash`` the content
     hash of the LoRA file (None: no adapter, or not known), ``judge_key`` a short hash of
     the judge's settings and ``judge_settings`` their JSON (None: no judge). An image stored

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..turbo import turbo_refusal
+from ..sampling.modes import turbo_refusal
 from .sources import encoder_config, has_text_tower, resolve_images_folder, resolve_shots
 from .spec import LABEL_CHARS, TINY_ENCODER, Recipe, RecipeError
 
@@ -38,7 +38,7 @@ def check_recipes(
 ) -> None:
     """Start-up checks that need the running configuration: every adapter a recipe names is
     loaded (``adapters``: the names of ``GENAUG_LORAS``), ``speed: turbo`` only where the
-    service serves turbo (``turbo``: :func:`~genaug.service.turbo.turbo_mode` is not None),
+    service serves turbo (``turbo``: its turbo mode is not None),
     ``speed: auto`` only with a judge (a stored spec holds no judge, so the model cannot),
     every label image folder exists
     under ``data_root`` and holds images, and a judge's shots folder holds images for every

@@ -72,7 +72,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ..batching.items import SCHEDULERS
-from ..turbo import RecipeSpeed
+from ..sampling.modes import RecipeSpeed
 
 __all__ = [
     "LABEL_CHARS",

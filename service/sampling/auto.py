@@ -2,21 +2,21 @@
 
 A recipe with ``speed: auto`` (and a judge: the recipe refuses ``auto`` without one) draws
 its pool with the first sampler of :func:`candidates`, cheapest first, that passes
-:mod:`~genaug.service.pool.auto_rule` against the recipe's own sampler on every label:
+:mod:`~genaug.service.sampling.rule` against the recipe's own sampler on every label:
 acceptance not lower by more than 0.05 (with evidence), diversity at least 0.9 of it.
 
-**Probing.** The probes are pool images, judged and stored as usual, each with the sampler
-that drew it (pool schema 6's ``sampler``): they are the images the pool was asked for, never
-extra ones made only to decide. :meth:`AutoSampler.sampling_for` hands the planner, for a
+**Probing.** The probes are pool images, judged and stored as usual, each with the id of
+the sampler that drew it (the image's ``sampler``): they are the images the pool was asked
+for, never extra ones made only to decide. :meth:`AutoSampler.sampling_for` hands the planner, for a
 label, the sampler that label needs images of next: the recipe's own until it has
-:data:`~genaug.service.pool.auto_rule.PROBE_IMAGES` of them, then the candidate under test.
+:data:`~genaug.service.sampling.rule.PROBE_IMAGES` of them, then the candidate under test.
 A fill smaller than the probes is drawn by the recipe's own sampler alone, so a first fill
 costs what it costs without ``auto``. A candidate is rejected as soon as one label's images
-are worse with evidence (:data:`~genaug.service.pool.auto_rule.EARLY_IMAGES` of them can
+are worse with evidence (:data:`~genaug.service.sampling.rule.EARLY_IMAGES` of them can
 show it), so a hopeless candidate costs a few images, not a round. When every label still
 drawn (labels the judge stopped are left out: ``stopped``) has its probes of a candidate, it
 is tested: ``pass`` decides, ``fail`` (or diversity below 0.9, or still undecided at
-:data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES`) rejects it and the next is probed,
+:data:`~genaug.service.sampling.rule.MAX_PROBE_IMAGES`) rejects it and the next is probed,
 ``more`` adds another round of probes to both arms of the undecided labels. When every
 candidate fails, the recipe's own sampler is the decision. Where the pool pre-generates, the
 idle generator also draws the probes a full label still lacks (:meth:`AutoSampler.probe_needs`),
@@ -28,10 +28,14 @@ decided one (:meth:`AutoSampler.stop_evidence`), never on a candidate's probes: 
 stops a label that the recipe's own sampler fills.
 
 **Where it lives.** The decision, its reason and what was rejected are the ``samplers`` row
-of the pool database (one per pool id): it survives restarts and every replica reads and
-writes the same row. The evidence is the store's ``sampler_tallies``: each judged image
+of the pool database (one per pool id; :class:`~genaug.service.sampling.records.SamplerRow`,
+read and written through the store's
+:class:`~genaug.service.sampling.records.SamplerRecords`): it survives restarts and every
+replica reads and writes the same row. Samplers are named there by their stable
+:attr:`~genaug.service.sampling.modes.Sampling.id`. The evidence is the store's
+``sampler_tallies``: each judged image
 counted by its sampler, judge key and adapter hash, and its unit judge embedding added to a
-running sum (diversity needs only that: :func:`~genaug.service.pool.auto_rule.diversity_of_sum`),
+running sum (diversity needs only that: :func:`~genaug.service.sampling.rule.diversity_of_sum`),
 in the transaction that adds it, so eviction never takes evidence away, whatever the pool's
 capacity.
 A decision rests on a *basis*: the judge's key, the recipe's adapter hashes and the turbo
@@ -46,7 +50,8 @@ then probed.
 
 Example::
 
-    auto = AutoSampler(store, pid, recipe, judge_key="3f9c...", adapters={}, turbo=None)
+    auto = AutoSampler(store.samplers, pid, recipe, judge_key="3f9c...", adapters={},
+                       turbo=None)
     auto.sampling_for("7")        # the Sampling the planner draws label 7's next batch with
     auto.describe()               # {"state": "probing", "sampler": None, "reason": ...}
 """
@@ -59,10 +64,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..turbo import Sampling, Turbo
-from .auto_rule import (
+from .modes import DrawnRecipe, Sampling, Turbo, recipe_sampling
+from .records import Evidence, SamplerRecords, SamplerRow, Tally
+from .rule import (
     DIVERSITY_BAND,
     EARLY_IMAGES,
     MARGIN,
@@ -74,12 +80,6 @@ from .auto_rule import (
     diversity_of_sum,
     final_test,
 )
-from .sampler_queries import SamplerRow, Tally
-from .types import PoolError
-
-if TYPE_CHECKING:
-    from ..recipes.spec import Recipe
-    from .store import PoolStore
 
 __all__ = ["AutoSampler", "auto_basis", "candidates"]
 
@@ -93,10 +93,10 @@ _SOLVER_STEPS = (2, 4, 8)
 _FRACTIONS = (8, 4, 2)
 
 
-def candidates(recipe: Recipe, turbo: Turbo | None) -> list[Sampling]:
+def candidates(recipe: DrawnRecipe, turbo: Turbo | None) -> list[Sampling]:
     """The samplers ``auto`` tries for ``recipe``, cheapest first (UNet rows per image; the
     listed order among equals), each cheaper than the recipe's own, which comes last."""
-    own = Sampling(recipe.scheduler, recipe.steps, recipe.guidance)
+    own = recipe_sampling(recipe)
     named = [Sampling("lcm", steps, 0.0) for steps in _LCM_STEPS]
     named += [Sampling(s, steps, recipe.guidance) for s in _SOLVERS for steps in _SOLVER_STEPS]
     named += [Sampling(recipe.scheduler, max(1, recipe.steps // k), recipe.guidance)
@@ -126,11 +126,12 @@ class AutoSampler:
     ``describe`` anywhere (cached). ``stopped()``: the labels the judge stopped now (left out
     of the decision)."""
 
-    def __init__(self, store: PoolStore, pool_id: str, recipe: Recipe, *, judge_key: str,
+    def __init__(self, records: SamplerRecords, pool_id: str, recipe: DrawnRecipe, *,
+                 judge_key: str,
                  adapters: Mapping[str, str | None], turbo: Turbo | None,
                  probe: int = PROBE_IMAGES, max_probe: int = MAX_PROBE_IMAGES,
                  stopped: Callable[[], Collection[str]] = frozenset) -> None:
-        self.store = store
+        self.records = records
         self.pool_id = pool_id
         self.recipe = recipe
         self.judge_key = judge_key
@@ -139,13 +140,13 @@ class AutoSampler:
         self.basis = auto_basis(judge_key, list(self.adapters.values()), turbo)
         self.candidates = candidates(recipe, turbo)
         self.own = self.candidates[-1]
-        self._by_name = {s.name: s for s in self.candidates}
+        self._by_id = {s.id: s for s in self.candidates}
         self.probe = probe
         self.max_probe = max_probe
         self._stopped = stopped
         self._lock = threading.Lock()
         self._row: SamplerRow | None = None
-        #: Judged and kept images per sampler name and label under this basis (as last read).
+        #: Judged and kept images per sampler id and label under this basis (as last read).
         self._counts_read: dict[str, dict[str, Tally]] = {}
         #: The labels the judge had stopped when last read.
         self._halted: frozenset[str] = frozenset()
@@ -178,10 +179,10 @@ class AutoSampler:
             row = self._refresh()
             if row.state != "probing":
                 return {}
-            wanted: dict[str, dict[str, int]] = row.evidence.get("wanted", {})
+            wanted = row.evidence.wanted
             needs = {}
             for label in self._drawn_labels():
-                for name in (self.own.name, row.evidence.get("testing", self.own.name)):
+                for name in (self.own.id, self._testing(row)):
                     have = self._judged(name, label)
                     missing = wanted.get(name, {}).get(label, self.probe) - have
                     if missing > 0:
@@ -196,7 +197,7 @@ class AutoSampler:
         the recipe's own sampler fills."""
         with self._lock:
             row = self._refresh()
-            names = {self.own.name}
+            names = {self.own.id}
             if row.state == "decided" and row.sampler:
                 names.add(row.sampler)
             out: dict[str, tuple[int, int]] = {}
@@ -204,6 +205,15 @@ class AutoSampler:
                 counts = [self._counts_read.get(n, {}).get(label, Tally()) for n in names]
                 out[label] = (sum(c.judged for c in counts), sum(c.kept for c in counts))
             return out
+
+    def _testing(self, row: SamplerRow) -> str:
+        """The id of the candidate under test (the recipe's own sampler: none is left)."""
+        return row.evidence.testing or self.own.id
+
+    def _shown(self, sampler_id: str) -> str:
+        """A sampler's name as people read it, by its id."""
+        known = self._by_id.get(sampler_id)
+        return known.name if known is not None else sampler_id
 
     def _judged(self, name: str, label: str) -> int:
         return self._counts_read.get(name, {}).get(label, Tally()).judged
@@ -218,7 +228,7 @@ class AutoSampler:
 
     def describe(self) -> dict[str, Any]:
         """The decision for the recipe detail and the status page: ``state``, ``sampler``
-        (the chosen :class:`~genaug.service.turbo.Sampling` as a dict, or None while
+        (the chosen :class:`~genaug.service.sampling.modes.Sampling` as a dict, or None while
         probing), ``reason``, ``cheaper`` (the recipe's UNet rows per image over the
         chosen's), ``candidates`` (each tried one's name and what became of it) and ``since``
         (seconds since the epoch: when this probing began, or when it was decided). Before
@@ -227,33 +237,33 @@ class AutoSampler:
         if row is None:  # nothing planned yet since the start: the pool's row as stored
             try:
                 row = self._read()
-            except PoolError:
+            except RuntimeError:  # the pool database unreachable: say what a start says
                 row = None
             if row is None or row.basis != self.basis:
                 row = SamplerRow(self.basis, "probing", None, "not planned yet")
-        chosen = self._by_name.get(row.sampler or "")
+        chosen = self._by_id.get(row.sampler or "")
         return {
             "state": row.state,
             "sampler": chosen.as_dict() if chosen is not None else None,
             "reason": row.reason,
             "cheaper": round(self.own.cost / chosen.cost, 2) if chosen is not None else None,
-            "candidates": [{"name": s.name, "result": row.evidence.get("rejected", {}).get(
-                s.name, "chosen" if chosen == s else "untried")} for s in self.candidates],
-            "since": row.evidence.get("decided_at" if row.state == "decided" else "since"),
+            "candidates": [{"name": s.name, "id": s.id, "result": row.evidence.rejected.get(
+                s.id, "chosen" if chosen == s else "untried")} for s in self.candidates],
+            "since": row.evidence.decided_at if row.state == "decided" else row.evidence.since,
         }
 
     # -- the decision ----------------------------------------------------------------------
 
     def _pick(self, row: SamplerRow, label: str) -> Sampling:
-        if row.state == "decided" and row.sampler in self._by_name:
-            return self._by_name[row.sampler]
-        wanted: dict[str, dict[str, int]] = row.evidence.get("wanted", {})
-        for name in (self.own.name, row.evidence.get("testing", self.own.name)):
+        if row.state == "decided" and row.sampler in self._by_id:
+            return self._by_id[row.sampler]
+        wanted = row.evidence.wanted
+        for name in (self.own.id, self._testing(row)):
             if self._judged(name, label) < wanted.get(name, {}).get(label, self.probe):
-                return self._by_name[name]
+                return self._by_id[name]
         # Both arms have their probes for this label: other labels are still probing; keep
         # drawing with the candidate under test (more evidence, and it is the cheaper).
-        return self._by_name[row.evidence.get("testing", self.own.name)]
+        return self._by_id[self._testing(row)]
 
     def _advance(self) -> SamplerRow:
         """Read the row and the evidence; test, decide, withdraw; write what changed."""
@@ -262,39 +272,38 @@ class AutoSampler:
             why = "new pool" if row is None else "the judge, an adapter or turbo changed"
             row = SamplerRow(self.basis, "probing", None,
                              f"probing the recipe's own sampler ({why})",
-                             {"testing": self._first_untried({}), "rejected": {}, "why": why,
-                              "since": time.time()})
+                             Evidence(testing=self._first_untried({}), why=why,
+                                      since=time.time()))
             self._write(row)
         counts = self._counts()
         self._counts_read = counts
-        before = json.dumps([row.state, row.sampler, row.reason, row.evidence], sort_keys=True)
+        before = json.dumps([row.state, row.sampler, row.reason, row.evidence.to_json()])
         if row.state == "decided":
             self._recheck(row, counts)
         while row.state == "probing":
             if not self._test(row, counts):
                 break
-        if json.dumps([row.state, row.sampler, row.reason, row.evidence],
-                      sort_keys=True) != before:
+        if json.dumps([row.state, row.sampler, row.reason, row.evidence.to_json()]) != before:
             self._write(row)
         return row
 
     def _first_untried(self, rejected: dict[str, str]) -> str:
         for sampling in self.candidates[:-1]:
-            if sampling.name not in rejected:
-                return sampling.name
-        return self.own.name
+            if sampling.id not in rejected:
+                return sampling.id
+        return self.own.id
 
     def _test(self, row: SamplerRow, counts: dict[str, dict[str, Tally]]) -> bool:
         """Test the candidate under test if its probes are in; True when the state moved on
         (decided, or the next candidate is up), so the caller tests again."""
-        testing = row.evidence.get("testing", self.own.name)
-        row.evidence.setdefault("rejected", {})
-        if testing == self.own.name:
+        testing = self._testing(row)
+        if testing == self.own.id:
             self._decide(row, self.own, "no cheaper candidate matched the recipe's own sampler "
                          "on every label; it draws the pool")
             return True
-        wanted = row.evidence.setdefault("wanted", {})
-        own_counts, cand_counts = counts.get(self.own.name, {}), counts.get(testing, {})
+        wanted = row.evidence.wanted
+        own_counts, cand_counts = counts.get(self.own.id, {}), counts.get(testing, {})
+        shown = self._shown(testing)
         labels = self._drawn_labels()
         if not labels:
             row.reason = "every label is stopped by the judge: nothing is drawn to decide on"
@@ -314,16 +323,15 @@ class AutoSampler:
         worst = 1.0
         for label in labels:
             ref, cand = own_counts.get(label, Tally()), cand_counts.get(label, Tally())
-            need_ref = wanted.get(self.own.name, {}).get(label, self.probe)
+            need_ref = wanted.get(self.own.id, {}).get(label, self.probe)
             need = wanted.get(testing, {}).get(label, self.probe)
             if ref.judged < need_ref or cand.judged < need:
                 if max(need_ref, need) > self.probe:
-                    row.reason = f"probing {testing}: label {label} needs more images to tell"
+                    row.reason = f"probing {shown}: label {label} needs more images to tell"
                 elif ref.judged >= need_ref:
-                    row.reason = f"probing {testing}"
+                    row.reason = f"probing {shown}"
                 else:
-                    row.reason = ("probing the recipe's own sampler "
-                                  f"({row.evidence.get('why', 'new pool')})")
+                    row.reason = f"probing the recipe's own sampler ({row.evidence.why})"
                 return False  # probes still being drawn
             verdict = acceptance_test(cand.kept, cand.judged, ref.kept, ref.judged)
             if verdict == "fail":
@@ -356,13 +364,13 @@ class AutoSampler:
             worst = min(worst, ratio)
         if more:
             for label in more:
-                for name in (self.own.name, testing):
+                for name in (self.own.id, testing):
                     have = counts.get(name, {}).get(label, Tally()).judged
                     wanted.setdefault(name, {})[label] = min(self.max_probe, have + self.probe)
-            row.reason = (f"probing {testing}: labels {', '.join(more)} need more images to "
+            row.reason = (f"probing {shown}: labels {', '.join(more)} need more images to "
                           "tell")
             return False
-        chosen = self._by_name[testing]
+        chosen = self._by_id[testing]
         unsaid = (f" (not measured on labels {', '.join(unmeasured)}: their images were "
                   "judged without embeddings)" if unmeasured else "")
         if estimated:
@@ -375,25 +383,25 @@ class AutoSampler:
             "per image"))
         return True
 
-    def _reject(self, row: SamplerRow, name: str, why: str) -> bool:
-        row.evidence.setdefault("rejected", {})[name] = why
-        nxt = self._first_untried(row.evidence["rejected"])
-        row.evidence["testing"] = nxt
-        row.reason = f"{name} rejected ({why}); probing {nxt}"
+    def _reject(self, row: SamplerRow, sampler_id: str, why: str) -> bool:
+        row.evidence.rejected[sampler_id] = why
+        nxt = self._first_untried(row.evidence.rejected)
+        row.evidence.testing = nxt
+        row.reason = f"{self._shown(sampler_id)} rejected ({why}); probing {self._shown(nxt)}"
         log.info("pool %s auto: %s", self.pool_id, row.reason)
         return True
 
     def _decide(self, row: SamplerRow, chosen: Sampling, reason: str) -> None:
-        row.state, row.sampler, row.reason = "decided", chosen.name, reason
-        row.evidence["decided_at"] = time.time()
+        row.state, row.sampler, row.reason = "decided", chosen.id, reason
+        row.evidence.decided_at = time.time()
         log.info("pool %s auto: decided %s", self.pool_id, reason)
 
     def _recheck(self, row: SamplerRow, counts: dict[str, dict[str, Tally]]) -> None:
         """Hysteresis: withdraw the decision only when the chosen sampler is worse with
         evidence on some label."""
-        if row.sampler is None or row.sampler == self.own.name:
+        if row.sampler is None or row.sampler == self.own.id:
             return
-        own_counts, cand_counts = counts.get(self.own.name, {}), counts.get(row.sampler, {})
+        own_counts, cand_counts = counts.get(self.own.id, {}), counts.get(row.sampler, {})
         for label in self.recipe.label_names:
             ref, cand = own_counts.get(label, Tally()), cand_counts.get(label, Tally())
             if not ref.judged or not cand.judged:
@@ -402,7 +410,7 @@ class AutoSampler:
             if upper < -MARGIN:
                 name = row.sampler
                 row.state, row.sampler = "probing", None
-                row.evidence["since"] = time.time()
+                row.evidence.since = time.time()
                 self._reject(row, name, f"withdrawn: label {label}'s acceptance "
                              f"{cand.kept}/{cand.judged} fell below the recipe's "
                              f"{ref.kept}/{ref.judged} by more than {MARGIN:g}")
@@ -414,7 +422,7 @@ class AutoSampler:
         probe's embedding (the tallies' sums); None when either has no sum (images judged
         before the tallies kept one)."""
         cand = counts.get(name, {}).get(label)
-        ref = counts.get(self.own.name, {}).get(label)
+        ref = counts.get(self.own.id, {}).get(label)
         if cand is None or ref is None or cand.embedding is None or ref.embedding is None:
             return None
         mine = diversity_of_sum(cand.judged, cand.embedding)
@@ -424,17 +432,16 @@ class AutoSampler:
     # -- the pool database ---------------------------------------------------------------------
 
     def _read(self) -> SamplerRow | None:
-        return self.store.samplers.read(self.pool_id)
+        return self.records.read(self.pool_id)
 
     def _write(self, row: SamplerRow) -> None:
-        self.store.samplers.write(self.pool_id, row)
+        self.records.write(self.pool_id, row)
 
     def _counts(self) -> dict[str, dict[str, Tally]]:
         """Judged and kept images per sampler and label, under this judge and each label's
         adapter (the store's tallies)."""
         out: dict[str, dict[str, Tally]] = {}
-        for name, label, adapter, tally in self.store.samplers.tallies(self.pool_id,
-                                                                       self.judge_key):
+        for name, label, adapter, tally in self.records.tallies(self.pool_id, self.judge_key):
             if self.adapters.get(label) == adapter:
                 out.setdefault(name, {})[label] = tally
         return out

@@ -1,17 +1,18 @@
-"""Which sampler each recipe's pool is drawn with: the recipe's own, turbo, or ``auto``'s.
+"""Which sampler draws each label of each recipe's pool: the recipe's own, turbo, or ``auto``'s.
 
-:class:`PoolSamplers` is the planner's one place for it (:mod:`~genaug.service.pool.planner`
-asks it per batch): a ``speed: quality`` recipe draws with its own scheduler, steps and
-guidance, ``speed: turbo`` with the service's turbo :class:`~genaug.service.turbo.Sampling`,
-``speed: auto`` with its pool's :class:`~genaug.service.pool.auto.AutoSampler`. An auto
-pool's probes are the images it is asked for; on a pre-generating service the probes a full
-label still lacks are offered to the planner as background work too
-(:meth:`PoolSamplers.probe_work`), and the low-acceptance stop reads an auto label's evidence
-here (:meth:`PoolSamplers.stop_evidence`: the samplers that draw it, never a candidate's).
+:class:`PoolSamplers` is the planner's one place to ask
+(:mod:`~genaug.service.pool.planner` asks it per batch): a ``speed: quality`` recipe draws
+with its own scheduler, steps and guidance, ``speed: turbo`` with the service's turbo
+:class:`~genaug.service.sampling.modes.Sampling`, ``speed: auto`` with its pool's
+:class:`~genaug.service.sampling.auto.AutoSampler`. An auto pool's probes are the images it
+is asked for; on a pre-generating service the probes a full label still lacks are the
+planner's background work too (:meth:`PoolSamplers.probe_needs`), and the low-acceptance
+stop reads an auto label's evidence here (:meth:`PoolSamplers.stop_evidence`: the samplers
+that draw it, never a candidate's).
 
 Example::
 
-    samplers = PoolSamplers(recipes, store, pool_ids, turbo=None, pregenerate=True,
+    samplers = PoolSamplers(recipes, store.samplers, pool_ids, turbo=None, pregenerate=True,
                             judge_keys={"digits": "3f9c..."}, adapter_hash=hash_of,
                             stopped=planner.stopped)
     samplers.sampling("digits", "7")     # the Sampling label 7's next batch is drawn with
@@ -21,33 +22,29 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from ..errors import InvalidRequestError
-from ..intake.plan import recipe_sampling
-from ..turbo import Sampling, Turbo, turbo_refusal
 from .auto import AutoSampler
-from .types import LabelStats
+from .modes import DrawnRecipe, Sampling, Turbo, recipe_sampling, turbo_refusal
+from .records import SamplerRecords
 
-if TYPE_CHECKING:
-    from ..recipes.spec import Recipe
-    from .store import PoolStore
+__all__ = ["PoolSamplers"]
 
-__all__ = ["Candidate", "PoolSamplers"]
-
-#: A planning candidate: (tier, score, recipe, label, missing, target), the planner's.
-Candidate = tuple[int, float, str, str, int, int]
+R = TypeVar("R", bound=DrawnRecipe)
 
 
 class PoolSamplers:
     """The sampler of every recipe's pool (module doc); ``auto`` for the judged ``auto``
-    recipes (``judge_keys``: their judges' keys)."""
+    recipes (``judge_keys``: their judges' keys; ``adapter_hash``: a label's adapter's
+    content hash, which its tallies are counted under)."""
 
-    def __init__(self, recipes: Mapping[str, Recipe], store: PoolStore, pool_ids: Mapping[str, str],
-                 *, turbo: Turbo | None, judge_keys: Mapping[str, str],
-                 adapter_hash: Callable[[Recipe, str], str | None], pregenerate: bool = True,
+    def __init__(self, recipes: Mapping[str, R], records: SamplerRecords,
+                 pool_ids: Mapping[str, str], *, turbo: Turbo | None,
+                 judge_keys: Mapping[str, str], adapter_hash: Callable[[R, str], str | None],
+                 pregenerate: bool = True,
                  stopped: Callable[[str], Collection[str]] | None = None) -> None:
-        self.recipes = recipes
+        self.recipes: Mapping[str, DrawnRecipe] = recipes
         self.turbo = turbo
         self.pregenerate = pregenerate
 
@@ -55,10 +52,10 @@ class PoolSamplers:
             return (lambda: stopped(name)) if stopped is not None else frozenset
 
         self.auto = {
-            name: AutoSampler(store, pool_ids[name], r, judge_key=judge_keys[name], turbo=turbo,
+            name: AutoSampler(records, pool_ids[name], r, judge_key=judge_keys[name],
+                              turbo=turbo, stopped=stopped_of(name),
                               adapters={label: adapter_hash(r, label)
-                                        for label in r.label_names},
-                              stopped=stopped_of(name))
+                                        for label in r.label_names})
             for name, r in recipes.items() if r.speed == "auto" and name in judge_keys}
 
     def sampling(self, name: str, label: str) -> Sampling:
@@ -97,22 +94,14 @@ class PoolSamplers:
         if name in self.auto:
             self.auto[name].stored()
 
-    def probe_work(self, stats: Mapping[str, Mapping[str, LabelStats]],
-                   stopped: Callable[[str], Mapping[str, str]]) -> list[Candidate]:
-        """On a pre-generating service, ``auto``'s probes (:meth:`AutoSampler.probe_needs`) as
-        background work after every other, even for a label at its target: the idle generator
-        would otherwise stop while a full pool is still deciding. They are bounded (a round
-        per candidate and label, at most :data:`~genaug.service.pool.auto_rule.MAX_PROBE_IMAGES`
+    def probe_needs(self) -> dict[str, dict[str, int]]:
+        """On a pre-generating service, each ``auto`` recipe's probe images per label
+        (:meth:`AutoSampler.probe_needs`): the planner draws them as background work after
+        every other, even for a label at its target, since the idle generator would
+        otherwise stop while a full pool is still deciding. They are bounded (a round per
+        candidate and label, at most :data:`~genaug.service.sampling.rule.MAX_PROBE_IMAGES`
         each) and end with the decision. Without pre-generation, none: the probes are the
-        images fills and samples ask for. ``stats``: the counts last read per recipe."""
-        work: list[Candidate] = []
+        images fills and samples ask for."""
         if not self.pregenerate:
-            return work
-        for name, auto in self.auto.items():
-            counts, halted = stats.get(name, {}), stopped(name)
-            for label, missing in auto.probe_needs().items():
-                if label in halted or label not in counts:
-                    continue
-                planned = counts[label].fill + counts[label].reserved
-                work.append((2, 0.0, name, label, missing, planned + missing))
-        return work
+            return {}
+        return {name: needs for name, auto in self.auto.items() if (needs := auto.probe_needs())}

@@ -1,7 +1,7 @@
 """The statistics of ``speed: auto``: is a cheaper sampler's acceptance as good as the recipe's?
 
 Pure functions over counts and embeddings (numpy only), so the decision rule is tested on its
-own (:mod:`~genaug.service.pool.auto` applies it to a pool).
+own (:mod:`~genaug.service.sampling.auto` applies it to a pool).
 
 **Acceptance, per label.** A candidate passes a label when its judge acceptance is *not worse*
 than the recipe sampler's by more than :data:`MARGIN` (0.05), with evidence: the lower bound of

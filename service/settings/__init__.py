@@ -4,7 +4,7 @@ Nothing here is read at import time; ``Settings()`` reads the environment when c
 ``create_app(settings)`` receives the instance. This module declares the fields (their order and
 descriptions are the flags of ``genaug serve``) and the rules between them; values written as
 one string that holds several (warm-up shapes, LoRA lists, comma lists) are parsed in
-:mod:`~genaug.service.setting_values`, and :class:`WarmupShape` is importable from both.
+:mod:`~genaug.service.settings.values`, and :class:`WarmupShape` is importable from both.
 
 Example::
 
@@ -22,9 +22,9 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .batching.names import SchedulerName
+from ..batching.names import SchedulerName
 from .notify_url import allowed_hosts
-from .setting_values import (
+from .values import (
     MIN_SECRET_CHARS,
     WarmupShape,
     check_lora_names,

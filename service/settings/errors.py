@@ -44,7 +44,7 @@ def settings_refusal(exc: ValidationError, *,
     """One line per error of ``exc`` (raised by ``Settings(...)``), in pydantic's order,
     without repeats. ``flags`` maps the fields given as command-line flags to the flag
     (``{"port": "--port"}``); the others are named by their ``GENAUG_*`` variable."""
-    from .settings import Settings
+    from . import Settings
 
     given = dict(flags or {})
     lines: list[str] = []

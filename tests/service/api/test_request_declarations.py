@@ -19,6 +19,7 @@ from genaug.service.intake.schemas import (
     hints,
 )
 from genaug.service.recipes.load import load_recipes
+from genaug.service.sampling.modes import turbo_mode
 from genaug.service.settings import Settings
 
 # A schema property that says what it admits: a largest number or length, or a closed set.
@@ -58,7 +59,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, shapes_recipe: str) -> ApiMode
     path = tmp_path_factory.mktemp("recipes") / "recipes.yaml"
     path.write_text(shapes_recipe)
     return build_api_models(SETTINGS, recipes=load_recipes(path), adapters=("ink",),
-                            defaults=(64, 4, 5.0))
+                            defaults=(64, 4, 5.0), turbo=turbo_mode(SETTINGS))
 
 
 @pytest.mark.parametrize("route", sorted(ROUTE_MODELS))
@@ -131,7 +132,8 @@ def test_bounds_resolve_per_app(api: ApiModels) -> None:
     fill = api.fill["shapes"].model_json_schema()["properties"]
     capacity = Settings().pool_capacity_per_label
     assert fill["images"]["maximum"] == capacity * 3  # three labels
-    plain = build_api_models(Settings(), recipes={}, adapters=(), defaults=(64, 4, 5.0))
+    plain = build_api_models(Settings(), recipes={}, adapters=(), defaults=(64, 4, 5.0),
+                             turbo=None)
     assert plain.generate.model_json_schema()["properties"]["adapter"]["type"] == "null"
     assert hints(SETTINGS) == {route: dict(h) for route, h in api.hints.items()}
 

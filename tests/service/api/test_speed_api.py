@@ -12,6 +12,7 @@ import numpy as np
 from genaug.client import Client
 from genaug.local_service import free_port
 from genaug.service.intake.schemas import build_api_models
+from genaug.service.pipeline.turbo_unet import served_turbo
 from genaug.service.settings import Settings
 from genaug.service.testing import start_service
 
@@ -23,8 +24,8 @@ SEED = 6_917_529_027_641_081_856  # a 63-bit seed, as the planner draws them
 def test_info_names_what_turbo_draws_with(service: Any) -> None:
     info = httpx.get(service.url + "/v1/info", timeout=30).json()
     assert info["turbo"] == {"speed": "turbo", "scheduler": "tcd", "steps": 2, "guidance": 0.0,
-                             "name": "turbo: tcd 2 steps, guidance 0", "kind": None,
-                             "lora_file": None}
+                             "name": "turbo: tcd 2 steps, guidance 0", "id": "turbo:tcd:2:0",
+                             "kind": None, "lora_file": None}
 
 
 def test_turbo_is_the_few_step_setting_and_given_fields_win(service: Any) -> None:
@@ -60,7 +61,7 @@ def test_a_model_folder_without_a_turbo_lora_serves_no_turbo(tiny_model: Any,
     (tmp_path / "sdxl").mkdir()  # served below with the tiny weights under a folder's settings
     settings = Settings(model=str(tmp_path / "sdxl"), warmup=False)
     api = build_api_models(settings, recipes={}, adapters=(),
-                           defaults=settings.request_defaults())
+                           defaults=settings.request_defaults(), turbo=served_turbo(settings))
     assert api.turbo is None
     schema = api.generate.model_json_schema()["properties"]["speed"]
     assert schema["anyOf"][0] == {"const": "quality", "type": "string"}

@@ -22,6 +22,7 @@ from genaug.service.intake.uploads import Upload
 from genaug.service.recipes.load import load_recipes
 from genaug.service.recipes.sources import SourceImage, source_hash
 from genaug.service.recipes.spec import Recipe
+from genaug.service.sampling.modes import turbo_mode
 from genaug.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,7 +36,7 @@ DEFAULTS = SETTINGS.request_defaults()
 
 def _models() -> ApiModels:
     return build_api_models(SETTINGS, recipes={RECIPE.name: RECIPE}, adapters=("ink",),
-                            defaults=DEFAULTS)
+                            defaults=DEFAULTS, turbo=turbo_mode(SETTINGS))
 
 
 def _generate(**body: Any) -> Any:

@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from genaug import __version__
 from genaug.service.jobs.webhooks import WebhookSender, encode_body, sign, verify
-from genaug.service.notify_url import (
+from genaug.service.settings.notify_url import (
     RefusedUrl,
     allowed_hosts,
     check_notify_url,

@@ -180,6 +180,7 @@ _UNDO = {
     5: ["ALTER TABLE jobs DROP COLUMN webhook_first", "DROP TABLE recipes"],
     6: ["ALTER TABLE images DROP COLUMN speed", "ALTER TABLE images DROP COLUMN sampler",
         "DROP TABLE samplers", "DROP TABLE sampler_tallies"],
+    7: [],  # samplers named by id: data, rewritten by the upgrade (no column changes)
 }
 
 

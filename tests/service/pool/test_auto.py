@@ -13,8 +13,13 @@ import pytest
 import torch
 
 from genaug.service.judge.encoders import load_encoder
-from genaug.service.pool.auto import AutoSampler, auto_basis, candidates
-from genaug.service.pool.auto_rule import (
+from genaug.service.pool.store import PoolStore
+from genaug.service.pool.tables import POOL_TABLES
+from genaug.service.pool.types import Provenance
+from genaug.service.recipes.spec import JudgeSpec, LabelSpec, Recipe
+from genaug.service.sampling.auto import AutoSampler, auto_basis, candidates
+from genaug.service.sampling.modes import Sampling, Turbo
+from genaug.service.sampling.rule import (
     MARGIN,
     PROBE_IMAGES,
     Z,
@@ -24,11 +29,6 @@ from genaug.service.pool.auto_rule import (
     diversity_of_sum,
     final_test,
 )
-from genaug.service.pool.store import PoolStore
-from genaug.service.pool.tables import POOL_TABLES
-from genaug.service.pool.types import Provenance
-from genaug.service.recipes.spec import JudgeSpec, LabelSpec, Recipe
-from genaug.service.turbo import Sampling, Turbo
 
 PID = "shapes-0123456789ab"
 LABELS = ("a", "b")
@@ -45,8 +45,8 @@ ENCODER = load_encoder("tiny-digits-encoder", torch.device("cpu"))
 
 
 def _auto(store: PoolStore, judge_key: str = "j1", **kwargs: Any) -> AutoSampler:
-    return AutoSampler(store, PID, _recipe(), judge_key=judge_key, adapters={}, turbo=None,
-                       **kwargs)
+    return AutoSampler(store.samplers, PID, _recipe(), judge_key=judge_key, adapters={},
+                       turbo=None, **kwargs)
 
 
 _SEEDS = iter(range(1, 1 << 40))
@@ -69,7 +69,7 @@ def _probe(store: PoolStore, auto: AutoSampler, sampling: Sampling, label: str, 
               embedding_sum=unit.sum(axis=0).tolist(),
               provenance=Provenance(steps=sampling.steps, guidance=sampling.guidance,
                                     judge_key=auto.judge_key, speed=sampling.speed,
-                                    sampler=sampling.name))
+                                    sampler=sampling.id))
     auto.stored()
 
 
@@ -154,7 +154,7 @@ def test_probes_decide_persist_and_withdraw_only_on_evidence(store: PoolStore) -
     told = auto.describe()
     assert told["state"] == "decided" and told["sampler"]["name"] == first.name
     assert told["cheaper"] == 40.0 and "within 0.05" in told["reason"]
-    assert told["candidates"][0] == {"name": first.name, "result": "chosen"}
+    assert told["candidates"][0] == {"name": first.name, "id": first.id, "result": "chosen"}
 
     again = _auto(store)  # a restart, or another replica: the decision is the pool's
     assert again.sampling_for("b") == first and again.describe()["state"] == "decided"
@@ -226,7 +226,7 @@ def test_tallies_outlive_eviction(open_store: Any) -> None:
     _probe(store, auto, auto.own, "a", PROBE_IMAGES)
     _probe(store, auto, auto.own, "a", PROBE_IMAGES, kept=PROBE_IMAGES // 2)
     assert store.stats(PID, ["a"])["a"].fill == 50  # the pool kept 50 of 96 accepted
-    assert auto._counts()[auto.own.name]["a"].judged == 2 * PROBE_IMAGES
+    assert auto._counts()[auto.own.id]["a"].judged == 2 * PROBE_IMAGES
 
 
 def test_a_dropped_pool_filled_again_probes_afresh(store: PoolStore) -> None:
@@ -252,7 +252,7 @@ def test_a_dropped_pool_filled_again_probes_afresh(store: PoolStore) -> None:
     _probe_all(store, again, again.own)
     assert again.sampling_for("a") == again.candidates[0]  # probed, not inherited
     assert again.describe()["state"] == "probing"
-    assert again._counts()[again.own.name]["a"].judged == PROBE_IMAGES
+    assert again._counts()[again.own.id]["a"].judged == PROBE_IMAGES
 
 
 def _undo_v6_sqlite(path: Any) -> None:
@@ -291,12 +291,65 @@ def test_a_version_5_pool_is_upgraded_in_place(backend: str, target: str) -> Non
         made = Sampling("tcd", 2, 0.0, "turbo")
         store.add(PID, "a", np.zeros((1, 4, 4, 3), np.uint8), [3], model_hash="m",
                   scores=[0.5], keep=[True], provenance=Provenance(
-                      steps=2, guidance=0.0, judge_key="j", speed="turbo", sampler=made.name))
+                      steps=2, guidance=0.0, judge_key="j", speed="turbo", sampler=made.id))
         last = list(store.reads.iter_records(PID))[-1].provenance
-        assert (last.speed, last.sampler) == ("turbo", "turbo: tcd 2 steps, guidance 0")
+        assert (last.speed, last.sampler) == ("turbo", "turbo:tcd:2:0")
         assert store.integrity_check() == "ok"
         if backend == "postgresql":
-            assert stored_schema_version(store) == str(SCHEMA_VERSION) == "6"
+            assert stored_schema_version(store) == str(SCHEMA_VERSION) == "7"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_version_6_pools_samplers_are_named_by_id_and_its_decision_kept(
+        backend: str, target: str) -> None:
+    """Schema 6 named samplers by their display name, schema 7 by their stable id: a decided
+    pool of schema 6 (images, tallies, the decision and its evidence under names, a turbo
+    LoRA's sampler among them) is upgraded in place, and ``auto`` reads the same decision."""
+    import sqlite3
+
+    from _postgres import back_to_version
+
+    from genaug.service.pool.open import open_pool
+    from genaug.service.sampling.records import Evidence, SamplerRow
+
+    lora = Sampling("lcm", 4, 1.0, "turbo", "lcm 1c0f2e3d4a5b6c7d")
+    with open_pool(target, capacity_per_label=100) as store:
+        auto = _auto(store)
+        own, first = auto.own, auto.candidates[0]
+        for sampling in (own, first, lora):
+            for label in LABELS:
+                _probe(store, auto, sampling, label, 8)
+        store.samplers.write(PID, SamplerRow(
+            auto.basis, "decided", first.name, "decided",
+            Evidence(testing=first.name, rejected={lora.name: "worse"},
+                     wanted={own.name: {"a": 128}}, since=1.0, decided_at=2.0)))
+        # What genaug of schema 6 stored: every sampler by its name.
+        renames = [(f"UPDATE {table} SET sampler = ? WHERE sampler = ?", (s.name, s.id))
+                   for s in (own, first, lora) for table in ("images", "sampler_tallies")]
+        if backend == "postgresql":
+            back_to_version(store, 6)
+            with store._tx(write=True) as conn:
+                for statement, args in renames:
+                    store._exec(conn, statement, args)
+    if backend == "sqlite":
+        conn = sqlite3.connect(target)
+        for statement, args in renames:
+            conn.execute(statement, args)
+        conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+        conn.commit()
+        conn.close()
+    with open_pool(target, capacity_per_label=100) as store:
+        drawn = {r.provenance.sampler for r in store.reads.iter_records(PID)}
+        assert drawn == {own.id, first.id, lora.id}, drawn
+        row = store.samplers.read(PID)
+        assert row is not None and row.sampler == first.id
+        assert row.evidence == Evidence(testing=first.id, rejected={lora.id: "worse"},
+                                        wanted={own.id: {"a": 128}}, since=1.0, decided_at=2.0)
+        assert {name for name, *_ in store.samplers.tallies(PID, "j1")} == {
+            own.id, first.id, lora.id}
+        again = _auto(store)
+        assert again.sampling_for("a") == first and again.describe()["state"] == "decided"
+        assert Sampling.from_id(lora.id) == lora and lora.id == "turbo:lcm:4:1:lcm:1c0f2e3d4a5b6c7d"
 
 
 def test_at_the_most_probes_the_estimate_decides(store: PoolStore) -> None:
@@ -323,7 +376,7 @@ def test_a_hopeless_candidate_is_rejected_after_a_few_images_not_a_round(
         store: PoolStore) -> None:
     """The probes are the pool's asked-for images: a candidate whose images the judge
     rejects almost all of is rejected from EARLY_IMAGES on, before its round is complete."""
-    from genaug.service.pool.auto_rule import EARLY_IMAGES
+    from genaug.service.sampling.rule import EARLY_IMAGES
 
     auto = _auto(store)
     own, first = auto.own, auto.candidates[0]
@@ -351,8 +404,8 @@ def test_a_label_the_judge_stopped_does_not_hold_the_pool_in_probing(
     assert auto.sampling_for("a") == first
     assert auto.describe()["state"] == "decided"
     # Every label stopped: nothing is drawn, and the reason says why nothing is decided.
-    other = AutoSampler(store, "other-0123456789ab", _recipe(), judge_key="j1", adapters={},
-                        turbo=None, stopped=lambda: {"a", "b"})
+    other = AutoSampler(store.samplers, "other-0123456789ab", _recipe(), judge_key="j1",
+                        adapters={}, turbo=None, stopped=lambda: {"a", "b"})
     other.sampling_for("a")
     assert other.describe()["state"] == "probing"
     assert "every label is stopped" in other.describe()["reason"]

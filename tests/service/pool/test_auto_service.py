@@ -17,7 +17,7 @@ import yaml
 from genaug.cli import main
 from genaug.client import Client
 from genaug.local_service import free_port
-from genaug.service.pool.auto_rule import PROBE_IMAGES
+from genaug.service.sampling.rule import PROBE_IMAGES
 from genaug.service.testing import LiveService, start_service
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -408,7 +408,7 @@ def test_planner_fills_are_jobs_and_batches_keep_what_made_them(open_store: Open
     records = list(store.reads.iter_records(planner.pool_ids["r"]))
     assert len(records) == 6 and {r.provenance for r in records} == {Provenance(
         steps=3, guidance=2.5, strength=None, adapter_hash="1c0f2e3d4c5b6a79",
-        speed="quality", sampler="default 3 steps, guidance 2.5")}
+        speed="quality", sampler="quality:default:3:2.5")}
     assert {(r.adapter, r.adapter_scale) for r in records} == {("lx", 0.8)}
     answer, spent = jobs.budget("r", 4)
     shares = answer["per_label"]

@@ -33,6 +33,7 @@ from _postgres import PgCluster, shared_cluster
 
 from genaug.local_service import free_port, running_service
 from genaug.service.pool.open import open_pool
+from genaug.service.pool.types import SCHEMA_VERSION
 from genaug.service.testing import read_metric, wait_ready
 from genaug.wire import decode_batch
 
@@ -229,7 +230,8 @@ def test_bad_pool_configuration_exits_2_with_one_line(
     cluster = shared_cluster()
     old = cluster.new_database()
     with open_pool(old, capacity_per_label=1) as store, store._tx(write=True) as conn:
-        store._exec(conn, "UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+        store._exec(conn, "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                    (str(SCHEMA_VERSION + 1),))
     cases = [
         (["--pool-url", cluster.url(password="not-it")], {}, "password authentication failed"),
         (["--pool-url", f"postgresql://genaug:x@127.0.0.1:{free_port()}/db"], {},
@@ -238,7 +240,8 @@ def test_bad_pool_configuration_exits_2_with_one_line(
         (["--pool-url", old, "--pool-path", str(tmp_path / "p.db")], {}, "both GENAUG_POOL_URL"),
         (["--pool-url", old], {"GENAUG_POOL_PATH": str(tmp_path / "p.db")},
          "both GENAUG_POOL_URL"),
-        (["--pool-url", old], {}, "schema version 7, newer than this genaug knows"),
+        (["--pool-url", old], {},
+         f"schema version {SCHEMA_VERSION + 1}, newer than this genaug knows"),
         (["--replica", "2/2", "--pool-path", str(tmp_path / "p.db")], {}, "GENAUG_REPLICA"),
     ]
     for args, env, words in cases:
