@@ -29,7 +29,7 @@ Example::
     outcomes = BatchOutcomes(store, model_hash="m", judges={}, added=..., outage=...,
                              rejected=...)
     on_done, on_failed = outcomes.handlers("shapes", pid, "circle", items, reservation,
-                                           meta={...}, size=(64, 64), channels=3,
+                                           made=BatchMade(...), size=(64, 64), channels=3,
                                            sources=False)
 """
 
@@ -40,13 +40,13 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..batching.items import Item, Outcome
 from .store import PoolStore
-from .types import PoolConnectionError, PoolError, Reservation
+from .types import BatchMade, PoolConnectionError, PoolError, Reservation
 
 if TYPE_CHECKING:
     from ..judge import Judge
@@ -69,7 +69,7 @@ class UnsavedBatch:
     reservation: Reservation
     indices: list[int]
     sources: list[str | None] | None
-    meta: dict[str, Any]
+    made: BatchMade
     scores: np.ndarray | None = None
     keep: np.ndarray | None = None
     embedding_sum: list[float] | None = None
@@ -103,7 +103,7 @@ class BatchOutcomes:
 
     def handlers(
         self, name: str, pid: str, label: str, items: Sequence[Item], reservation: Reservation,
-        *, meta: dict[str, Any], size: tuple[int, int], channels: int, sources: bool,
+        *, made: BatchMade, size: tuple[int, int], channels: int, sources: bool,
     ) -> tuple[Callable[[Outcome], None], Callable[[BaseException], None]]:
         """``on_done`` and ``on_failed`` of the idle batch of ``items`` (plan indices
         ``reservation.indices``) for ``label`` of recipe ``name`` (pool ``pid``)."""
@@ -134,7 +134,7 @@ class BatchOutcomes:
             batch = UnsavedBatch(
                 name, pid, label, images,
                 [items[i].seed for i in ok], reservation, [indices[i] for i in ok],
-                [items[i].source_hash for i in ok] if sources else None, meta, scores, keep,
+                [items[i].source_hash for i in ok] if sources else None, made, scores, keep,
                 embedding_sum,
             )
             try:
@@ -162,8 +162,9 @@ class BatchOutcomes:
             reservation=batch.reservation, plan_indices=batch.indices, sources=batch.sources,
             scores=None if batch.scores is None else [float(v) for v in batch.scores],
             keep=None if batch.keep is None else [bool(v) for v in batch.keep],
-            embedding_sum=batch.embedding_sum,
-            **batch.meta,
+            embedding_sum=batch.embedding_sum, scheduler=batch.made.scheduler,
+            adapter=batch.made.adapter, adapter_scale=batch.made.adapter_scale,
+            provenance=batch.made.provenance,
         )
 
     def _keep_unsaved(self, batch: UnsavedBatch, exc: BaseException) -> None:

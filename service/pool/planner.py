@@ -64,7 +64,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..batching.items import IdleWork
 from ..errors import InvalidRequestError, PoolFullError
@@ -80,7 +80,14 @@ from .outcomes import BatchOutcomes
 from .stops import SharedStops, judge_keys
 from .store import PoolStore
 from .targets import DemandBoard, asked_fill, fill_target, label_limit
-from .types import LabelStats, PoolConnectionError, PoolError, Provenance, Reservation
+from .types import (
+    BatchMade,
+    LabelStats,
+    PoolConnectionError,
+    PoolError,
+    Provenance,
+    Reservation,
+)
 
 if TYPE_CHECKING:
     from ..judge import Judge
@@ -376,19 +383,17 @@ class PoolPlanner:
         drawn = self.samplers.sampling(name, label)
         key, items = plan_pool_batch(recipe, label, reservation.indices, sources, drawn)
         judge_key_, settings = self._judge_made.get(name, (None, None))
-        meta: dict[str, Any] = {
-            "scheduler": key.scheduler,
-            "adapter": key.adapter,
-            "adapter_scale": key.adapter_scale if key.adapter is not None else None,
+        made = BatchMade(
+            scheduler=key.scheduler, adapter=key.adapter,
+            adapter_scale=key.adapter_scale if key.adapter is not None else None,
             # What the worker runs this batch with: the key's steps and strength, its sampler.
-            "provenance": Provenance(
+            provenance=Provenance(
                 steps=key.steps, guidance=drawn.guidance,
                 strength=key.strength if key.mode == "img2img" else None,
                 adapter_hash=self._adapter_hash(recipe, label), judge_key=judge_key_,
-                judge_settings=settings, speed=drawn.speed, sampler=drawn.id),
-        }
+                judge_settings=settings, speed=drawn.speed, sampler=drawn.id))
         on_done, on_failed = self._outcomes.handlers(
-            name, pid, label, items, reservation, meta=meta, size=recipe.output_size,
+            name, pid, label, items, reservation, made=made, size=recipe.output_size,
             channels=recipe.output_channels, sources=bool(sources))
         return IdleWork(key=key, items=items, on_done=on_done, on_failed=on_failed)
 

@@ -38,7 +38,7 @@ import numpy as np
 from .draw import decode_rows, empty_sample
 from .sampler_queries import rekey_samplers
 from .store import PoolStore
-from .tables import schema_tables
+from .tables import POSTGRES, schema_indexes, schema_tables
 from .types import (
     DEFAULT_LEASE_S,
     SCHEMA_VERSION,
@@ -59,79 +59,14 @@ log = logging.getLogger(__name__)
 _ADVISORY_KEY = 0x67656E617567  # "genaug": serializes schema creation across replicas
 
 _SCHEMA = [
-    """CREATE TABLE IF NOT EXISTS meta (
-        key   TEXT PRIMARY KEY,
-        value TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS images (
-        id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        pool_id       TEXT             NOT NULL,
-        label         TEXT             NOT NULL,
-        seed          BIGINT           NOT NULL,
-        created       DOUBLE PRECISION NOT NULL,
-        model_hash    TEXT             NOT NULL,
-        served        BIGINT           NOT NULL DEFAULT 0,
-        height        INTEGER          NOT NULL,
-        width         INTEGER          NOT NULL,
-        channels      SMALLINT         NOT NULL DEFAULT 3,
-        plan_index    BIGINT,
-        source        TEXT,
-        scheduler     TEXT             NOT NULL DEFAULT 'default',
-        adapter       TEXT,
-        adapter_scale DOUBLE PRECISION,
-        score         DOUBLE PRECISION,
-        judge_keep    SMALLINT         NOT NULL DEFAULT 1,
-        verdict       TEXT,
-        verdict_at    DOUBLE PRECISION,
-        accepted      SMALLINT         NOT NULL DEFAULT 1,
-        steps          INTEGER,
-        guidance       DOUBLE PRECISION,
-        strength       DOUBLE PRECISION,
-        adapter_hash   TEXT,
-        judge_key      TEXT,
-        judge_settings TEXT,
-        speed          TEXT,
-        sampler        TEXT)""",
+    *schema_tables(POSTGRES),
     # Pixels are not compressible enough to be worth pglz: store them out of line as they are.
-    """CREATE TABLE IF NOT EXISTS image_data (
-        id   BIGINT PRIMARY KEY REFERENCES images (id),
-        data BYTEA NOT NULL)""",
     "ALTER TABLE image_data ALTER COLUMN data SET STORAGE EXTERNAL",
-    "CREATE INDEX IF NOT EXISTS images_pool_label_served ON images (pool_id, label, served)",
-    "CREATE UNIQUE INDEX IF NOT EXISTS images_plan_index ON images (pool_id, label, plan_index)",
-    """CREATE TABLE IF NOT EXISTS counters (
-        pool_id         TEXT   NOT NULL,
-        label           TEXT   NOT NULL,
-        generated_total BIGINT NOT NULL DEFAULT 0,
-        served_total    BIGINT NOT NULL DEFAULT 0,
-        next_index      BIGINT NOT NULL DEFAULT 0,
-        judged_total    BIGINT NOT NULL DEFAULT 0,
-        accepted_total  BIGINT NOT NULL DEFAULT 0,
-        PRIMARY KEY (pool_id, label))""",
-    """CREATE TABLE IF NOT EXISTS targets (
-        pool_id TEXT   NOT NULL,
-        label   TEXT   NOT NULL,
-        target  BIGINT NOT NULL,
-        PRIMARY KEY (pool_id, label))""",
-    """CREATE TABLE IF NOT EXISTS reservations (
-        id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        pool_id     TEXT             NOT NULL,
-        label       TEXT             NOT NULL,
-        owner       TEXT             NOT NULL,
-        start_index BIGINT           NOT NULL,
-        stride      BIGINT           NOT NULL,
-        count       BIGINT           NOT NULL,
-        created     DOUBLE PRECISION NOT NULL,
-        expires     DOUBLE PRECISION NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS reservations_pool_label ON reservations (pool_id, label)",
-    "CREATE INDEX IF NOT EXISTS reservations_owner ON reservations (owner)",
-    # Version 4: fills handed off as jobs, and the judge's stops, shared by every replica;
-    # version 5: the recipe spec that made each pool.
-    *schema_tables(real="DOUBLE PRECISION"),
 ]
 
 #: Upgrades, by the version they start from. PostgreSQL pools start at version 2 (the first
-#: version with this backend); the next column goes here as ``6: [...]`` (new tables are in
-#: ``_SCHEMA``, created on every open).
+#: version with this backend); the next column goes here as ``7: [...]`` (new tables and
+#: indexes are pool/tables.py's, created on every open).
 _UPGRADES: dict[int, list[str]] = {
     2: [  # curation: the judge's score and keep flag, a person's verdict, lifetime counters
         "ALTER TABLE images ADD COLUMN IF NOT EXISTS score DOUBLE PRECISION",
@@ -160,11 +95,6 @@ _UPGRADES: dict[int, list[str]] = {
     ],
 }
 
-#: Run after the upgrades, on every open (their columns exist by then).
-_AFTER_UPGRADES = [
-    "CREATE INDEX IF NOT EXISTS images_pool_label_accepted"
-    " ON images (pool_id, label, accepted, served)",
-]
 
 # Accepted images only, least served first, random among equals, spread over the labels as
 # evenly as they allow: every label's rank-1 image, then every rank-2 one ... (water-filling),
@@ -347,7 +277,7 @@ class PostgresPoolStore(PoolStore):
                     conn.execute(statement)
             if exists and version < 7:
                 rekey_samplers(conn.execute, "%s")
-            for statement in _AFTER_UPGRADES:
+            for statement in schema_indexes():  # their columns exist by now
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key)"

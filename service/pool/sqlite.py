@@ -35,96 +35,17 @@ import numpy as np
 from .draw import decode_rows, empty_sample, spread
 from .sampler_queries import rekey_samplers
 from .store import PoolStore
-from .tables import schema_tables
+from .tables import SQLITE, schema_indexes, schema_tables
 from .types import DEFAULT_LEASE_S, SCHEMA_VERSION, PoolError, PoolSample, PoolSchemaError
 
 __all__ = ["SqlitePoolStore"]
 
 log = logging.getLogger(__name__)
 
-# Version 6, the layout a new file gets (its jobs, stops and recipes tables: _V4).
-# (No semicolons in comments: the text is split on them.)
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS images (
-    id            INTEGER PRIMARY KEY,
-    pool_id       TEXT    NOT NULL,
-    label         TEXT    NOT NULL,
-    seed          INTEGER NOT NULL,
-    created       REAL    NOT NULL,
-    model_hash    TEXT    NOT NULL,
-    served        INTEGER NOT NULL DEFAULT 0,
-    height        INTEGER NOT NULL,
-    width         INTEGER NOT NULL,
-    channels      INTEGER NOT NULL DEFAULT 3,
-    plan_index    INTEGER,
-    source        TEXT,
-    scheduler     TEXT    NOT NULL DEFAULT 'default',
-    adapter       TEXT,
-    adapter_scale REAL,
-    score         REAL,
-    judge_keep    INTEGER NOT NULL DEFAULT 1,
-    verdict       TEXT,
-    verdict_at    REAL,
-    accepted      INTEGER NOT NULL DEFAULT 1,
-    steps          INTEGER,
-    guidance       REAL,
-    strength       REAL,
-    adapter_hash   TEXT,
-    judge_key      TEXT,
-    judge_settings TEXT,
-    speed          TEXT,
-    sampler        TEXT
-);
-CREATE TABLE IF NOT EXISTS image_data (
-    id   INTEGER PRIMARY KEY REFERENCES images (id),
-    data BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS images_pool_label_served ON images (pool_id, label, served);
-CREATE TABLE IF NOT EXISTS counters (
-    pool_id         TEXT    NOT NULL,
-    label           TEXT    NOT NULL,
-    generated_total INTEGER NOT NULL DEFAULT 0,
-    served_total    INTEGER NOT NULL DEFAULT 0,
-    next_index      INTEGER NOT NULL DEFAULT 0,
-    judged_total    INTEGER NOT NULL DEFAULT 0,
-    accepted_total  INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (pool_id, label)
-) WITHOUT ROWID;
-"""
-
-# Version 1 -> 2: what the version-2 layout adds. A new file runs it too, after _SCHEMA
-# (the ALTERs are skipped there: the columns exist already).
-_V2 = """
-CREATE UNIQUE INDEX IF NOT EXISTS images_plan_index ON images (pool_id, label, plan_index);
-CREATE TABLE IF NOT EXISTS targets (
-    pool_id TEXT    NOT NULL,
-    label   TEXT    NOT NULL,
-    target  INTEGER NOT NULL,
-    PRIMARY KEY (pool_id, label)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS reservations (
-    id          INTEGER PRIMARY KEY,
-    pool_id     TEXT    NOT NULL,
-    label       TEXT    NOT NULL,
-    owner       TEXT    NOT NULL,
-    start_index INTEGER NOT NULL,
-    stride      INTEGER NOT NULL,
-    count       INTEGER NOT NULL,
-    created     REAL    NOT NULL,
-    expires     REAL    NOT NULL
-);
-CREATE INDEX IF NOT EXISTS reservations_pool_label ON reservations (pool_id, label);
-CREATE INDEX IF NOT EXISTS reservations_owner ON reservations (owner);
-"""
-
-# Version 2 -> 3 (curation): what the version-3 layout adds, run after its columns exist.
-_V3 = """
-CREATE INDEX IF NOT EXISTS images_pool_label_accepted ON images (pool_id, label, accepted, served);
-"""
+# The layout a new file gets is pool/tables.py's, in SQLite's words; an older file gets the
+# tables it lacks there, and the columns it lacks here, by the version that added them. An
+# image stored before a column existed keeps NULL there: not recorded.
+_TABLES = schema_tables(SQLITE)
 
 _V3_COLUMNS = {
     "images": {
@@ -140,12 +61,7 @@ _V3_COLUMNS = {
     },
 }
 
-# Version 3 -> 4 (jobs, stops shared by every replica, provenance) and 5 (recipes): the
-# tables and indexes (their text is pool/tables.py's, shared with PostgreSQL).
-# An image stored before keeps NULL provenance: not recorded.
-_V4 = schema_tables(real="REAL", options=" WITHOUT ROWID")
-
-# Version 4 -> 5: the first attempt of a webhook (the recipes table is in _V4's text).
+# Version 4 -> 5: the first attempt of a webhook.
 _V5_JOB_COLUMNS = {"webhook_first": "REAL"}
 
 # Version 5 -> 6: the mode and sampler that made each image (NULL before: not recorded).
@@ -176,12 +92,6 @@ def _is_busy(exc: BaseException) -> bool:
     cause = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
     code = getattr(cause, "sqlite_errorcode", None)
     return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-
-
-def _statements(script: str) -> Iterator[str]:
-    for statement in script.split(";"):  # executescript() would COMMIT first
-        if statement.strip():
-            yield statement
 
 
 class SqlitePoolStore(PoolStore):
@@ -396,39 +306,24 @@ class SqlitePoolStore(PoolStore):
                     f"knows ({SCHEMA_VERSION}); upgrade genaug (pip install -U genaug) or point "
                     "GENAUG_POOL_PATH at another file"
                 )
-            for statement in _statements(_SCHEMA):
+            for statement in _TABLES:
                 conn.execute(statement)
-            if version < 2:
-                have = {r[1] for r in conn.execute("PRAGMA table_info(images)")}
-                for column, decl in _V2_COLUMNS.items():
+            added = {"images": {**(_V2_COLUMNS if version < 2 else {}),
+                                **(_V3_COLUMNS["images"] if version < 3 else {}),
+                                **(_V4_COLUMNS if version < 4 else {}),
+                                **(_V6_COLUMNS if version < 6 else {})},
+                     "counters": _V3_COLUMNS["counters"] if version < 3 else {},
+                     "jobs": _V5_JOB_COLUMNS if version < 5 else {}}
+            for table, columns in added.items():
+                have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+                for column, decl in columns.items():
                     if column not in have:
-                        conn.execute(f"ALTER TABLE images ADD COLUMN {column} {decl}")
-            if version < 3:
-                for table, columns in _V3_COLUMNS.items():
-                    have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-                    for column, decl in columns.items():
-                        if column not in have:
-                            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-            if version < 4:
-                have = {r[1] for r in conn.execute("PRAGMA table_info(images)")}
-                for column, decl in _V4_COLUMNS.items():
-                    if column not in have:
-                        conn.execute(f"ALTER TABLE images ADD COLUMN {column} {decl}")
-            if version < 6:
-                have = {r[1] for r in conn.execute("PRAGMA table_info(images)")}
-                for column, decl in _V6_COLUMNS.items():
-                    if column not in have:
-                        conn.execute(f"ALTER TABLE images ADD COLUMN {column} {decl}")
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
             if version < SCHEMA_VERSION:
                 log.warning("pool %s: upgrading schema version %d to %d in place",
                             self.path, version, SCHEMA_VERSION)
-            for statement in [*_statements(_V2 + _V3), *_V4]:
+            for statement in schema_indexes():
                 conn.execute(statement)
-            if version < 5:  # after _V4: a version-3 file gets its jobs table just above
-                have = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
-                for column, decl in _V5_JOB_COLUMNS.items():
-                    if column not in have:
-                        conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
             if version < 7 and not fresh:
                 rekey_samplers(conn.execute)
             conn.execute(

@@ -34,6 +34,7 @@ import numpy.typing as npt
 __all__ = [
     "DEFAULT_LEASE_S",
     "AddedBatch",
+    "BatchMade",
     "BrowsePage",
     "LabelStats",
     "PG_SCHEMES",
@@ -256,6 +257,24 @@ class Provenance:
     judge_settings: str | None = None
     speed: str | None = None
     sampler: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchMade:
+    """What made a pool batch, stored with each of its images: the scheduler its key ran, the
+    adapter and its scale (None: none), and the :class:`Provenance`. The planner names it for
+    each batch it plans; :meth:`~genaug.service.pool.store.PoolStore.add` takes its fields
+    (:meth:`as_add_options`)."""
+
+    scheduler: str = "default"
+    adapter: str | None = None
+    adapter_scale: float | None = None
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def as_add_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``store.add`` that this record fills."""
+        return {"scheduler": self.scheduler, "adapter": self.adapter,
+                "adapter_scale": self.adapter_scale, "provenance": self.provenance}
 
 
 @dataclass(frozen=True)
