@@ -5,22 +5,22 @@ its pool with the first sampler of :func:`candidates`, cheapest first, that pass
 :mod:`~genaug.service.sampling.rule` against the recipe's own sampler on every label:
 acceptance not lower by more than 0.05 (with evidence), diversity at least 0.9 of it.
 
-**Probing.** The probes are pool images, judged and stored as usual, each with the id of
-the sampler that drew it (the image's ``sampler``): they are the images the pool was asked
-for, never extra ones made only to decide. :meth:`AutoSampler.sampling_for` hands the planner, for a
-label, the sampler that label needs images of next: the recipe's own until it has
-:data:`~genaug.service.sampling.rule.PROBE_IMAGES` of them, then the candidate under test.
-A fill smaller than the probes is drawn by the recipe's own sampler alone, so a first fill
+**Probing.** The probes are pool images, judged and stored as usual, each with the id of the
+sampler that drew it (the image's ``sampler``): they are the images the pool was asked for,
+never extra ones made only to decide. :meth:`AutoSampler.sampling_for` hands the planner,
+for a label, the sampler that label needs images of next: the recipe's own until it has
+:data:`~genaug.service.sampling.rule.PROBE_IMAGES` of them, then the candidate under test. A
+fill smaller than the probes is drawn by the recipe's own sampler alone, so a first fill
 costs what it costs without ``auto``. A candidate is rejected as soon as one label's images
-are worse with evidence (:data:`~genaug.service.sampling.rule.EARLY_IMAGES` of them can
-show it), so a hopeless candidate costs a few images, not a round. When every label still
-drawn (labels the judge stopped are left out: ``stopped``) has its probes of a candidate, it
-is tested: ``pass`` decides, ``fail`` (or diversity below 0.9, or still undecided at
+are worse with evidence (:data:`~genaug.service.sampling.rule.EARLY_IMAGES` of them can show
+it), so a hopeless candidate costs a few images, not a round. When every label still drawn
+(labels the judge stopped are left out: ``stopped``) has its probes of a candidate, it is
+tested: ``pass`` decides, ``fail`` (or diversity below 0.9, or still undecided at
 :data:`~genaug.service.sampling.rule.MAX_PROBE_IMAGES`) rejects it and the next is probed,
 ``more`` adds another round of probes to both arms of the undecided labels. When every
 candidate fails, the recipe's own sampler is the decision. Where the pool pre-generates, the
-idle generator also draws the probes a full label still lacks (:meth:`AutoSampler.probe_needs`),
-so a full pool decides too, after any restart.
+idle generator also draws the probes a full label still lacks
+(:meth:`AutoSampler.probe_needs`), so a full pool decides too, after any restart.
 
 **The stop.** The low-acceptance stop (:mod:`~genaug.service.pool.acceptance`) judges an
 ``auto`` label on the images of the samplers that draw its pool, the recipe's own and the
@@ -33,15 +33,14 @@ read and written through the store's
 :class:`~genaug.service.sampling.records.SamplerRecords`): it survives restarts and every
 replica reads and writes the same row. Samplers are named there by their stable
 :attr:`~genaug.service.sampling.modes.Sampling.id`. The evidence is the store's
-``sampler_tallies``: each judged image
-counted by its sampler, judge key and adapter hash, and its unit judge embedding added to a
-running sum (diversity needs only that: :func:`~genaug.service.sampling.rule.diversity_of_sum`),
-in the transaction that adds it, so eviction never takes evidence away, whatever the pool's
-capacity.
-A decision rests on a *basis*: the judge's key, the recipe's adapter hashes and the turbo
-sampler. A start with another basis (a judge or an adapter changed) probes again, counting
-only images judged by this judge with these adapters. The decision is a fact of the pool:
-the recipe's hash and pool id do not change.
+``sampler_tallies``: each judged image counted by its sampler, judge key and adapter hash,
+and its unit judge embedding added to a running sum (diversity needs only that:
+:func:`~genaug.service.sampling.rule.diversity_of_sum`), in the transaction that adds it, so
+eviction never takes evidence away, whatever the pool's capacity. A decision rests on a
+*basis*: the judge's key, the recipe's adapter hashes and the turbo sampler. A start with
+another basis (a judge or an adapter changed) probes again, counting only images judged by
+this judge with these adapters. The decision is a fact of the pool: the recipe's hash and
+pool id do not change.
 
 **Hysteresis.** Once decided, every stored image of the chosen sampler and of the recipe's
 keeps counting; the decision is withdrawn only when the chosen sampler is *worse with
