@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -52,12 +55,14 @@ from .pool.open import open_pool_store, replica_info
 from .pool.pending import pending_by_recipe
 from .pool.planner import PoolPlanner, pool_model_hash
 from .pool.serving import PoolServing
+from .pool.types import PoolError
 from .recipes.load import check_recipes, load_recipes, long_prompts
 from .settings import Settings
 from .settings.notify_url import allowed_hosts
 
 if TYPE_CHECKING:
     from .pipeline.load import LoadedModel
+    from .pool.identity import PoolIdentity
 
 log = logging.getLogger(__name__)
 
@@ -149,17 +154,26 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
     if state.recipes:
         state.store = await asyncio.to_thread(open_pool_store, settings)
     _sample_device_memory(state)
-    loading = asyncio.create_task(_load_and_warm(state), name="genaug-load")
+    opening = _open_api(state) if settings.role == "api" else _load_and_warm(state)
+    loading = asyncio.create_task(opening, name="genaug-load")
+    watching = (asyncio.create_task(_watch_workers(state), name="genaug-workers")
+                if state.store is not None else None)
     try:
         yield {"genaug": state}
     finally:
         state.ready = False
         state.stopping.set()  # a warm-up under way ends before its next shape
-        loading.cancel()
-        try:
-            await loading
-        except asyncio.CancelledError:
-            pass
+        for task in (loading, watching):
+            if task is None:
+                continue
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        if state.forwarder is not None:
+            await state.forwarder.close()
+            state.forwarder = None
         if state.job_loop is not None:
             await state.job_loop.stop()
             state.job_loop = None
@@ -179,11 +193,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
 
 def check_startup(settings: Settings, *, acceleration: bool = True) -> dict[str, str]:
     """Fail fast, before the server listens, on settings that can never work; return the
-    device's name, type and dtype. ``acceleration=False`` leaves the acceleration options to
+    device's name, type and dtype (nothing for the api role, which has no device and never
+    imports torch). ``acceleration=False`` leaves the acceleration options to
     :meth:`Acceleration.setup`, which reads the loaded model's device.
 
     Raises :class:`~genaug.service.pipeline.load.ModelLoadError`.
     """
+    if settings.role == "api":
+        return {}
     from .pipeline.device import ModelLoadError, resolve_device, resolve_dtype
 
     device = resolve_device(settings.device)
@@ -298,6 +315,8 @@ async def _load_and_warm(state: AppState) -> None:
             assert state.fill_jobs is not None  # made with the pools
             state.job_loop = _job_loop(state, state.fill_jobs)
         state.ready = True
+        if state.pools is not None:
+            await asyncio.to_thread(_announce, state, state.pools.planner.identity)
         log.info(
             "ready: %s model %s (weights %s) on %s as %s, %s torch threads",
             model.kind,
@@ -318,6 +337,99 @@ async def _load_and_warm(state: AppState) -> None:
             log.exception("loading the model failed")
         if startup.on_fatal is not None:
             startup.on_fatal(exc)
+
+
+async def _open_api(state: AppState) -> None:
+    """The api role: no model, no device, no torch. Ready at once (generation goes to the
+    workers: :mod:`~genaug.service.api.forward`); the pools open as the newest worker that
+    announced itself on the shared pool names them (:mod:`~genaug.service.pool.identity`),
+    waited for while none has. Runs as a task."""
+    from .api.forward import Forwarder
+    from .pool.identity import PoolIdentity
+
+    settings = state.settings
+    state.forwarder = Forwarder(read_timeout_s=settings.max_timeout_s + 30.0)
+    state.ready = True
+    store = state.store
+    if store is None:  # no recipes: generation only
+        return
+    waited = False
+    while True:
+        try:
+            row = await asyncio.to_thread(store.workers.newest)
+        except PoolError as exc:
+            log.warning("api: the pool database is unreachable (%s); trying again", exc)
+            row = None
+        if row is not None:
+            break
+        if not waited:
+            log.info("api: no worker has announced itself on the pool yet; the recipes' "
+                     "routes answer 503 until one does")
+            waited = True
+        await asyncio.sleep(_WORKERS_POLL_S)
+    identity = PoolIdentity.from_dict(row.identity)
+    served = {name: r for name, r in state.recipes.items() if name in identity.pool_ids}
+    for name in sorted(set(state.recipes) - set(served)):
+        log.warning("api: recipe %r is not one of worker %s's: it is not served here (give "
+                    "the api and its workers the same GENAUG_RECIPES)", name, row.id)
+    pools = PoolServing(PoolPlanner(
+        served, store, model_hash=identity.model_hash, pregenerate=False,
+        need_half_life_s=settings.need_half_life_s, turbo=state.api.turbo, identity=identity))
+    pools.attach(wake=lambda: None)  # nothing to wake: the workers generate
+    fill_jobs = FillJobs(pools.planner)
+    fill_jobs.waiting = lambda: NO_WORKER_FILL if state.workers_alive == 0 else None
+    state.pools, state.fill_jobs = pools, fill_jobs
+    _sample_pending(state)
+    state.job_loop = _job_loop(state, fill_jobs)
+    log.info("api: serving the pools of worker %s (model %s): %s", row.id,
+             identity.model_hash, ", ".join(sorted(served)) or "none")
+
+
+#: What a queued fill job says while no worker runs (the api role).
+NO_WORKER_FILL = ("no worker is running: the fill starts when one does (genaug serve --role "
+                  "worker, or scale the workers up)")
+#: How often the workers alive are read (the api's forwarding, genaug_workers_alive).
+_WORKERS_POLL_S = 1.0
+
+
+async def _watch_workers(state: AppState) -> None:
+    """Read the workers alive on the pool every second: ``genaug_workers_alive``, a queued
+    job's ``waiting``, and where the api forwards generation. Runs as a task."""
+    store = state.store
+    assert store is not None
+    while True:
+        try:
+            alive = await asyncio.to_thread(store.workers.alive)
+        except PoolError:  # an outage: the last figures stand; the pool says the rest
+            alive = None
+        if alive is not None:
+            state.workers_alive = len(alive)
+            state.metrics.workers_alive.set(len(alive))
+            if state.forwarder is not None:
+                state.forwarder.alive = alive
+        await asyncio.sleep(_WORKERS_POLL_S)
+
+
+def _announce(state: AppState, identity: PoolIdentity) -> None:
+    """Announce this process on the pool as a worker: where it listens, its pools' names
+    (an outage now is logged; the api then serves the newest worker it knows)."""
+    settings = state.settings
+    assert state.store is not None
+    url = settings.advertise_url or advertised_url(settings.host, settings.port)
+    worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    try:
+        state.store.workers.announce(worker_id, url, settings.role, identity.as_dict())
+    except PoolError as exc:
+        log.warning("could not announce this worker on the pool (%s); an api sends it no "
+                    "generation until the next start", exc)
+
+
+def advertised_url(host: str, port: int) -> str:
+    """``http://HOST:PORT`` an api reaches this process at: this machine's name for a bind
+    to every address (0.0.0.0, ::)."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _report_long_prompts(state: AppState, model: LoadedModel) -> None:

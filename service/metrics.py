@@ -116,6 +116,13 @@ class Metrics:
             ["recipe"],
             registry=r,
         )
+        self.workers_alive = Gauge(
+            "genaug_workers_alive",
+            "Workers alive on the shared pool (each process that loads the model announces "
+            "itself; a lease without renewal ends it), as last read; the same on every "
+            "replica: aggregate with max",
+            registry=r,
+        )
         self.webhooks = Gauge(
             "genaug_webhooks",
             "This replica's job webhooks: delivered, failed and retries since start, pending "

@@ -64,6 +64,8 @@ async def generate(request: Request) -> Response:
     answer = BATCH.choose(request)  # a 406 before the body is read or anything queued
     state = state_of(request)
     body = await read_body(request, state.api.generate, state.api.hints["generate"])
+    if state.forwarder is not None:  # the api role: a worker generates (api/forward.py)
+        return await state.forwarder.forward(request)
     key, items = plan_items(body, state.defaults(), state.api.turbo)
     resolved = {
         "height": key.height,
@@ -105,6 +107,8 @@ async def variants(request: Request) -> Response:
         request, state.api.variants, state.api.hints["variants"],
         max_sources=settings.max_variant_sources, max_side=settings.max_side,
     )
+    if state.forwarder is not None:  # the api role: a worker generates (api/forward.py)
+        return await state.forwarder.forward(request)
     key, items, sources = plan_variants(upload, state.defaults(), state.api.turbo)
     resolved = {"height": key.height, "width": key.width, "steps": key.steps,
                 "strength": key.strength, "guidance": items[0].guidance,

@@ -188,11 +188,13 @@ class AccelerationInfo(BaseModel):
 
 
 class ReplicaInfo(BaseModel):
-    """Where this replica's pool lives and which part of the seed plan it takes."""
+    """Where this replica's pool lives, which part of the seed plan it takes, and its role
+    (all, api or worker: ``GENAUG_ROLE``)."""
 
     partition: str | None = None
     pool_backend: str | None = None
     pregenerate: bool = True
+    role: str = "all"
 
 
 class InfoResponse(BaseModel):

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..pool.serving import PoolServing
     from ..pool.store import PoolStore
     from ..recipes.spec import Recipe
+    from .forward import Forwarder
 
 ModelLoader = Callable[[Settings], "LoadedModel"]
 WorkerWrapper = Callable[["PipelineWorker"], "Worker"]  # tests wrap the worker to inject faults
@@ -79,6 +80,10 @@ class AppState:
     fill_jobs: FillJobs | None = None
     #: Follows the pools' jobs and delivers their webhooks, once the pools are open.
     job_loop: JobLoop | None = None
+    #: The api role's way to the workers (None in the roles that load the model).
+    forwarder: Forwarder | None = None
+    #: The workers alive in the shared pool, as last read (the app reads them every second).
+    workers_alive: int | None = None
 
     def wake_jobs(self) -> None:
         """Look at the jobs soon (a fill started one, images were stored)."""
@@ -110,8 +115,14 @@ class AppState:
         return "loading"
 
     def require_pools(self) -> PoolServing:
-        self.require_batcher()
+        if self.settings.role != "api":
+            self.require_batcher()
         if self.pools is None:
+            if self.settings.role == "api":
+                raise NotReadyError(
+                    "no worker has opened the recipe pools yet: this api serves the pools of "
+                    "the newest worker on GENAUG_POOL_URL; start one (genaug serve --role "
+                    "worker)", retry_after_s=15)
             raise NotReadyError(
                 "the recipe pools are not open yet; retry shortly", retry_after_s=2
             )

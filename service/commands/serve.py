@@ -154,7 +154,7 @@ def _serve(settings: Any, failures: list[BaseException],
     import uvicorn
 
     from ..app import check_startup, create_app
-    from ..pipeline.load import ModelLoadError
+    from ..pipeline.errors import ModelLoadError
 
     try:
         check_startup(settings)
@@ -207,7 +207,7 @@ def _warm_only(settings: Any) -> int:
 
     from ..app import check_startup, create_app, is_refusal
     from ..pipeline.compile_cache import kept
-    from ..pipeline.load import ModelLoadError
+    from ..pipeline.errors import ModelLoadError
     from ..pool.types import PoolError
     from ..recipes.spec import RecipeError
 

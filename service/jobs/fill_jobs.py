@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from genaug.job_states import LIVE
@@ -56,6 +57,8 @@ class FillJobs:
         store.on_renew.append(lambda uow: self.queries.renew_claims(uow, store.owner,
                                                                      store.lease_s))
         store.on_close.append(lambda uow: self.queries.hand_back(uow, store.owner))
+        #: Why a queued job waits, when this process knows (the api role: no worker runs).
+        self.waiting: Callable[[], str | None] = lambda: None
 
     # -- starting -----------------------------------------------------------------------
 
@@ -104,14 +107,16 @@ class FillJobs:
     def view(self, job_id: str) -> JobView | None:
         """:meth:`status` as the API shows it."""
         found = self.status(job_id)
-        return None if found is None else job_view(*found)
+        return None if found is None else job_view(*found, waiting=self.waiting())
 
     def recent(self, recipe: str | None = None, *, limit: int = 50,
              state: str | None = None) -> list[JobView]:
         """The most recent jobs (of ``recipe``, in ``state``), newest first, with their
         progress now; moves nothing."""
         jobs = self.queries.recent(recipe, limit=limit, states=None if state is None else [state])
-        return [job_view(job, self._progress(job, time.time())) for job in jobs]
+        waiting = self.waiting()
+        return [job_view(job, self._progress(job, time.time()), waiting=waiting)
+                for job in jobs]
 
     def known(self, recipe: str) -> bool:
         """Whether ``recipe`` is served here or named by a stored job (a replica's, an old
@@ -120,8 +125,8 @@ class FillJobs:
 
     def live(self, recipe: str) -> list[JobView]:
         """``recipe``'s queued and running jobs, oldest first, with their progress now."""
-        now = time.time()
-        return [job_view(job, self._progress(job, now))
+        now, waiting = time.time(), self.waiting()
+        return [job_view(job, self._progress(job, now), waiting=waiting)
                 for job in self.queries.live(self.planner.pool_ids[recipe])]
 
     # -- ending -------------------------------------------------------------------------

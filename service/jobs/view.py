@@ -59,6 +59,9 @@ class JobView(BaseModel):
         default=None, description="A speed: auto recipe's sampler: what auto decided, or that "
         "it is still deciding and why (as the job ended, once it ended); null for any other "
         "recipe.")
+    waiting: str | None = Field(
+        default=None, description="Why a queued job has not started, when an api knows: no "
+        "worker is running (it starts when one does); null otherwise.")
 
 
 class JobList(BaseModel):
@@ -82,8 +85,9 @@ def _iso(seconds: float | None) -> str | None:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
 
 
-def job_view(job: Job, progress: JobProgress) -> JobView:
-    """The job's view (module doc)."""
+def job_view(job: Job, progress: JobProgress, *, waiting: str | None = None) -> JobView:
+    """The job's view (module doc); ``waiting``: why it has not started, shown while it is
+    queued."""
     labels = progress.labels
     return JobView(
         id=job.id,
@@ -107,4 +111,5 @@ def job_view(job: Job, progress: JobProgress) -> JobView:
         webhook=(None if job.webhook_state is None
                  else JobWebhook(state=job.webhook_state, attempts=job.webhook_attempts)),
         sampling=progress.sampling,
+        waiting=waiting if progress.state == "queued" else None,
     )

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .errors import ModelLoadError
+
 __all__ = ["ModelLoadError", "configure_threads", "identity", "resolve_device", "resolve_dtype"]
 
 log = logging.getLogger(__name__)
@@ -34,10 +36,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded; the message says what was wrong and how to fix it."""
 
 
 def resolve_device(spec: str) -> torch.device:

@@ -100,12 +100,13 @@ def open_pool_store(settings: Settings, *, capacity_per_label: int | None = None
 
 
 def replica_info(settings: Settings) -> dict[str, str | bool | None]:
-    """The ``replica`` group of ``/v1/info``: the plan partition, the pool backend, and
-    whether idle pre-generation fills pools to capacity (off: only samples that wait and
-    ``fill`` targets make pool images, which a feeder wants to know before it waits)."""
+    """The ``replica`` group of ``/v1/info``: the plan partition, the pool backend, whether
+    idle pre-generation fills pools to capacity (off: only samples that wait and ``fill``
+    targets make pool images, which a feeder wants to know before it waits), and the role."""
     partition = parse_partition(settings.replica)
     return {
         "partition": f"{partition[0]}/{partition[1]}" if partition else None,
         "pool_backend": "postgresql" if _pool_url(settings) else "sqlite",
         "pregenerate": bool(settings.pregenerate),
+        "role": settings.role,
     }

@@ -75,6 +75,7 @@ from ..sampling.modes import Turbo
 from ..sampling.pools import PoolSamplers
 from .acceptance import AcceptanceStop
 from .choice import allocate, choose_label, label_score, label_weight
+from .identity import PoolIdentity
 from .need import NeedBoard
 from .outcomes import BatchOutcomes
 from .stops import SharedStops, judge_keys
@@ -131,19 +132,27 @@ class PoolPlanner:
         judges: Mapping[str, Judge] | None = None,
         adapter_hashes: Mapping[str, str] | None = None,
         turbo: Turbo | None = None,
+        identity: PoolIdentity | None = None,
     ) -> None:
         self.recipes = recipes
         self.store = store
-        self.model_hash = model_hash
+        #: A worker's pools as an api serves them, without the model (``identity``): no label
+        #: images are read and nothing is judged; the pools, judge and stop keys are the
+        #: worker's.
+        self.borrowed = identity is not None
+        self.model_hash = identity.model_hash if identity is not None else model_hash
         self.sources: dict[str, dict[str, list[SourceImage]]] = {
-            name: {label: load_label_sources(r, label, data_root) for label in r.label_names}
+            name: {label: ([] if identity is not None
+                           else load_label_sources(r, label, data_root))
+                   for label in r.label_names}
             for name, r in recipes.items()
         }
-        self.pool_ids = {
+        self.pool_ids = dict(identity.pool_ids) if identity is not None else {
             name: pool_id(r, model_hash, sources=sources_digest(self.sources[name]))
             for name, r in recipes.items()
         }
-        self._record_recipes()
+        if identity is None:
+            self._record_recipes()
         # Background work fills every label to the capacity when pre-generating; what is
         # asked in process (`genaug pregenerate`) is this process's own; shared asks live in
         # the pool.
@@ -165,10 +174,12 @@ class PoolPlanner:
         self.judges: dict[str, Judge] = dict(judges or {})
         #: Content hash of each loaded adapter by name (``/v1/info``'s): stored with each
         #: image it made, and part of its labels' stop keys.
-        self.adapter_hashes = dict(adapter_hashes or {})
+        self.adapter_hashes = dict(identity.adapter_hashes if identity is not None
+                                   else adapter_hashes or {})
         #: recipe -> (judge key, settings JSON) stored with each image; label stop keys.
-        self._judge_made, self._stop_keys = judge_keys(
-            recipes, self.judges, data_root, self._adapter_hash)
+        self._judge_made, self._stop_keys = (
+            (dict(identity.judges), dict(identity.stop_keys)) if identity is not None
+            else judge_keys(recipes, self.judges, data_root, self._adapter_hash))
         self.stops = SharedStops(store, self.pool_ids, self._stop_keys)
         self._acceptance = AcceptanceStop(recipes, record=self.stops.record)
         # The wake callback is read when called: connect() may replace it later.
@@ -182,6 +193,14 @@ class PoolPlanner:
             pregenerate=pregenerate, stopped=self.stopped)
         #: Test hook: called between reading a label's counts and reserving its batch.
         self.before_reserve: Callable[[str, str], None] | None = None
+
+    @property
+    def identity(self) -> PoolIdentity:
+        """These pools' names, as an api that loads no model serves them
+        (:mod:`~genaug.service.pool.identity`)."""
+        return PoolIdentity(self.model_hash, dict(self.pool_ids), dict(self._judge_made),
+                            {k: dict(v) for k, v in self._stop_keys.items()},
+                            dict(self.adapter_hashes))
 
     def _record_recipes(self) -> None:
         """Store each recipe's spec with its pool (``genaug export`` reads prompts from it);

@@ -107,6 +107,7 @@ from .types import (
     Reservation,
 )
 from .unit_of_work import UnitOfWork
+from .workers import WorkerQueries
 
 __all__ = ["PoolStore"]
 
@@ -187,6 +188,9 @@ class PoolStore(ABC):
         #: ``auto``'s decisions and the tallies it decides on (counted as images are added).
         self.samplers = SamplerQueries(self)
         self.on_added.append(self.samplers.tally)
+        #: The workers that announced themselves for an api (where they listen, their pools).
+        self.workers = WorkerQueries(self, lease_s, on_renew=self.on_renew,
+                                     on_close=self.on_close)
 
     # -- what a backend supplies ---------------------------------------------------------
 

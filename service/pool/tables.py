@@ -58,8 +58,9 @@ live ones failed. A new per-pool table goes here, or a pool dropped and filled a
 its rows (``tests/service/pool/test_pool.py`` reads every backend's schema for this)."""
 
 # The layout of schema 7: the core tables (1, with 2's targets and reservations and the columns
-# later versions added), jobs and stops (4), recipes (5), samplers and their tallies (6). No
-# semicolons but between statements: the text is split on them.
+# later versions added), jobs and stops (4), recipes (5), samplers and their tallies (6), the
+# workers an api sends generation to (7; pool/workers.py). No semicolons but between
+# statements: the text is split on them.
 _TABLES = """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -126,6 +127,14 @@ CREATE TABLE IF NOT EXISTS reservations (
     created     {real} NOT NULL,
     expires     {real} NOT NULL
 );
+CREATE TABLE IF NOT EXISTS workers (
+    id       TEXT   PRIMARY KEY,
+    url      TEXT   NOT NULL,
+    role     TEXT   NOT NULL,
+    identity TEXT   NOT NULL,
+    started  {real} NOT NULL,
+    expires  {real} NOT NULL
+){options};
 CREATE TABLE IF NOT EXISTS jobs (
     id               TEXT PRIMARY KEY,
     pool_id          TEXT    NOT NULL,

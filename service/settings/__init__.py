@@ -201,6 +201,21 @@ class Settings(BaseSettings):
         description="postgresql://user:password@host:5432/db: a pool shared by replicas in "
         "PostgreSQL (instead of GENAUG_POOL_PATH; setting both is an error).",
     )
+    role: Literal["all", "api", "worker"] = Field(
+        default="all",
+        description="all: one process loads the model and serves every route. api: loads no "
+        "model and needs no GPU or torch: samples, verdicts, recipes, fill jobs, the pool page "
+        "and /metrics from the shared PostgreSQL pool; /v1/generate and variants go to a live "
+        "worker (503 with Retry-After while none runs). worker: loads the model, fills the "
+        "shared pool and serves generation, as all does, and tells the api where it listens. "
+        "api and worker need GENAUG_POOL_URL.",
+    )
+    advertise_url: str | None = Field(
+        default=None,
+        description="The URL an api reaches this worker at (http://HOST:PORT). Unset: "
+        "http://HOST:PORT of GENAUG_HOST and GENAUG_PORT, with this machine's name for "
+        "0.0.0.0.",
+    )
     replica: str | None = Field(
         default=None,
         description="Plan partition i/N for replicas with separate SQLite pools: replica i "
@@ -381,6 +396,15 @@ class Settings(BaseSettings):
         if self.compile == "regional" and self.compile_mode in ("reduce-overhead",
                                                                 "max-autotune"):
             raise ValueError(regional_cuda_graphs_refusal(self.compile_mode))
+        return self
+
+    @model_validator(mode="after")
+    def _check_role(self) -> Settings:
+        if self.role != "all" and self.pool_url is None:
+            raise ValueError(
+                f"GENAUG_ROLE={self.role} splits the service into an api and its workers, "
+                "which share one pool in PostgreSQL: set GENAUG_POOL_URL=postgresql://..., "
+                "or use GENAUG_ROLE=all with a SQLite pool")
         return self
 
     @model_validator(mode="after")

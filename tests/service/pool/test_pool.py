@@ -295,7 +295,7 @@ def test_parse_partition_and_settings_checks(tmp_path: Path) -> None:
         check_pool_settings(Settings(pool_url="postgresql://h/db", pool_path=tmp_path / "x"))
     assert replica_info(Settings(replica="1/2")) == {"partition": "1/2",
                                                      "pool_backend": "sqlite",
-                                                     "pregenerate": True}
+                                                     "pregenerate": True, "role": "all"}
     assert replica_info(Settings(pregenerate=False))["pregenerate"] is False
     assert replica_info(Settings(pool_url="postgresql://h/db"))["pool_backend"] == "postgresql"
 

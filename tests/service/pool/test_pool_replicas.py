@@ -243,6 +243,9 @@ def test_bad_pool_configuration_exits_2_with_one_line(
         (["--pool-url", old], {},
          f"schema version {SCHEMA_VERSION + 1}, newer than this genaug knows"),
         (["--replica", "2/2", "--pool-path", str(tmp_path / "p.db")], {}, "GENAUG_REPLICA"),
+        (["--role", "api", "--pool-path", str(tmp_path / "p.db")], {},
+         "--role api splits the service into an api and its workers, which share one pool "
+         "in PostgreSQL: set GENAUG_POOL_URL"),
     ]
     for args, env, words in cases:
         code, err = _serve_exit(shapes_recipes_file, *args, env=env)
