@@ -18,6 +18,7 @@ RUN_TOGETHER = {
     "gpu + second-trainer": ["gpu", "second-trainer"],
     "gpu + replicas": ["gpu", "replicas"],
     "cpu": ["cpu"],
+    "split": ["split"],
 }
 #: .env.example's folders of yours, which no repo or image can ship: each must be a bind
 #: mount's source; the reason it need not exist in a fresh checkout is beside it.
@@ -55,12 +56,13 @@ def trainer_services(compose: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def generator_services(compose: Mapping[str, Any]) -> dict[str, Any]:
-    """Services that build the service image and serve on a GPU (the CPU profile's aside)."""
+    """Services that build the service image and serve on a GPU (the CPU profiles' aside:
+    ``cpu`` and ``split``)."""
     return {
         name: svc
         for name, svc in compose["services"].items()
         if str(svc.get("build", {}).get("dockerfile", "")).endswith("service.Dockerfile")
-        and name != CPU_SERVICE
+        and name != CPU_SERVICE and "split" not in svc.get("profiles", [])
     }
 
 

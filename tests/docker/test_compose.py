@@ -450,3 +450,27 @@ def test_cpu_profile_serves_the_tiny_model_without_a_gpu(resolved: dict[str, Any
     assert env["GENAUG_DEVICE"] == "cpu" and env["GENAUG_MODEL"] == "tiny-digits", env
     recipes = image_to_repo(env["GENAUG_RECIPES"], image="service")
     assert recipes.path == ROOT / "recipes" / "digits.yaml", recipes
+
+
+def test_split_profile_is_an_api_without_a_model_and_a_worker_on_one_postgres_pool(
+    resolved: dict[str, Any], env_example: dict[str, str]
+) -> None:
+    """``--profile split``: the api (no model, no GPU, the published port) and a CPU worker
+    share the postgres pool; the api never waits for the worker (it answers at zero)."""
+    services = resolved["services"]
+    split = sorted(n for n, s in services.items() if "split" in s.get("profiles", []))
+    assert split == ["postgres", "split-api", "split-worker"], split
+    api, worker = services["split-api"], services["split-worker"]
+    url = f"postgresql://genaug:{env_example['GENAUG_DB_PASSWORD']}@postgres:5432/genaug"
+    for name, svc, role in (("split-api", api, "api"), ("split-worker", worker, "worker")):
+        env = svc["environment"]
+        assert env["GENAUG_ROLE"] == role and env["GENAUG_POOL_URL"] == url, (name, env)
+        assert "GENAUG_POOL_PATH" not in env and not gpu_ids(svc), name
+        assert svc["depends_on"]["postgres"]["condition"] == "service_healthy", name
+    assert api["environment"]["GENAUG_RECIPES"] == worker["environment"]["GENAUG_RECIPES"]
+    assert "GENAUG_MODEL" not in api["environment"]
+    assert (worker["environment"]["GENAUG_MODEL"], worker["environment"]["GENAUG_DEVICE"]) == (
+        "tiny-digits", "cpu")
+    assert worker["environment"]["GENAUG_ADVERTISE_URL"] == "http://split-worker:8000"
+    assert api.get("ports") and not worker.get("ports"), "the api is the one address"
+    assert "split-worker" not in api["depends_on"], "the api must start at zero workers"

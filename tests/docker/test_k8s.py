@@ -245,6 +245,8 @@ def test_every_generator_keeps_its_compile_cache_on_a_shared_writable_volume(
     top = compose.get("volumes") or {}
     sources = set()
     for name, svc in serving_services(resolved).items():
+        if svc["environment"].get("GENAUG_ROLE") == "api":
+            continue  # loads no model: compiles nothing
         path = svc["environment"].get("GENAUG_COMPILE_CACHE")
         assert path, f"{name}: GENAUG_COMPILE_CACHE is not set"
         (mount,) = [m for m in mounts(svc, top) if m.target == path]
@@ -265,3 +267,31 @@ def test_every_generator_keeps_its_compile_cache_on_a_shared_writable_volume(
         assert startup["httpGet"]["path"] == "/readyz", file
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, (
             f"{file}: a cold start (SDXL load and a compiling warm-up) needs 10 minutes or more")
+
+
+def test_the_api_holds_no_model_and_the_workers_it_forwards_to_scale_from_zero(
+        k8s_docs: list[tuple[str, dict[str, Any]]]) -> None:
+    """api.yaml: two api replicas without a GPU on the workers' pool and recipes; the
+    workers (statefulset.yaml) announce their stable names and KEDA scales them from 0."""
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for _, d in k8s_docs}
+    api = by_kind[("Deployment", "genaug-api")]
+    workers = by_kind[("StatefulSet", "genaug")]
+    assert api["spec"]["replicas"] == 2
+    (container,) = api["spec"]["template"]["spec"]["containers"]
+    (worker,) = workers["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    worker_env = {e["name"]: e for e in worker["env"]}
+    assert env["GENAUG_ROLE"]["value"] == "api" and worker_env["GENAUG_ROLE"]["value"] == "worker"
+    resources = container["resources"]
+    assert not any("gpu" in key for part in resources.values() for key in part), resources
+    for name in ("GENAUG_POOL_URL", "GENAUG_API_KEYS"):
+        assert env[name]["valueFrom"] == worker_env[name]["valueFrom"], name
+    assert env["GENAUG_RECIPES"]["value"] == worker_env["GENAUG_RECIPES"]["value"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    service = by_kind[("Service", "genaug-api")]
+    assert service["spec"]["selector"] == api["spec"]["selector"]["matchLabels"]
+    assert "GENAUG_ADVERTISE_URL=\"http://${HOSTNAME}.genaug-headless:8000\"" in " ".join(
+        worker["args"])
+    scaled = next(d for _, d in k8s_docs if d["kind"] == "ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == workers["metadata"]["name"]
+    assert scaled["spec"]["minReplicaCount"] == 0 and scaled["spec"]["cooldownPeriod"] > 0
