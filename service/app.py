@@ -351,8 +351,7 @@ async def _open_api(state: AppState) -> None:
     state.forwarder = Forwarder(read_timeout_s=settings.max_timeout_s + 30.0)
     state.ready = True
     store = state.store
-    if store is None:  # no recipes: generation only
-        return
+    assert store is not None  # the settings refuse the api role without recipes
     waited = False
     while True:
         try:

@@ -38,7 +38,7 @@ GOAL_SPEEDUP = 1.6
 GOAL_PG_P50_MS = 10.0
 
 
-def _cluster() -> Any:
+def pg_cluster() -> Any:
     """The tests' throwaway PostgreSQL server, loaded from its file (tests/ is no package)."""
     import importlib.util
 
@@ -53,7 +53,7 @@ def _cluster() -> Any:
     return cluster
 
 
-def _fill(http: Any, urls: Sequence[str], per_label: int, labels: int) -> float:
+def fill_pool(http: Any, urls: Sequence[str], per_label: int, labels: int) -> float:
     """Seconds from asking every replica for the fill to the pool holding all of it."""
     started = time.perf_counter()
     for url in urls:
@@ -75,7 +75,7 @@ def _duplicates(url: str, pool_id: str) -> tuple[int, int]:
     return len(seeds), len(seeds) - len(set(seeds))
 
 
-def _latency(http: Any, url: str, calls: int) -> list[float]:
+def sample_latency(http: Any, url: str, calls: int) -> list[float]:
     out = []
     for _ in range(calls):
         t0 = time.perf_counter()
@@ -94,7 +94,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rounds = 1 if args.quick else 3
     samples = 16 if args.quick else 64
     load_before = os.getloadavg()
-    cluster = _cluster()
+    cluster = pg_cluster()
     rates: dict[str, list[float]] = {"one": [], "two": []}
     dupes: dict[str, list[int]] = {"one": [], "two": []}
     latency: dict[str, list[float]] = {"postgresql": [], "sqlite": []}
@@ -109,7 +109,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     db = cluster.new_database()
                     specs = {f"{phase}{i}": {**common, "pool_url": db} for i in range(count)}
                     with services(specs, threads=args.threads) as urls:
-                        seconds = _fill(http, list(urls.values()), per_label, len(labels))
+                        seconds = fill_pool(http, list(urls.values()), per_label, len(labels))
                         pid = http.get(f"{next(iter(urls.values()))}/v1/recipes/bench"
                                        ).json()["pool_id"]
                         total, dup = _duplicates(db, pid)
@@ -125,17 +125,17 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             }
             with services(specs, threads=args.threads) as urls:
                 for name in specs:  # fill each pool (one at a time: 2 cores)
-                    _fill(http, [urls[name]], 32, len(labels))
+                    fill_pool(http, [urls[name]], 32, len(labels))
                 for _ in range(4):
                     for name in specs:
-                        latency[name] += _latency(http, urls[name], samples // 4)
+                        latency[name] += sample_latency(http, urls[name], samples // 4)
     finally:
         cluster.destroy()
     load_after = os.getloadavg()
     one, two = median(rates["one"]), median(rates["two"])
     speedup = two / one if one else 0.0
     pg_p50 = percentile(latency["postgresql"], 50)
-    result = {
+    result: dict[str, Any] = {
         "per_label": per_label,
         "rounds": rounds,
         "distinct_images_per_s": {"one": one, "two": two},

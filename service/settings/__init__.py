@@ -405,6 +405,10 @@ class Settings(BaseSettings):
                 f"GENAUG_ROLE={self.role} splits the service into an api and its workers, "
                 "which share one pool in PostgreSQL: set GENAUG_POOL_URL=postgresql://..., "
                 "or use GENAUG_ROLE=all with a SQLite pool")
+        if self.role == "api" and self.recipes is None:
+            raise ValueError(
+                "GENAUG_ROLE=api serves the pools of GENAUG_RECIPES and finds its workers "
+                "through them: set GENAUG_RECIPES to the workers' recipe file")
         return self
 
     @model_validator(mode="after")

@@ -67,6 +67,11 @@ def said(done: subprocess.CompletedProcess[str]) -> list[str]:
     ({"GENAUG_REPLICA": "bogus"}, [],
      "GENAUG_REPLICA='bogus' is not i/N with 0 <= i < N; write e.g. 0/2 and 1/2"),
     ({}, ["--port", "99999"], "--port 99999 is not allowed: use a whole number from 0 to 65535"),
+    ({"GENAUG_ROLE": "broker"}, [],
+     "GENAUG_ROLE=broker is not allowed: use one of all, api or worker"),
+    ({"GENAUG_POOL_URL": "postgresql://u:p@127.0.0.1:9/db"}, ["--role", "api"],
+     "--role api serves the pools of GENAUG_RECIPES and finds its workers through them: set "
+     "GENAUG_RECIPES to the workers' recipe file"),
     ({}, ["--turbo-kind", "lcm"],
      "--turbo-kind lcm names the kind of GENAUG_TURBO_LORA, which is unset; set it to the "
      "LoRA file, or unset --turbo-kind"),
