@@ -180,6 +180,10 @@ class AccelerationInfo(BaseModel):
     compile_cache: CompileCacheInfo | None = Field(
         None, description="GENAUG_COMPILE_CACHE with compilation on: its folder, this "
                           "start's entry and what was found or saved.")
+    unet_package: str = Field(
+        "not used", description="The UNet as AOTInductor packages in the compile cache "
+        "(GENAUG_COMPILE_PACKAGE): 'loaded 2 packages' (this start traced nothing), 'built 2 "
+        "for the next start', or why not.")
     recompiles: int = Field(0, description="Graphs compiled after the warm-up (keep at 0).")
     adapter_swap: str = Field("resident", description="How LoRA adapters switch: resident "
                               "(flags on injected layers) or hotswap (copied into the "

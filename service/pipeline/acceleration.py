@@ -39,6 +39,7 @@ from .compile_cache import CompileCache, cache_fields, default_cache_dir
 from .compiling import compile_counts, compile_unet, raise_recompile_limit
 from .errors import AccelerationError
 from .tracked import PaddedWorker, TrackedWorker
+from .unet_package import Recorder, build_packages, load_packages, packaging_refusal
 from .warmup import (
     ShapeTracker,
     WarmupProgress,
@@ -233,6 +234,8 @@ class Acceleration:
         weights_hash: str = "",
         device: Any = None,
         metrics: Metrics | None = None,
+        packaged: Any = None,
+        latent_scale: int = 8,
     ) -> None:
         self.applied = applied
         self.tracker = tracker
@@ -246,6 +249,11 @@ class Acceleration:
         self._device = device
         self._metrics = metrics
         self._publish_to = publish
+        #: The UNet kept as AOTInductor packages in the compile cache (None: not packaged), and
+        #: what became of its packages (``/v1/info``'s ``unet_package``).
+        self._packaged = packaged
+        self._latent_scale = latent_scale
+        self.package_state = "not used" if packaged is None else "not loaded yet"
         tracker.on_new_shape = self._publish
         self._publish()
 
@@ -282,9 +290,17 @@ class Acceleration:
         sizes = batch_sizes(settings.max_batch_images) if applied.cuda_graphs else ()
         root = compile_cache_root(settings.compile_cache) if compiling else None
         pipeline: Any = model.pipeline
-        return cls(applied, tracker, publish, report=applied_report(model), batch_sizes=sizes,
-                   cache_root=root, weights_hash=model.weights_hash,
-                   device=_device_of(pipeline.unet), metrics=metrics)
+        refusal = packaging_refusal(applied, adapters=bool(settings.loras),
+                                    turbo=model.state.turbo_unet is not None)
+        packaged = (pipeline.unet if settings.compile_package and root is not None
+                    and refusal is None else None)
+        acceleration = cls(applied, tracker, publish, report=applied_report(model),
+                           batch_sizes=sizes, cache_root=root, weights_hash=model.weights_hash,
+                           device=_device_of(pipeline.unet), metrics=metrics, packaged=packaged,
+                           latent_scale=int(getattr(pipeline, "vae_scale_factor", 8)))
+        if compiling and root is not None and settings.compile_package and refusal is not None:
+            acceleration.package_state = f"not used: {refusal}"
+        return acceleration
 
     def _publish(self) -> None:
         if self._publish_to is not None:
@@ -322,17 +338,25 @@ class Acceleration:
                 shapes=[f"{s.key.height}x{s.key.width}:{s.batch}" for s in steps],
                 device=self._device))
             self.cache.open()
+        recorder = self._open_packages(steps)
         before = compile_counts() if compiling else None
         records = run_warmup(
             worker, steps, self.tracker, counts=compile_counts if compiling else None,
             cached=self.cache is not None and self.cache.state == "hit",
-            progress=self._progressed, stop=stop)
+            packaged=self.package_state.startswith("loaded"), progress=self._progressed,
+            stop=stop)
         self.warmup_records.extend(records)
+        if recorder is not None:
+            recorder.remove()
         if before is not None:
             compiled = compile_counts().graphs - before.graphs
             if self._metrics is not None and compiled > 0:
                 self._metrics.compiles.inc(compiled)
             stopped = stop is not None and stop.is_set()
+            if recorder is not None and not stopped and self.cache is not None:
+                assert self.cache.workdir is not None
+                built = build_packages(self._packaged, recorder, self.cache.workdir)
+                self.package_state = f"built {len(built)} for the next start"
             if self.cache is not None and not stopped:
                 try:
                     self.cache.save()
@@ -342,6 +366,22 @@ class Acceleration:
             self.tracker.settle()
         self._publish()
         return records
+
+    def _open_packages(self, steps: list[WarmupStep]) -> Recorder | None:
+        """Before the warm-up: the UNet served from the compile cache's packages when the
+        entry holds one for each latent size of ``steps``; else a recorder of the calls to
+        build them from (:mod:`~genaug.service.pipeline.unet_package`)."""
+        cache = self.cache
+        if self._packaged is None or cache is None or cache.workdir is None:
+            return None
+        scale = self._latent_scale
+        sizes = [(s.key.height // scale, s.key.width // scale) for s in steps]
+        if cache.state == "hit":
+            self.package_state = load_packages(self._packaged, cache.workdir, sizes)
+            log.info("UNet packages: %s", self.package_state)
+            if self.package_state.startswith("loaded"):
+                return None
+        return Recorder.install(self._packaged)
 
     def _progressed(self, progress: WarmupProgress) -> None:
         self.progress = progress
@@ -361,6 +401,7 @@ class Acceleration:
             "compiled_shapes": self.tracker.compiled_shapes,
             "warmup": None if self.progress is None else self.progress.as_dict(),
             "compile_cache": None if self.cache is None else self.cache.describe(),
+            "unet_package": self.package_state,
             "recompiles": self.tracker.recompiles,
         }
 

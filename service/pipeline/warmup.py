@@ -174,8 +174,9 @@ def warmup_plan(
 class WarmupRecord:
     """How long one warm-up batch took (compilation included), and what compiling did:
     ``status`` is ``compiled`` (new code: ``compiled`` graphs), ``from the cache`` (the graphs
-    came from ``GENAUG_COMPILE_CACHE``), ``reused`` (an earlier compile served it: another
-    batch size of the same image size) or ``ran`` (compilation is off)."""
+    came from ``GENAUG_COMPILE_CACHE``), ``packaged`` (the UNet ran from its AOTInductor
+    package: nothing traced), ``reused`` (an earlier compile served it: another batch size of
+    the same image size) or ``ran`` (compilation is off)."""
 
     shape: str
     source: str
@@ -231,12 +232,14 @@ def run_warmup(
     *,
     counts: Callable[[], CompileCounts] | None = None,
     cached: bool = False,
+    packaged: bool = False,
     progress: Callable[[WarmupProgress], object] | None = None,
     stop: threading.Event | None = None,
 ) -> list[WarmupRecord]:
     """Run each planned batch on ``worker`` (the unwrapped generator), mark its shape in
     ``tracker``, and say how long it took and what compiling did (``counts``: dynamo's
-    counters, None when compilation is off; ``cached``: a compile cache entry was loaded).
+    counters, None when compilation is off; ``cached``: a compile cache entry was loaded;
+    ``packaged``: the UNet runs from its packages).
     ``progress`` is told before each step and at the end; ``stop`` (set: the service is
     stopping) ends the warm-up before its next step. Call it in the worker thread."""
     steps = list(plan)
@@ -249,8 +252,9 @@ def run_warmup(
                      index, len(steps))
             break
         shape = _shape_of(step.key, step.batch)
-        phase = ("running" if counts is None else "reusing the compile"
-                 if shape[:2] in sizes_done else "from the cache" if cached else "compiling")
+        phase = ("running" if counts is None else "from the package" if packaged
+                 else "reusing the compile" if shape[:2] in sizes_done
+                 else "from the cache" if cached else "compiling")
         if progress is not None:
             progress(WarmupProgress(index, len(steps), shape, phase))
         items = [
@@ -271,6 +275,8 @@ def run_warmup(
         tracker.mark_compiled(step.key, step.batch)
         sizes_done.add(shape[:2])
         compiled, status = _what_compiling_did(before, after)
+        if packaged and compiled == 0 and status == "reused":
+            status = "packaged"
         text = _shape_text(shape)
         records.append(WarmupRecord(text, step.source, seconds, len(outcome.errors),
                                     compiled, status))

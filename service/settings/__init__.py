@@ -348,6 +348,12 @@ class Settings(BaseSettings):
         "$XDG_CACHE_HOME/genaug/compile; off: keep nothing). A start that finds its entry "
         "warms up without compiling; a spoiled or mismatched entry is skipped in one log line.",
     )
+    compile_package: bool = Field(
+        default=True,
+        description="Keep the compiled UNet in the compile cache's entry as AOTInductor "
+        "packages too, and start from them without tracing (GENAUG_COMPILE=unet in the default "
+        "mode, without FP8, LoRA adapters or a turbo LoRA; anything else compiles as before).",
+    )
     quantize: Literal["none", "fp8", "fp8-conv"] = Field(
         default="none",
         description="fp8: the UNet's large linear layers in float8 with per-row scales "

@@ -175,7 +175,7 @@ def test_all_off_changes_nothing() -> None:
         "vae_tiling": False,
         "compiled_shapes": [],
         "warmup": None,
-        "compile_cache": None,
+        "compile_cache": None, "unet_package": "not used",
         "recompiles": 0,
     }
     after = model.pipeline.unet.state_dict()
@@ -290,7 +290,7 @@ def test_acceleration_keeps_the_info_dict_current_and_leaves_other_keys() -> Non
         "quantize": "none", "quantized_layers": 0, "attention": "default",
         "attention_backend": "default", "batch_sizes": [], "channels_last": False,
         "fuse_qkv": True, "vae_slicing": False, "vae_tiling": False, "compiled_shapes": [],
-        "warmup": None, "compile_cache": None, "recompiles": 0,
+        "warmup": None, "compile_cache": None, "unet_package": "not used", "recompiles": 0,
     }
     acceleration.tracker.mark_compiled(GroupKey(64, 64, 2), 2)
     acceleration.tracker.observe(GroupKey(64, 64, 4), 1)
