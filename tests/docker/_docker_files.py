@@ -351,7 +351,7 @@ def image_to_repo(path: str, *, image: str) -> HostPath:
 
 
 def lora_paths(value: str) -> list[str]:
-    """The paths of a GENAUG_LORAS value, split as service/settings.py splits it."""
+    """The paths of a GENAUG_LORAS value, split as service/settings/values.py splits it."""
     from genaug.service.settings import Settings
 
     return [str(p) for p in Settings(loras=value).loras.values()]
